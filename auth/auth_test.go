@@ -1,0 +1,179 @@
+package auth
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+)
+
+var secret = []byte("0123456789abcdef0123456789abcdef")
+
+func mustKeys(t *testing.T, s []byte) *Keys {
+	t.Helper()
+	k, err := NewKeys(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func TestRoleIn(t *testing.T) {
+	p := Principal{Subject: "s", Grants: []Grant{
+		{OrganizationID: "acme", ProjectID: "web", Role: RoleMember},
+		{OrganizationID: "acme", Role: RoleViewer},
+		{OrganizationID: "globex", Role: RoleAdmin},
+	}}
+	tests := []struct {
+		org, project string
+		want         Role
+	}{
+		{"acme", "web", RoleMember},   // project grant beats the weaker org grant
+		{"acme", "data", RoleViewer},  // org grant covers every project
+		{"acme", "", RoleViewer},      // only org-wide grants count without a project
+		{"globex", "prod", RoleAdmin}, // admin is org-wide
+		{"initech", "x", ""},          // no grant
+		{"acme-web", "", ""},          // no prefix matching
+	}
+	for _, tt := range tests {
+		if got := p.RoleIn(tt.org, tt.project); got != tt.want {
+			t.Errorf("RoleIn(%q, %q) = %q, want %q", tt.org, tt.project, got, tt.want)
+		}
+	}
+	if !p.Allows("acme", "web", RoleOperator) || p.Allows("acme", "data", RoleOperator) {
+		t.Error("Allows does not follow the role order")
+	}
+	if !p.SeesOrganization("globex") || p.SeesOrganization("initech") {
+		t.Error("SeesOrganization wrong")
+	}
+	if got := p.Organizations(); strings.Join(got, ",") != "acme,globex" {
+		t.Errorf("Organizations = %v", got)
+	}
+}
+
+func TestRoleOrder(t *testing.T) {
+	order := []Role{RoleViewer, RoleOperator, RoleMember, RoleAdmin}
+	for i, r := range order {
+		for j, min := range order {
+			if got := r.Includes(min); got != (i >= j) {
+				t.Errorf("%s.Includes(%s) = %v", r, min, got)
+			}
+		}
+	}
+	if Role("").Includes(RoleViewer) || RoleAdmin.Includes("") {
+		t.Error("the empty role must include nothing and be included by nothing")
+	}
+	if r, err := ParseRole("OPERATOR"); err != nil || r != RoleOperator {
+		t.Errorf("ParseRole(OPERATOR) = %q, %v", r, err)
+	}
+	if _, err := ParseRole("root"); err == nil {
+		t.Error("ParseRole(root) accepted")
+	}
+}
+
+func TestTokenRoundTrip(t *testing.T) {
+	k := mustKeys(t, secret)
+	p := Principal{Subject: "alice", Grants: []Grant{{OrganizationID: "acme", ProjectID: "web", Role: RoleMember}}}
+	tok, err := k.Mint(p, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := k.Verify(tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Subject != "alice" || len(got.Grants) != 1 || got.Grants[0] != p.Grants[0] {
+		t.Errorf("verified %+v", got)
+	}
+}
+
+func TestVerifyRefuses(t *testing.T) {
+	k := mustKeys(t, secret)
+	now := time.Now()
+	alice := Principal{Subject: "alice", Grants: []Grant{{OrganizationID: "acme", Role: RoleViewer}}}
+	mint := func(p Principal, at time.Time, ttl time.Duration) string {
+		tok, err := k.Mint(p, at, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	signed := func(c jwt.Claims, method jwt.SigningMethod, key any) string {
+		tok, err := jwt.NewWithClaims(method, c).SignedString(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	good := claims{RegisteredClaims: jwt.RegisteredClaims{
+		Issuer: tokenIssuer, Subject: "alice", Audience: jwt.ClaimStrings{tokenAudience},
+		ExpiresAt: jwt.NewNumericDate(now.Add(time.Hour)),
+	}, Grants: alice.Grants}
+	with := func(f func(*claims)) claims { c := good; f(&c); return c }
+
+	tests := map[string]string{
+		"expired":          mint(alice, now.Add(-2*time.Hour), time.Hour),
+		"not yet valid":    mint(alice, now.Add(time.Hour), time.Hour),
+		"other key":        mustKeysToken(t, alice),
+		"alg none":         signed(good, jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType),
+		"wrong issuer":     signed(with(func(c *claims) { c.Issuer = "evil" }), jwt.SigningMethodHS256, secret),
+		"wrong audience":   signed(with(func(c *claims) { c.Audience = jwt.ClaimStrings{"other"} }), jwt.SigningMethodHS256, secret),
+		"no expiry":        signed(with(func(c *claims) { c.ExpiresAt = nil }), jwt.SigningMethodHS256, secret),
+		"no subject":       signed(with(func(c *claims) { c.Subject = "" }), jwt.SigningMethodHS256, secret),
+		"project admin":    signed(with(func(c *claims) { c.Grants = []Grant{{OrganizationID: "acme", ProjectID: "web", Role: RoleAdmin}} }), jwt.SigningMethodHS256, secret),
+		"unknown role":     signed(with(func(c *claims) { c.Grants = []Grant{{OrganizationID: "acme", Role: "root"}} }), jwt.SigningMethodHS256, secret),
+		"tampered payload": tamper(mint(alice, now, time.Hour)),
+		"garbage":          "not.a.token",
+	}
+	for name, tok := range tests {
+		t.Run(name, func(t *testing.T) {
+			if _, err := k.Verify(tok); !errors.Is(err, ErrInvalidToken) {
+				t.Errorf("Verify = %v, want ErrInvalidToken", err)
+			}
+		})
+	}
+	// Within the allowed clock skew a just-expired token still passes.
+	if _, err := k.Verify(mint(alice, now.Add(-time.Hour-10*time.Second), time.Hour)); err != nil {
+		t.Errorf("token expired 10s ago refused: %v", err)
+	}
+}
+
+func mustKeysToken(t *testing.T, p Principal) string {
+	other := mustKeys(t, []byte("another-secret-another-secret-xx"))
+	tok, err := other.Mint(p, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// tamper changes the payload but keeps the signature.
+func tamper(tok string) string {
+	parts := strings.Split(tok, ".")
+	parts[1] = parts[1][:len(parts[1])-2] + "AA"
+	return strings.Join(parts, ".")
+}
+
+func TestNewKeysNeedsALongSecret(t *testing.T) {
+	if _, err := NewKeys([]byte("short")); err == nil {
+		t.Error("short secret accepted")
+	}
+	if len(RandomSecret()) < MinSecretBytes {
+		t.Error("random secret too short")
+	}
+}
+
+func TestMintRefusesBadGrants(t *testing.T) {
+	k := mustKeys(t, secret)
+	for name, p := range map[string]Principal{
+		"no subject":    {Grants: []Grant{{OrganizationID: "acme", Role: RoleViewer}}},
+		"project admin": {Subject: "s", Grants: []Grant{{OrganizationID: "acme", ProjectID: "web", Role: RoleAdmin}}},
+		"no org":        {Subject: "s", Grants: []Grant{{Role: RoleViewer}}},
+	} {
+		if _, err := k.Mint(p, time.Now(), time.Hour); err == nil {
+			t.Errorf("%s: minted", name)
+		}
+	}
+}

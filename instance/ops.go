@@ -1,0 +1,426 @@
+package instance
+
+import (
+	"context"
+	"encoding/base64"
+	"strconv"
+
+	"github.com/google/uuid"
+
+	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/quota"
+)
+
+// CreateRequest is what createInstance asks for.
+type CreateRequest struct {
+	OrganizationID            string
+	ProjectID                 string
+	NetworkID                 string
+	Name                      string
+	Description               *string
+	Tags                      []Tag
+	FlavorID                  string
+	ImageID                   string
+	SSHCertificateAuthorityID *string
+	Networking                *NetworkingRequest
+	// UserData is base64.
+	UserData *string
+}
+
+// NetworkingRequest is requested networking; on update, fields left nil stay as they are.
+type NetworkingRequest struct {
+	SecurityGroupIDs       []string
+	PublicIP               *bool
+	AllowedSourceAddresses []string
+}
+
+func (r *NetworkingRequest) apply(n Networking) Networking {
+	if r == nil {
+		return n
+	}
+	if r.SecurityGroupIDs != nil {
+		n.SecurityGroupIDs = r.SecurityGroupIDs
+	}
+	if r.PublicIP != nil {
+		n.PublicIP = *r.PublicIP
+	}
+	if r.AllowedSourceAddresses != nil {
+		n.AllowedSourceAddresses = r.AllowedSourceAddresses
+	}
+	return n
+}
+
+// Create validates the request (DOMAIN.md §3, every failure at once), then stores the
+// instance, claims its name and charges its quota in one atomic step, and queues it.
+func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, error) {
+	pr, err := Principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	org, project := req.OrganizationID, req.ProjectID
+	if !s.cat.HasProject(org, project) {
+		return nil, Errorf(CodeNotFound, "project %q of organization %q not found", project, org)
+	}
+	if err := authorize(pr, org, project, auth.RoleMember, "project "+strconv.Quote(project)); err != nil {
+		return nil, err
+	}
+
+	var p problems
+	// The network is resolved under the caller's organization and project: one of another
+	// project is "not found", whatever the request claims.
+	network, ok := s.cat.Network(req.NetworkID)
+	if !ok || network.OrganizationID != org || network.ProjectID != project {
+		p.add(CodeNotFound, path("networkId"), "network %q not found in project %q", req.NetworkID, project)
+		network = nil
+	}
+	regionID := ""
+	if network != nil {
+		regionID = network.Region
+	}
+	checkName(&p, req.Name)
+	desc := deref(req.Description)
+	checkDescription(&p, desc)
+	checkTags(&p, req.Tags)
+	flavor := checkFlavor(&p, s.cat, req.FlavorID, regionID)
+	image := checkImage(&p, s.cat, req.ImageID, regionID)
+	if flavor != nil && image != nil {
+		checkCompatible(&p, flavor, image)
+	}
+	networking := checkNetworking(&p, s.cat, req.Networking.apply(Networking{}), network)
+	caID := deref(req.SSHCertificateAuthorityID)
+	if caID != "" {
+		checkSSHCA(&p, s.cat, caID, org, project)
+	}
+	var userData []byte
+	if req.UserData != nil {
+		userData = decodeUserData(&p, *req.UserData, caID != "")
+	}
+	var cost quota.Amounts
+	if flavor != nil {
+		cost = charge(flavor, networking.PublicIP)
+		if p.any() {
+			if err := s.precheckQuota(ctx, &p, org, cost); err != nil {
+				return nil, internal("create instance", err)
+			}
+		}
+	}
+	if p.any() {
+		return nil, p.err()
+	}
+
+	now := s.now().UTC()
+	id, err := uuid.NewV7()
+	if err != nil {
+		return nil, internal("create instance: new id", err)
+	}
+	inst := &Instance{
+		ID:             id.String(),
+		OrganizationID: org,
+		ProjectID:      project,
+		Spec: Spec{
+			Name:                      req.Name,
+			Description:               desc,
+			Tags:                      req.Tags,
+			RegionID:                  regionID,
+			NetworkID:                 network.ID,
+			FlavorID:                  flavor.ID,
+			ImageID:                   image.ID,
+			SSHCertificateAuthorityID: caID,
+			Networking:                networking,
+			UserData:                  userData,
+			Charge:                    cost,
+			CreatedAt:                 now,
+			CreatedBy:                 pr.Subject,
+			UpdatedAt:                 now,
+			UpdatedBy:                 pr.Subject,
+		},
+		Status: Status{
+			ProvisioningStatus: ProvisioningPending,
+			HealthStatus:       HealthUnknown,
+			PowerState:         PowerPending,
+			Conditions: []Condition{{
+				Type: ConditionAvailable, Status: ConditionFalse, Reason: ReasonProvisioning,
+				Message: "Waiting for a worker to provision the instance.", LastTransitionTime: now,
+			}},
+		},
+	}
+	refusal, err := s.store.Create(ctx, inst, NameClaim(network.ID, req.Name), s.limits(org))
+	if err != nil {
+		return nil, internal("create instance", err)
+	}
+	if refusal != nil {
+		if refusal.NameTaken {
+			p.add(CodeConflict, path("name"), "an instance named %q already exists on network %q", req.Name, network.ID)
+		}
+		addQuotaProblems(&p, refusal.Exceeded)
+		return nil, p.err()
+	}
+	inst.Generation, inst.StatusVersion = 1, 1
+	s.enqueue(ctx, inst)
+	return inst, nil
+}
+
+// Get returns an instance the caller may read.
+func (s *Service) Get(ctx context.Context, id string) (*Instance, error) {
+	pr, err := Principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.get(ctx, pr, id, auth.RoleViewer)
+}
+
+// get finds the instance among the principal's organizations and checks it holds min over
+// the instance's project. Looking only where the principal has grants means an instance of
+// another organization is never even read.
+func (s *Service) get(ctx context.Context, pr auth.Principal, id string, min auth.Role) (*Instance, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	inst, err := s.store.Get(ctx, pr.Organizations(), id)
+	switch {
+	case err == ErrNotFound:
+		return nil, Errorf(CodeNotFound, "instance %q not found", id)
+	case err != nil:
+		return nil, internal("get instance", err)
+	}
+	if err := authorize(pr, inst.OrganizationID, inst.ProjectID, min, "instance "+strconv.Quote(id)); err != nil {
+		return nil, err
+	}
+	return inst, nil
+}
+
+func checkID(id string) error {
+	if _, err := uuid.Parse(id); err != nil || len(id) != 36 {
+		return Errorf(CodeBadUserInput, "%q is not an instance id (a UUID such as 0190c7a4-6b1e-7c3d-9f00-1a2b3c4d5e6f)", truncate(id, 64))
+	}
+	return nil
+}
+
+// Change is an update of a field that can also be cleared: Set says the request names the
+// field at all, and a Set change with a nil Value clears it.
+type Change struct {
+	Set   bool
+	Value *string
+}
+
+// UpdateRequest is what updateInstance asks for. Nil fields stay as they are.
+type UpdateRequest struct {
+	ID                        string
+	Name                      *string
+	Description               *string
+	Tags                      []Tag
+	TagsSet                   bool
+	FlavorID                  *string
+	ImageID                   *string
+	SSHCertificateAuthorityID Change
+	Networking                *NetworkingRequest
+	// UserData is base64.
+	UserData           Change
+	AllowRebuild       bool
+	ExpectedGeneration *int64
+}
+
+// Update changes an instance's desired state (DOMAIN.md §4). Changes that can only be
+// realised by rebuilding the server need AllowRebuild; the write is compare-and-set on the
+// generation the change was validated against.
+func (s *Service) Update(ctx context.Context, req UpdateRequest) (*Instance, error) {
+	pr, err := Principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cur, err := s.get(ctx, pr, req.ID, auth.RoleMember)
+	if err != nil {
+		return nil, err
+	}
+	var p problems
+	if cur.Deleting() {
+		p.add(CodeUnprocessable, path("id"), "instance %q is being deleted and cannot be changed", req.ID)
+		return nil, p.err()
+	}
+	if req.ExpectedGeneration != nil && *req.ExpectedGeneration != cur.Generation {
+		p.add(CodeConflict, path("expectedGeneration"), "instance is at generation %d, not %d: re-read it and retry", cur.Generation, *req.ExpectedGeneration)
+	}
+	if req.Name != nil && *req.Name != cur.Name {
+		p.add(CodeUnprocessable, path("name"), "names cannot be changed: the name is the server's hostname")
+	}
+
+	next := cur.Spec
+	if req.Description != nil {
+		next.Description = *req.Description
+		checkDescription(&p, next.Description)
+	}
+	if req.TagsSet {
+		next.Tags = req.Tags
+		checkTags(&p, next.Tags)
+	}
+	network, _ := s.cat.Network(cur.NetworkID)
+	if req.Networking != nil {
+		next.Networking = checkNetworking(&p, s.cat, req.Networking.apply(cur.Networking), network)
+	}
+	var rebuild []string
+	if req.FlavorID != nil && *req.FlavorID != cur.FlavorID {
+		next.FlavorID = *req.FlavorID
+		rebuild = append(rebuild, "flavorId")
+	}
+	if req.ImageID != nil && *req.ImageID != cur.ImageID {
+		next.ImageID = *req.ImageID
+		rebuild = append(rebuild, "imageId")
+	}
+	if req.SSHCertificateAuthorityID.Set && deref(req.SSHCertificateAuthorityID.Value) != cur.SSHCertificateAuthorityID {
+		next.SSHCertificateAuthorityID = deref(req.SSHCertificateAuthorityID.Value)
+		rebuild = append(rebuild, "sshCertificateAuthorityId")
+		if next.SSHCertificateAuthorityID != "" {
+			checkSSHCA(&p, s.cat, next.SSHCertificateAuthorityID, cur.OrganizationID, cur.ProjectID)
+		}
+	}
+	if req.UserData.Set {
+		next.UserData = nil
+		if req.UserData.Value != nil {
+			next.UserData = decodeUserData(&p, *req.UserData.Value, next.SSHCertificateAuthorityID != "")
+		}
+		if string(next.UserData) != string(cur.UserData) {
+			rebuild = append(rebuild, "userData")
+		}
+	} else if next.SSHCertificateAuthorityID != cur.SSHCertificateAuthorityID && next.SSHCertificateAuthorityID != "" && isGzip(cur.UserData) {
+		p.add(CodeUnprocessable, path("userData"), "the current user data is gzip, which cannot be used with an SSH certificate authority: replace it too")
+	}
+
+	// The flavor and image are checked only when something that needs them changes, so one
+	// that was retired after the instance was created does not block unrelated updates.
+	cost := cur.Charge
+	if len(rebuild) > 0 {
+		flavor := checkFlavor(&p, s.cat, next.FlavorID, next.RegionID)
+		image := checkImage(&p, s.cat, next.ImageID, next.RegionID)
+		if flavor != nil && image != nil {
+			checkCompatible(&p, flavor, image)
+		}
+		if flavor != nil {
+			cost = charge(flavor, next.Networking.PublicIP)
+		}
+		if !req.AllowRebuild {
+			for _, f := range rebuild {
+				p.add(CodeUnprocessable, path(f), "changing %s rebuilds the server: its disk, IP addresses and MAC address are lost; set allowRebuild: true to proceed", f)
+			}
+		}
+	}
+	if next.Networking.PublicIP != cur.Networking.PublicIP {
+		cost = withPublicIP(cost, next.Networking.PublicIP)
+	}
+	delta := cost.Sub(cur.Charge)
+	if p.any() {
+		if err := s.precheckQuota(ctx, &p, cur.OrganizationID, delta); err != nil {
+			return nil, internal("update instance", err)
+		}
+		return nil, p.err()
+	}
+	if len(rebuild) > 0 {
+		next.RebuildGeneration = cur.Generation + 1
+	}
+	next.Charge = cost
+	next.UpdatedAt = s.now().UTC()
+	next.UpdatedBy = pr.Subject
+
+	inst := *cur
+	inst.Spec = next
+	refusal, err := s.store.UpdateSpec(ctx, &inst, delta, s.limits(cur.OrganizationID), nil)
+	if err != nil {
+		return nil, internal("update instance", err)
+	}
+	if refusal != nil {
+		return nil, s.updateRefused(refusal, req.ID)
+	}
+	inst.Generation++
+	s.enqueue(ctx, &inst)
+	return &inst, nil
+}
+
+func withPublicIP(a quota.Amounts, on bool) quota.Amounts {
+	out := quota.Amounts{}
+	for k, v := range a {
+		out[k] = v
+	}
+	delete(out, quota.PublicIPs)
+	if on {
+		out[quota.PublicIPs] = 1
+	}
+	return out
+}
+
+func (s *Service) updateRefused(r *Refusal, id string) error {
+	if r.Gone {
+		return Errorf(CodeNotFound, "instance %q not found", id)
+	}
+	var p problems
+	if r.Stale {
+		p.add(CodeConflict, path("id"), "instance %q was changed concurrently: re-read it and retry", id)
+	}
+	addQuotaProblems(&p, r.Exceeded)
+	return p.err()
+}
+
+// maxStatusRetries bounds how often Delete re-reads an instance whose status a worker wrote
+// between the read and the write; workers write rarely, so a handful always suffices.
+const maxStatusRetries = 5
+
+// Delete marks an instance for deletion and shows it deprovisioning at once; workers then
+// delete the server, release the quota and forget the instance. Deleting an instance that is
+// already being deleted changes nothing.
+func (s *Service) Delete(ctx context.Context, id string) (*Instance, error) {
+	pr, err := Principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for range maxStatusRetries {
+		cur, err := s.get(ctx, pr, id, auth.RoleMember)
+		if err != nil {
+			return nil, err
+		}
+		if cur.Deleting() {
+			return cur, nil
+		}
+		now := s.now().UTC()
+		inst := *cur
+		inst.DeletedAt, inst.UpdatedAt, inst.UpdatedBy = &now, now, pr.Subject
+		status := cur.Status
+		status.Conditions = append([]Condition(nil), cur.Status.Conditions...)
+		status.ProvisioningStatus = ProvisioningDeprovisioning
+		status.setCondition(Condition{
+			Type: ConditionAvailable, Status: ConditionFalse, Reason: ReasonDeprovisioning,
+			Message: "The instance's server is being deleted.", LastTransitionTime: now,
+		})
+		refusal, err := s.store.UpdateSpec(ctx, &inst, nil, nil, &status)
+		if err != nil {
+			return nil, internal("delete instance", err)
+		}
+		switch {
+		case refusal == nil:
+			inst.Generation++
+			inst.StatusVersion++
+			inst.Status = status
+			s.enqueue(ctx, &inst)
+			return &inst, nil
+		case refusal.StatusStale, refusal.Stale:
+			continue // re-read and decide again: it may even be deleting already
+		default:
+			return nil, s.updateRefused(refusal, id)
+		}
+	}
+	return nil, Errorf(CodeConflict, "instance %q keeps changing; retry", id)
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// EncodeUserData returns user data as the API shows it.
+func EncodeUserData(b []byte) string { return base64.StdEncoding.EncodeToString(b) }

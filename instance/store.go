@@ -1,0 +1,58 @@
+package instance
+
+import (
+	"context"
+
+	"github.com/computeql/computeql/quota"
+)
+
+// Store keeps instances durably. Every method is one atomic step: an implementation never
+// leaves half of a change behind.
+type Store interface {
+	// Create stores a new instance (generation 1), claims its name and charges inst.Charge
+	// against the organization's quota, all or nothing. limits are the organization's limits
+	// for kinds that have no limit set with SetLimits. A refusal says why nothing was written.
+	Create(ctx context.Context, inst *Instance, claim string, limits quota.Amounts) (*Refusal, error)
+	// Get returns the instance with the id in the first of orgs that has it, or ErrNotFound.
+	Get(ctx context.Context, orgs []string, id string) (*Instance, error)
+	// UpdateSpec writes inst's spec if the stored generation is still inst.Generation, and
+	// then increases it; charges delta against quota (negative amounts release). When status
+	// is not nil it is written too, if the stored status version is still inst.StatusVersion.
+	UpdateSpec(ctx context.Context, inst *Instance, delta, limits quota.Amounts, status *Status) (*Refusal, error)
+	// List returns up to limit instances of the organization (of one project when project is
+	// not ""), oldest first, starting after the instance with id after ("" for the start).
+	List(ctx context.Context, org, project, after string, limit int) ([]*Instance, error)
+	// Count returns how many instances the organization (or one of its projects) has.
+	Count(ctx context.Context, org, project string) (int, error)
+	// Quota returns the limits set with SetLimits (kinds never set are absent) and the usage.
+	Quota(ctx context.Context, org string) (limits, used quota.Amounts, err error)
+	// SetLimits sets limits for the given kinds.
+	SetLimits(ctx context.Context, org string, limits quota.Amounts) error
+}
+
+// Refusal says why a store refused a write.
+type Refusal struct {
+	// NameTaken: the name claim belongs to another instance.
+	NameTaken bool
+	// Stale: the generation is no longer the one the write was based on.
+	Stale bool
+	// StatusStale: the status version is no longer the one the write was based on.
+	StatusStale bool
+	// Gone: the instance no longer exists.
+	Gone bool
+	// Exceeded lists every kind whose limit the charge would exceed.
+	Exceeded []Excess
+}
+
+// Excess is one quota kind a charge would take over its limit.
+type Excess struct {
+	Kind      quota.Kind
+	Requested int64 // usage after the charge
+	Limit     int64
+}
+
+// Queue takes instance keys to reconcile. It is at-least-once and coalescing: enqueueing a key
+// that is already waiting does nothing.
+type Queue interface {
+	Enqueue(ctx context.Context, key string) error
+}

@@ -1,0 +1,148 @@
+// Package region holds what the region owns and users may read: its catalogue of regions,
+// organizations and projects, networks, security groups, SSH certificate authorities,
+// flavors and images. The catalogue is read-only data loaded from a file (or the built-in
+// demo); the instance rules in package instance validate requests against it.
+package region
+
+import (
+	"net/netip"
+
+	"github.com/computeql/computeql/quota"
+)
+
+// Architecture is a CPU architecture. Values are those of the catalogue file.
+type Architecture string
+
+// Architectures a flavor or image can have.
+const (
+	ArchitectureX86_64  Architecture = "x86_64"
+	ArchitectureAArch64 Architecture = "aarch64"
+)
+
+// Virtualization says which kinds of flavor an image can boot on.
+type Virtualization string
+
+// Virtualization modes of an image.
+const (
+	VirtualizationVirtualized Virtualization = "virtualized"
+	VirtualizationBaremetal   Virtualization = "baremetal"
+	VirtualizationAny         Virtualization = "any"
+)
+
+// ImageState is the lifecycle state of an image; only ready images can be booted.
+type ImageState string
+
+// Image states.
+const (
+	ImageStatePending  ImageState = "pending"
+	ImageStateCreating ImageState = "creating"
+	ImageStateReady    ImageState = "ready"
+	ImageStateFailed   ImageState = "failed"
+)
+
+// Region is a location that offers flavors and images and holds networks.
+type Region struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+}
+
+// Organization is a tenant. Quota is charged per organization.
+type Organization struct {
+	ID       string    `json:"id"`
+	Name     string    `json:"name"`
+	Projects []Project `json:"projects"`
+	// Quota holds the organization's initial limits by kind (servers, gpus, publicIPs, cpus,
+	// memoryGiB). Kinds left out get quota.DefaultLimits.
+	Quota quota.Amounts `json:"quota,omitempty"`
+}
+
+// Project groups an organization's resources.
+type Project struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+}
+
+// Network belongs to exactly one organization, project and region.
+type Network struct {
+	ID             string `json:"id"`
+	Name           string `json:"name"`
+	OrganizationID string `json:"organizationId"`
+	ProjectID      string `json:"projectId"`
+	Region         string `json:"region"`
+	// Prefix is the IPv4 prefix private addresses come from.
+	Prefix netip.Prefix `json:"prefix"`
+}
+
+// SecurityGroup sits on one network.
+type SecurityGroup struct {
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	NetworkID string `json:"networkId"`
+}
+
+// SSHCertificateAuthority signs SSH user certificates for one organization and project.
+type SSHCertificateAuthority struct {
+	ID             string `json:"id"`
+	Name           string `json:"name"`
+	OrganizationID string `json:"organizationId"`
+	ProjectID      string `json:"projectId"`
+	// PublicKey is the CA's public key in authorized_keys form.
+	PublicKey string `json:"publicKey"`
+}
+
+// GPU describes the accelerators of a flavor.
+type GPU struct {
+	Vendor        string `json:"vendor"`
+	Model         string `json:"model"`
+	MemoryGiB     int64  `json:"memoryGiB"`
+	PhysicalCount int64  `json:"physicalCount"`
+}
+
+// Flavor is a machine shape.
+type Flavor struct {
+	ID           string       `json:"id"`
+	Name         string       `json:"name"`
+	CPUs         int64        `json:"cpus"`
+	MemoryGiB    int64        `json:"memoryGiB"`
+	DiskGB       int64        `json:"diskGB"` // 10^9 bytes
+	Architecture Architecture `json:"architecture"`
+	Baremetal    bool         `json:"baremetal"`
+	GPU          *GPU         `json:"gpu,omitempty"`
+	// Regions lists the regions that offer the flavor.
+	Regions []string `json:"regions"`
+}
+
+// OperatingSystem describes what an image boots.
+type OperatingSystem struct {
+	Family  string `json:"family"`
+	Distro  string `json:"distro"`
+	Version string `json:"version"`
+}
+
+// Image is a bootable disk image.
+type Image struct {
+	ID             string           `json:"id"`
+	Name           string           `json:"name"`
+	Architecture   Architecture     `json:"architecture"`
+	SizeGiB        int64            `json:"sizeGiB"` // 2^30 bytes
+	Virtualization Virtualization   `json:"virtualization"`
+	State          ImageState       `json:"state"`
+	OS             *OperatingSystem `json:"os,omitempty"`
+	// Regions lists the regions that offer the image.
+	Regions []string `json:"regions"`
+}
+
+// OfferedIn reports whether the flavor is offered in the region.
+func (f *Flavor) OfferedIn(region string) bool { return contains(f.Regions, region) }
+
+// OfferedIn reports whether the image is offered in the region.
+func (i *Image) OfferedIn(region string) bool { return contains(i.Regions, region) }
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}

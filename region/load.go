@@ -1,0 +1,401 @@
+package region
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"regexp"
+	"slices"
+	"sync"
+
+	"github.com/computeql/computeql/quota"
+)
+
+// Catalog is a validated catalogue. Get one from Parse, Load or Demo: they check every
+// cross-reference and build the lookup indexes. Treat it as read-only once built, since the
+// lookups hand out pointers into its slices and the demo catalogue is shared by all callers.
+type Catalog struct {
+	Regions                   []Region                  `json:"regions"`
+	Organizations             []Organization            `json:"organizations"`
+	Networks                  []Network                 `json:"networks"`
+	SecurityGroups            []SecurityGroup           `json:"securityGroups"`
+	SSHCertificateAuthorities []SSHCertificateAuthority `json:"sshCertificateAuthorities"`
+	Flavors                   []Flavor                  `json:"flavors"`
+	Images                    []Image                   `json:"images"`
+
+	// Indexes map an id to its position in the matching slice. They hold positions rather
+	// than pointers so a lookup always returns the element that is in the slice now.
+	regionIdx        map[string]int
+	organizationIdx  map[string]int
+	networkIdx       map[string]int
+	securityGroupIdx map[string]int
+	sshCAIdx         map[string]int
+	flavorIdx        map[string]int
+	imageIdx         map[string]int
+	// projects holds, per organization id, the set of its project ids.
+	projects map[string]map[string]bool
+}
+
+// idPattern is deliberately narrow: ids are embedded in Redis keys and hash tags, so
+// braces, colons, whitespace and upper case (which would alias on case-folding) are refused.
+var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+// Parse decodes and validates a catalogue in JSON form. Unknown fields are refused so a
+// misspelt key fails loudly instead of silently taking its zero value. Organizations that
+// leave quota kinds out get quota.DefaultLimits for them. Every problem found is reported,
+// joined with errors.Join, each naming the entry at fault.
+func Parse(data []byte) (*Catalog, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var c Catalog
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("catalog: decode: %w", err)
+	}
+	// A second document after the first is almost certainly a botched edit or concatenation.
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("catalog: decode: unexpected data after the catalogue object")
+	}
+	c.applyDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// Load reads the catalogue file at path and parses it with Parse.
+func Load(path string) (*Catalog, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load catalog %s: %w", path, err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("load catalog %s: %w", path, err)
+	}
+	return c, nil
+}
+
+//go:embed demo.json
+var demoJSON []byte
+
+var demo = sync.OnceValue(func() *Catalog {
+	c, err := Parse(demoJSON)
+	if err != nil {
+		// A test parses demo.json, so this only fires if that test was ignored.
+		panic(fmt.Sprintf("region: embedded demo catalogue is invalid: %v", err))
+	}
+	return c
+})
+
+// Demo returns the built-in demo catalogue. It is parsed once and shared, so callers must
+// not modify it.
+func Demo() *Catalog { return demo() }
+
+// Region returns the region with the given id.
+func (c *Catalog) Region(id string) (*Region, bool) {
+	return lookup(c.Regions, c.regionIdx, id, func(r *Region) string { return r.ID })
+}
+
+// Organization returns the organization with the given id.
+func (c *Catalog) Organization(id string) (*Organization, bool) {
+	return lookup(c.Organizations, c.organizationIdx, id, func(o *Organization) string { return o.ID })
+}
+
+// Network returns the network with the given id.
+func (c *Catalog) Network(id string) (*Network, bool) {
+	return lookup(c.Networks, c.networkIdx, id, func(n *Network) string { return n.ID })
+}
+
+// SecurityGroup returns the security group with the given id.
+func (c *Catalog) SecurityGroup(id string) (*SecurityGroup, bool) {
+	return lookup(c.SecurityGroups, c.securityGroupIdx, id, func(s *SecurityGroup) string { return s.ID })
+}
+
+// SSHCertificateAuthority returns the SSH certificate authority with the given id.
+func (c *Catalog) SSHCertificateAuthority(id string) (*SSHCertificateAuthority, bool) {
+	return lookup(c.SSHCertificateAuthorities, c.sshCAIdx, id, func(a *SSHCertificateAuthority) string { return a.ID })
+}
+
+// Flavor returns the flavor with the given id.
+func (c *Catalog) Flavor(id string) (*Flavor, bool) {
+	return lookup(c.Flavors, c.flavorIdx, id, func(f *Flavor) string { return f.ID })
+}
+
+// Image returns the image with the given id.
+func (c *Catalog) Image(id string) (*Image, bool) {
+	return lookup(c.Images, c.imageIdx, id, func(i *Image) string { return i.ID })
+}
+
+// HasProject reports whether the organization exists and has the project.
+func (c *Catalog) HasProject(orgID, projectID string) bool {
+	if c.projects != nil {
+		return c.projects[orgID][projectID]
+	}
+	o, ok := c.Organization(orgID)
+	if !ok {
+		return false
+	}
+	for i := range o.Projects {
+		if o.Projects[i].ID == projectID {
+			return true
+		}
+	}
+	return false
+}
+
+// lookup uses the index when Parse built one and scans otherwise, so a Catalog written as
+// a literal (as tests elsewhere may do) still answers lookups correctly.
+func lookup[T any](s []T, idx map[string]int, id string, idOf func(*T) string) (*T, bool) {
+	if idx != nil {
+		i, ok := idx[id]
+		if !ok || i >= len(s) {
+			return nil, false
+		}
+		return &s[i], true
+	}
+	for i := range s {
+		if idOf(&s[i]) == id {
+			return &s[i], true
+		}
+	}
+	return nil, false
+}
+
+func (c *Catalog) applyDefaults() {
+	for i := range c.Organizations {
+		o := &c.Organizations[i]
+		if o.Quota == nil {
+			o.Quota = quota.Amounts{}
+		}
+		for k, v := range quota.DefaultLimits() {
+			if _, set := o.Quota[k]; !set {
+				o.Quota[k] = v
+			}
+		}
+	}
+}
+
+// problems collects validation errors so that one pass reports all of them: fixing a
+// catalogue one error per run is tedious.
+type problems []error
+
+func (p *problems) add(entry, format string, args ...any) {
+	*p = append(*p, fmt.Errorf("catalog: %s: %s", entry, fmt.Sprintf(format, args...)))
+}
+
+func entry(kind string, i int, id string) string {
+	return fmt.Sprintf("%s[%d] %q", kind, i, id)
+}
+
+// index checks ids and names of one kind of entry and maps each id to its first position;
+// later duplicates are reported and left out so references resolve to the first.
+func index[T any](p *problems, kind string, s []T, idName func(*T) (string, string)) map[string]int {
+	idx := make(map[string]int, len(s))
+	for i := range s {
+		id, name := idName(&s[i])
+		e := entry(kind, i, id)
+		checkIDName(p, e, id, name)
+		if j, dup := idx[id]; dup {
+			p.add(e, "duplicate id (also %s[%d])", kind, j)
+			continue
+		}
+		idx[id] = i
+	}
+	return idx
+}
+
+func checkIDName(p *problems, e, id, name string) {
+	if !idPattern.MatchString(id) {
+		p.add(e, "invalid id: must match %s", idPattern)
+	}
+	if name == "" {
+		p.add(e, "name is empty")
+	}
+}
+
+func (c *Catalog) validate() error {
+	var p problems
+
+	c.regionIdx = index(&p, "regions", c.Regions, func(r *Region) (string, string) { return r.ID, r.Name })
+	c.organizationIdx = index(&p, "organizations", c.Organizations, func(o *Organization) (string, string) { return o.ID, o.Name })
+	c.networkIdx = index(&p, "networks", c.Networks, func(n *Network) (string, string) { return n.ID, n.Name })
+	c.securityGroupIdx = index(&p, "securityGroups", c.SecurityGroups, func(s *SecurityGroup) (string, string) { return s.ID, s.Name })
+	c.sshCAIdx = index(&p, "sshCertificateAuthorities", c.SSHCertificateAuthorities, func(a *SSHCertificateAuthority) (string, string) { return a.ID, a.Name })
+	c.flavorIdx = index(&p, "flavors", c.Flavors, func(f *Flavor) (string, string) { return f.ID, f.Name })
+	c.imageIdx = index(&p, "images", c.Images, func(i *Image) (string, string) { return i.ID, i.Name })
+
+	c.projects = make(map[string]map[string]bool, len(c.Organizations))
+	for i := range c.Organizations {
+		c.validateOrganization(&p, i)
+	}
+	for i := range c.Networks {
+		c.validateNetwork(&p, i)
+	}
+	for i := range c.SecurityGroups {
+		sg := &c.SecurityGroups[i]
+		if _, ok := c.networkIdx[sg.NetworkID]; !ok {
+			p.add(entry("securityGroups", i, sg.ID), "unknown network %q", sg.NetworkID)
+		}
+	}
+	for i := range c.SSHCertificateAuthorities {
+		ca := &c.SSHCertificateAuthorities[i]
+		e := entry("sshCertificateAuthorities", i, ca.ID)
+		c.checkOwner(&p, e, ca.OrganizationID, ca.ProjectID)
+		if ca.PublicKey == "" {
+			p.add(e, "publicKey is empty")
+		}
+	}
+	for i := range c.Flavors {
+		c.validateFlavor(&p, i)
+	}
+	for i := range c.Images {
+		c.validateImage(&p, i)
+	}
+
+	return errors.Join(p...)
+}
+
+func (c *Catalog) validateOrganization(p *problems, i int) {
+	o := &c.Organizations[i]
+	e := entry("organizations", i, o.ID)
+	projects := make(map[string]bool, len(o.Projects))
+	for j := range o.Projects {
+		pr := &o.Projects[j]
+		pe := fmt.Sprintf("%s projects[%d] %q", e, j, pr.ID)
+		checkIDName(p, pe, pr.ID, pr.Name)
+		if projects[pr.ID] {
+			p.add(pe, "duplicate project id")
+			continue
+		}
+		projects[pr.ID] = true
+	}
+	// Only the first organization with an id owns its projects, matching the index.
+	if c.organizationIdx[o.ID] == i {
+		c.projects[o.ID] = projects
+	}
+	// Sorted so the messages come out in the same order on every run.
+	for _, k := range slices.Sorted(maps.Keys(o.Quota)) {
+		v := o.Quota[k]
+		if _, err := quota.ParseKind(string(k)); err != nil {
+			p.add(e, "quota: %v", err)
+			continue
+		}
+		if v < 0 {
+			p.add(e, "quota: %s limit %d is negative", k, v)
+		}
+	}
+}
+
+func (c *Catalog) validateNetwork(p *problems, i int) {
+	n := &c.Networks[i]
+	e := entry("networks", i, n.ID)
+	c.checkOwner(p, e, n.OrganizationID, n.ProjectID)
+	if _, ok := c.regionIdx[n.Region]; !ok {
+		p.add(e, "unknown region %q", n.Region)
+	}
+	switch pf := n.Prefix; {
+	case !pf.IsValid():
+		p.add(e, "prefix is missing or invalid")
+	case !pf.Addr().Is4():
+		p.add(e, "prefix %s is not IPv4", pf)
+	case pf.Bits() < 8 || pf.Bits() > 30:
+		// Below /8 is implausible for a tenant network; above /30 leaves no room for hosts
+		// once network, broadcast and gateway addresses are taken.
+		p.add(e, "prefix %s: length must be between 8 and 30", pf)
+	case pf != pf.Masked():
+		p.add(e, "prefix %s has host bits set (want %s)", pf, pf.Masked())
+	}
+}
+
+// checkOwner reports an unknown organization, or an unknown project of a known one; a
+// project is not checked against an organization that does not exist, to avoid a second,
+// redundant message.
+func (c *Catalog) checkOwner(p *problems, e, orgID, projectID string) {
+	if _, ok := c.organizationIdx[orgID]; !ok {
+		p.add(e, "unknown organization %q", orgID)
+		return
+	}
+	if !c.projects[orgID][projectID] {
+		p.add(e, "unknown project %q of organization %q", projectID, orgID)
+	}
+}
+
+func (c *Catalog) validateFlavor(p *problems, i int) {
+	f := &c.Flavors[i]
+	e := entry("flavors", i, f.ID)
+	if f.CPUs <= 0 {
+		p.add(e, "cpus must be positive, got %d", f.CPUs)
+	}
+	if f.MemoryGiB <= 0 {
+		p.add(e, "memoryGiB must be positive, got %d", f.MemoryGiB)
+	}
+	if f.DiskGB <= 0 {
+		p.add(e, "diskGB must be positive, got %d", f.DiskGB)
+	}
+	checkArchitecture(p, e, f.Architecture)
+	if g := f.GPU; g != nil {
+		if g.PhysicalCount <= 0 {
+			p.add(e, "gpu: physicalCount must be positive, got %d", g.PhysicalCount)
+		}
+		if g.MemoryGiB <= 0 {
+			p.add(e, "gpu: memoryGiB must be positive, got %d", g.MemoryGiB)
+		}
+		if g.Vendor == "" {
+			p.add(e, "gpu: vendor is empty")
+		}
+		if g.Model == "" {
+			p.add(e, "gpu: model is empty")
+		}
+	}
+	c.checkRegions(p, e, f.Regions)
+}
+
+func (c *Catalog) validateImage(p *problems, i int) {
+	im := &c.Images[i]
+	e := entry("images", i, im.ID)
+	checkArchitecture(p, e, im.Architecture)
+	if im.SizeGiB <= 0 {
+		p.add(e, "sizeGiB must be positive, got %d", im.SizeGiB)
+	}
+	switch im.Virtualization {
+	case VirtualizationVirtualized, VirtualizationBaremetal, VirtualizationAny:
+	default:
+		p.add(e, "unknown virtualization %q (want virtualized, baremetal or any)", im.Virtualization)
+	}
+	switch im.State {
+	case ImageStatePending, ImageStateCreating, ImageStateReady, ImageStateFailed:
+	default:
+		p.add(e, "unknown state %q (want pending, creating, ready or failed)", im.State)
+	}
+	c.checkRegions(p, e, im.Regions)
+}
+
+func checkArchitecture(p *problems, e string, a Architecture) {
+	switch a {
+	case ArchitectureX86_64, ArchitectureAArch64:
+	default:
+		p.add(e, "unknown architecture %q (want x86_64 or aarch64)", a)
+	}
+}
+
+func (c *Catalog) checkRegions(p *problems, e string, regions []string) {
+	if len(regions) == 0 {
+		p.add(e, "regions is empty: must be offered in at least one region")
+		return
+	}
+	seen := make(map[string]bool, len(regions))
+	for _, r := range regions {
+		if _, ok := c.regionIdx[r]; !ok {
+			p.add(e, "unknown region %q", r)
+		}
+		if seen[r] {
+			p.add(e, "region %q listed twice", r)
+		}
+		seen[r] = true
+	}
+}

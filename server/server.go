@@ -1,0 +1,181 @@
+// Package server is computeql's HTTP edge: the GraphQL transports, bearer-token
+// authentication, request limits, the GraphiQL page and health endpoints.
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/99designs/gqlgen/graphql/handler"
+	"github.com/99designs/gqlgen/graphql/handler/extension"
+	"github.com/99designs/gqlgen/graphql/handler/lru"
+	"github.com/99designs/gqlgen/graphql/handler/transport"
+	"github.com/vektah/gqlparser/v2/ast"
+
+	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/graph"
+	"github.com/computeql/computeql/instance"
+	"github.com/computeql/computeql/server/graphiql"
+)
+
+// Options configure the HTTP handler.
+type Options struct {
+	// Service applies the instance rules. Required.
+	Service *instance.Service
+	// Keys verify bearer tokens. Required.
+	Keys *auth.Keys
+	// Ready reports whether the process can serve (e.g. Redis answers). Defaults to always ready.
+	Ready func(context.Context) error
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// MaxBodyBytes caps a request body. Defaults to 1 MiB.
+	MaxBodyBytes int64
+	// MaxTokens caps the tokens the parser reads from one document. Defaults to 10,000.
+	MaxTokens int
+	// MaxDepth caps field nesting. Defaults to 12.
+	MaxDepth int
+	// MaxComplexity caps an operation's complexity, lists weighted by page size. Defaults to 20,000.
+	MaxComplexity int
+	// DisableIntrospection turns introspection off. It is on by default: GraphiQL and clients'
+	// code generators need it, and the schema is public.
+	DisableIntrospection bool
+}
+
+func (o *Options) applyDefaults() error {
+	if o.Service == nil || o.Keys == nil {
+		return errors.New("server: Service and Keys are required")
+	}
+	if o.Ready == nil {
+		o.Ready = func(context.Context) error { return nil }
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.MaxBodyBytes == 0 {
+		o.MaxBodyBytes = 1 << 20
+	}
+	if o.MaxTokens == 0 {
+		o.MaxTokens = 10_000
+	}
+	if o.MaxDepth == 0 {
+		o.MaxDepth = 12
+	}
+	if o.MaxComplexity == 0 {
+		o.MaxComplexity = 20_000
+	}
+	return nil
+}
+
+// New returns the HTTP handler of every computeql path.
+func New(opts Options) (http.Handler, error) {
+	if err := opts.applyDefaults(); err != nil {
+		return nil, err
+	}
+	gql := handler.New(graph.NewSchema(opts.Service))
+	gql.AddTransport(transport.GET{})
+	gql.AddTransport(transport.POST{})
+	gql.SetQueryCache(lru.New[*ast.QueryDocument](1000))
+	gql.SetParserTokenLimit(opts.MaxTokens)
+	gql.SetErrorPresenter(graph.ErrorPresenter(opts.Logger))
+	gql.SetRecoverFunc(graph.Recover(opts.Logger))
+	if !opts.DisableIntrospection {
+		gql.Use(extension.Introspection{})
+	}
+	gql.Use(extension.AutomaticPersistedQuery{Cache: lru.New[string](1000)})
+	gql.Use(depthLimit{max: opts.MaxDepth})
+	gql.Use(extension.FixedComplexityLimit(opts.MaxComplexity))
+
+	mux := http.NewServeMux()
+	mux.Handle("/graphql", limitBody(opts.MaxBodyBytes, authenticate(opts.Keys, gql)))
+	gi := graphiql.Handler("/graphiql", "/graphql")
+	mux.Handle("/graphiql", gi)
+	mux.Handle("/graphiql/", gi)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := opts.Ready(ctx); err != nil {
+			opts.Logger.WarnContext(ctx, "not ready", "err", err)
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/graphiql", http.StatusFound)
+	})
+	return mux, nil
+}
+
+// authenticate admits only requests with a valid bearer token and puts the principal in the
+// request context. Every GraphQL request needs one: the API is never open.
+func authenticate(keys *auth.Keys, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || token == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="computeql"`)
+			writeError(w, http.StatusUnauthorized, instance.CodeUnauthenticated, "authentication required: send Authorization: Bearer <token>")
+			return
+		}
+		p, err := keys.Verify(token)
+		if err != nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="computeql", error="invalid_token"`)
+			writeError(w, http.StatusUnauthorized, instance.CodeUnauthenticated, err.Error())
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(auth.WithPrincipal(r.Context(), p)))
+	})
+}
+
+// limitBody refuses bodies over max bytes, at once when the length is declared and otherwise
+// when reading passes it, and refuses a JSON body that does not parse. Reading the (bounded)
+// body here gives both failures a status and a code, which gqlgen's transport does not.
+func limitBody(max int64, next http.Handler) http.Handler {
+	tooLarge := "request body is larger than the limit of " + strconv.FormatInt(max, 10) + " bytes"
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > max {
+			writeError(w, http.StatusRequestEntityTooLarge, instance.CodeBadUserInput, tooLarge)
+			return
+		}
+		if r.Method != http.MethodPost {
+			next.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooBig):
+			writeError(w, http.StatusRequestEntityTooLarge, instance.CodeBadUserInput, tooLarge)
+			return
+		case err != nil:
+			writeError(w, http.StatusBadRequest, instance.CodeBadUserInput, "could not read the request body")
+			return
+		}
+		if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == "application/json" && !json.Valid(body) {
+			writeError(w, http.StatusBadRequest, instance.CodeBadUserInput, "request body is not valid JSON")
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		next.ServeHTTP(w, r)
+	})
+}
+
+// writeError answers with a GraphQL-shaped error body, so clients parse every failure alike.
+func writeError(w http.ResponseWriter, status int, code instance.Code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{
+		"errors": []any{map[string]any{"message": msg, "extensions": map[string]any{"code": code}}},
+	})
+}

@@ -1,0 +1,27 @@
+package store
+
+// Every key of an organization carries the hash tag {o:<org>}, so all the keys one script
+// touches live in one Redis Cluster slot. Organization ids come from the validated catalogue
+// (no braces), so a tag can never be forged by input.
+
+const prefix = "cq:"
+
+func orgTag(org string) string { return "{o:" + org + "}" }
+
+// instanceKey is a hash: spec (JSON), status (JSON), gen, sv (status version), proj.
+func instanceKey(org, id string) string { return prefix + orgTag(org) + ":i:" + id }
+
+// claimKey holds the id of the instance that owns a name on a network.
+func claimKey(org, claim string) string { return prefix + orgTag(org) + ":claim:" + claim }
+
+// orgIndexKey is a sorted set of the organization's instance ids, all with score 0, so that
+// the lexical order of the time-ordered (UUID v7) ids is creation order.
+func orgIndexKey(org string) string { return prefix + orgTag(org) + ":idx" }
+
+// projectIndexKey is orgIndexKey for one project.
+func projectIndexKey(org, project string) string {
+	return prefix + orgTag(org) + ":idx:p:" + project
+}
+
+// quotaKey is a hash of limit:<kind> (only kinds set with setQuota) and used:<kind>.
+func quotaKey(org string) string { return prefix + orgTag(org) + ":quota" }

@@ -1,0 +1,99 @@
+package store
+
+import "github.com/redis/go-redis/v9"
+
+// Scripts are loaded once at start (Store.Load) and called by SHA; go-redis falls back to
+// EVAL when a restarted Redis has forgotten them.
+
+// quotaLua is shared by every script that charges quota. A charge is given in ARGV from
+// position first: n, then n triples of kind, amount and default limit (the limit used when
+// none was set with setQuota).
+//
+// overQuota returns, for each kind a positive amount would take over its limit, the four
+// entries "quota", kind, requested total, limit. applyCharge adds the amounts to usage.
+const quotaLua = `
+local function overQuota(quotaKey, first)
+  local refusals = {}
+  for i = 0, tonumber(ARGV[first]) - 1 do
+    local kind, amount = ARGV[first + 1 + i * 3], tonumber(ARGV[first + 2 + i * 3])
+    if amount > 0 then
+      local used = tonumber(redis.call('HGET', quotaKey, 'used:' .. kind) or '0')
+      local limit = tonumber(redis.call('HGET', quotaKey, 'limit:' .. kind) or ARGV[first + 3 + i * 3])
+      if used + amount > limit then
+        table.insert(refusals, 'quota')
+        table.insert(refusals, kind)
+        table.insert(refusals, tostring(used + amount))
+        table.insert(refusals, tostring(limit))
+      end
+    end
+  end
+  return refusals
+end
+
+local function applyCharge(quotaKey, first)
+  for i = 0, tonumber(ARGV[first]) - 1 do
+    local amount = tonumber(ARGV[first + 2 + i * 3])
+    if amount ~= 0 then
+      redis.call('HINCRBY', quotaKey, 'used:' .. ARGV[first + 1 + i * 3], amount)
+    end
+  end
+end
+`
+
+// createScript stores a new instance, claims its name and charges its quota, all or nothing.
+//
+// KEYS[1] claim, KEYS[2] instance, KEYS[3] org index, KEYS[4] project index, KEYS[5] quota
+// ARGV[1] id, ARGV[2] spec JSON, ARGV[3] status JSON, ARGV[4] project, ARGV[5..] the charge
+// Returns an empty array on success, else the refusals: "name" when the claim is taken, and
+// the quota refusals of overQuota.
+var createScript = redis.NewScript(quotaLua + `
+local refusals = overQuota(KEYS[5], 5)
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  table.insert(refusals, 1, 'name')
+end
+if #refusals > 0 then
+  return refusals
+end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', ARGV[3], 'gen', 1, 'sv', 1, 'proj', ARGV[4])
+redis.call('ZADD', KEYS[3], 0, ARGV[1])
+redis.call('ZADD', KEYS[4], 0, ARGV[1])
+applyCharge(KEYS[5], 5)
+return refusals
+`)
+
+// updateSpecScript writes a new spec if the generation is unchanged and charges a quota
+// delta; with an expected status version it also writes the status if that is unchanged.
+// All or nothing.
+//
+// KEYS[1] instance, KEYS[2] quota
+// ARGV[1] expected generation, ARGV[2] spec JSON,
+// ARGV[3] expected status version ("" leaves the status alone), ARGV[4] status JSON,
+// ARGV[5..] the quota delta (negative amounts release)
+// Returns {"ok"}, {"gone"}, {"stale"}, {"statusstale"}, or the quota refusals of overQuota.
+var updateSpecScript = redis.NewScript(quotaLua + `
+local cur = redis.call('HMGET', KEYS[1], 'gen', 'sv')
+if not cur[1] then
+  return {'gone'}
+end
+if cur[1] ~= ARGV[1] then
+  return {'stale'}
+end
+if ARGV[3] ~= '' and cur[2] ~= ARGV[3] then
+  return {'statusstale'}
+end
+local refusals = overQuota(KEYS[2], 5)
+if #refusals > 0 then
+  return refusals
+end
+redis.call('HSET', KEYS[1], 'spec', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'gen', 1)
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[1], 'status', ARGV[4])
+  redis.call('HINCRBY', KEYS[1], 'sv', 1)
+end
+applyCharge(KEYS[2], 5)
+return {'ok'}
+`)
+
+var scripts = []*redis.Script{createScript, updateSpecScript}

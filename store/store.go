@@ -1,0 +1,273 @@
+// Package store keeps instances in Redis, the store of record. Every multi-key change is one
+// Lua script whose keys share the organization's hash tag, so the same code runs on a single
+// Redis and on Redis Cluster, and a crash leaves a change either whole or absent.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/computeql/computeql/instance"
+	"github.com/computeql/computeql/quota"
+)
+
+// Store is the Redis implementation of instance.Store.
+type Store struct {
+	rdb redis.UniversalClient
+}
+
+var _ instance.Store = (*Store)(nil)
+
+// New returns a store on the client.
+func New(rdb redis.UniversalClient) *Store { return &Store{rdb: rdb} }
+
+// Load loads every script into Redis, so that the first calls go by SHA; it also proves
+// Redis is reachable and runs Lua.
+func (s *Store) Load(ctx context.Context) error {
+	for _, sc := range scripts {
+		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
+			return fmt.Errorf("load scripts: %w", err)
+		}
+	}
+	return nil
+}
+
+// chargeArgs appends a charge in quotaLua's ARGV form: n, then kind, amount, default limit.
+func chargeArgs(args []any, amounts, limits quota.Amounts) []any {
+	n := 0
+	for _, k := range quota.Kinds {
+		if amounts[k] != 0 {
+			n++
+		}
+	}
+	args = append(args, n)
+	for _, k := range quota.Kinds {
+		if amounts[k] != 0 {
+			args = append(args, string(k), amounts[k], limits[k])
+		}
+	}
+	return args
+}
+
+// Create implements instance.Store with createScript.
+func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim string, limits quota.Amounts) (*instance.Refusal, error) {
+	spec, err := json.Marshal(&inst.Spec)
+	if err != nil {
+		return nil, fmt.Errorf("create: encode spec: %w", err)
+	}
+	status, err := json.Marshal(&inst.Status)
+	if err != nil {
+		return nil, fmt.Errorf("create: encode status: %w", err)
+	}
+	org := inst.OrganizationID
+	keys := []string{
+		claimKey(org, claim), instanceKey(org, inst.ID), orgIndexKey(org),
+		projectIndexKey(org, inst.ProjectID), quotaKey(org),
+	}
+	args := chargeArgs([]any{inst.ID, spec, status, inst.ProjectID}, inst.Charge, limits)
+	reply, err := createScript.Run(ctx, s.rdb, keys, args...).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("create: %w", err)
+	}
+	return parseRefusals(reply)
+}
+
+// UpdateSpec implements instance.Store with updateSpecScript.
+func (s *Store) UpdateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status) (*instance.Refusal, error) {
+	spec, err := json.Marshal(&inst.Spec)
+	if err != nil {
+		return nil, fmt.Errorf("update spec: encode spec: %w", err)
+	}
+	expectSV, statusJSON := "", []byte("")
+	if status != nil {
+		expectSV = strconv.FormatInt(inst.StatusVersion, 10)
+		if statusJSON, err = json.Marshal(status); err != nil {
+			return nil, fmt.Errorf("update spec: encode status: %w", err)
+		}
+	}
+	org := inst.OrganizationID
+	keys := []string{instanceKey(org, inst.ID), quotaKey(org)}
+	args := chargeArgs([]any{inst.Generation, spec, expectSV, statusJSON}, delta, limits)
+	reply, err := updateSpecScript.Run(ctx, s.rdb, keys, args...).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("update spec: %w", err)
+	}
+	if len(reply) == 1 {
+		switch reply[0] {
+		case "ok":
+			return nil, nil
+		case "gone":
+			return &instance.Refusal{Gone: true}, nil
+		case "stale":
+			return &instance.Refusal{Stale: true}, nil
+		case "statusstale":
+			return &instance.Refusal{StatusStale: true}, nil
+		}
+	}
+	return parseRefusals(reply)
+}
+
+// parseRefusals reads the refusal list the scripts return; an empty list is success.
+func parseRefusals(reply []string) (*instance.Refusal, error) {
+	if len(reply) == 0 {
+		return nil, nil
+	}
+	r := &instance.Refusal{}
+	for i := 0; i < len(reply); {
+		switch {
+		case reply[i] == "name":
+			r.NameTaken = true
+			i++
+		case reply[i] == "quota" && i+3 < len(reply):
+			requested, err1 := strconv.ParseInt(reply[i+2], 10, 64)
+			limit, err2 := strconv.ParseInt(reply[i+3], 10, 64)
+			if err := errors.Join(err1, err2); err != nil {
+				return nil, fmt.Errorf("malformed quota refusal %q: %w", reply[i:i+4], err)
+			}
+			r.Exceeded = append(r.Exceeded, instance.Excess{Kind: quota.Kind(reply[i+1]), Requested: requested, Limit: limit})
+			i += 4
+		default:
+			return nil, fmt.Errorf("unexpected script reply %q", reply)
+		}
+	}
+	return r, nil
+}
+
+var instanceFields = []string{"spec", "status", "gen", "sv", "proj"}
+
+// Get implements instance.Store: one pipelined round trip over the organizations.
+func (s *Store) Get(ctx context.Context, orgs []string, id string) (*instance.Instance, error) {
+	if len(orgs) == 0 {
+		return nil, instance.ErrNotFound
+	}
+	cmds := make([]*redis.SliceCmd, len(orgs))
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, org := range orgs {
+			cmds[i] = p.HMGet(ctx, instanceKey(org, id), instanceFields...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("get instance: %w", err)
+	}
+	for i, cmd := range cmds {
+		inst, err := decode(orgs[i], id, cmd.Val())
+		if err != nil || inst != nil {
+			return inst, err
+		}
+	}
+	return nil, instance.ErrNotFound
+}
+
+// decode builds an instance from HMGET of instanceFields; nil when the hash does not exist.
+func decode(org, id string, vals []any) (*instance.Instance, error) {
+	if len(vals) != len(instanceFields) || vals[0] == nil {
+		return nil, nil
+	}
+	str := func(i int) string { s, _ := vals[i].(string); return s }
+	inst := &instance.Instance{ID: id, OrganizationID: org, ProjectID: str(4)}
+	var err1, err2, err3, err4 error
+	err1 = json.Unmarshal([]byte(str(0)), &inst.Spec)
+	err2 = json.Unmarshal([]byte(str(1)), &inst.Status)
+	inst.Generation, err3 = strconv.ParseInt(str(2), 10, 64)
+	inst.StatusVersion, err4 = strconv.ParseInt(str(3), 10, 64)
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		return nil, fmt.Errorf("decode instance %s/%s: %w", org, id, err)
+	}
+	return inst, nil
+}
+
+func indexKey(org, project string) string {
+	if project != "" {
+		return projectIndexKey(org, project)
+	}
+	return orgIndexKey(org)
+}
+
+// List implements instance.Store: a range of the index, then the instances in one pipeline.
+func (s *Store) List(ctx context.Context, org, project, after string, limit int) ([]*instance.Instance, error) {
+	start := "-"
+	if after != "" {
+		start = "(" + after
+	}
+	ids, err := s.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{
+		Key: indexKey(org, project), Start: start, Stop: "+", ByLex: true, Count: int64(limit),
+	}).Result()
+	if err != nil {
+		return nil, fmt.Errorf("list instances: %w", err)
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	cmds := make([]*redis.SliceCmd, len(ids))
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range ids {
+			cmds[i] = p.HMGet(ctx, instanceKey(org, id), instanceFields...)
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("list instances: %w", err)
+	}
+	out := make([]*instance.Instance, 0, len(ids))
+	for i, cmd := range cmds {
+		inst, err := decode(org, ids[i], cmd.Val())
+		if err != nil {
+			return nil, err
+		}
+		// An instance forgotten between the two round trips is simply no longer listed.
+		if inst != nil {
+			out = append(out, inst)
+		}
+	}
+	return out, nil
+}
+
+// Count implements instance.Store.
+func (s *Store) Count(ctx context.Context, org, project string) (int, error) {
+	n, err := s.rdb.ZCard(ctx, indexKey(org, project)).Result()
+	if err != nil {
+		return 0, fmt.Errorf("count instances: %w", err)
+	}
+	return int(n), nil
+}
+
+// Quota implements instance.Store.
+func (s *Store) Quota(ctx context.Context, org string) (limits, used quota.Amounts, err error) {
+	all, err := s.rdb.HGetAll(ctx, quotaKey(org)).Result()
+	if err != nil {
+		return nil, nil, fmt.Errorf("read quota: %w", err)
+	}
+	limits, used = quota.Amounts{}, quota.Amounts{}
+	for field, v := range all {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return nil, nil, fmt.Errorf("read quota: field %s: %w", field, err)
+		}
+		if kind, ok := strings.CutPrefix(field, "limit:"); ok {
+			limits[quota.Kind(kind)] = n
+		} else if kind, ok := strings.CutPrefix(field, "used:"); ok {
+			used[quota.Kind(kind)] = n
+		}
+	}
+	return limits, used, nil
+}
+
+// SetLimits implements instance.Store.
+func (s *Store) SetLimits(ctx context.Context, org string, limits quota.Amounts) error {
+	args := make([]any, 0, 2*len(limits))
+	for _, k := range quota.Kinds {
+		if v, ok := limits[k]; ok {
+			args = append(args, "limit:"+string(k), v)
+		}
+	}
+	if err := s.rdb.HSet(ctx, quotaKey(org), args...).Err(); err != nil {
+		return fmt.Errorf("set quota limits: %w", err)
+	}
+	return nil
+}
