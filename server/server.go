@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"mime"
@@ -19,6 +20,9 @@ import (
 	"github.com/99designs/gqlgen/graphql/handler/extension"
 	"github.com/99designs/gqlgen/graphql/handler/lru"
 	"github.com/99designs/gqlgen/graphql/handler/transport"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/vektah/gqlparser/v2/ast"
 
 	"github.com/computeql/computeql/auth"
@@ -45,6 +49,9 @@ type Options struct {
 	MaxDepth int
 	// MaxComplexity caps an operation's complexity, lists weighted by page size. Defaults to 20,000.
 	MaxComplexity int
+	// Registry receives the metrics served at /metrics. Defaults to a new registry with the Go
+	// and process collectors.
+	Registry *prometheus.Registry
 	// DisableIntrospection turns introspection off. It is on by default: GraphiQL and clients'
 	// code generators need it, and the schema is public.
 	DisableIntrospection bool
@@ -59,6 +66,10 @@ func (o *Options) applyDefaults() error {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+		o.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	if o.MaxBodyBytes == 0 {
 		o.MaxBodyBytes = 1 << 20
@@ -93,12 +104,18 @@ func New(opts Options) (http.Handler, error) {
 	gql.Use(extension.AutomaticPersistedQuery{Cache: lru.New[string](1000)})
 	gql.Use(depthLimit{max: opts.MaxDepth})
 	gql.Use(extension.FixedComplexityLimit(opts.MaxComplexity))
+	metrics, err := newOpMetrics(opts.Registry)
+	if err != nil {
+		return nil, fmt.Errorf("server: metrics: %w", err)
+	}
+	gql.Use(metrics)
 
 	mux := http.NewServeMux()
 	mux.Handle("/graphql", limitBody(opts.MaxBodyBytes, authenticate(opts.Keys, gql)))
 	gi := graphiql.Handler("/graphiql", "/graphql")
 	mux.Handle("/graphiql", gi)
 	mux.Handle("/graphiql/", gi)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n"))
 	})

@@ -156,11 +156,17 @@
             return JSON.parse(text);
           } catch (e) {
             // Proxies and auth middleware answer in plain text or HTML; show
-            // that rather than a bare JSON syntax error.
-            throw new Error(
-              'HTTP ' + res.status + (res.statusText ? ' ' + res.statusText : '') +
-                ' from ' + endpoint + (text ? ': ' + text.slice(0, 500) : '')
-            );
+            // that rather than a bare JSON syntax error. Returned as a GraphQL
+            // error, not thrown, so GraphiQL does not print a stack trace.
+            return {
+              errors: [
+                {
+                  message:
+                    'HTTP ' + res.status + (res.statusText ? ' ' + res.statusText : '') +
+                    ' from ' + endpoint + (text.trim() ? ': ' + text.trim().slice(0, 500) : ''),
+                },
+              ],
+            };
           }
         });
       });

@@ -1,0 +1,62 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// BenchmarkCreateHTTP measures createInstance through the whole HTTP handler (authentication,
+// body limit, gqlgen parse/validate/execute, domain rules, one Redis script, queue append)
+// against the real redis-server, with b.RunParallel clients (-cpu sets GOMAXPROCS; use
+// -test.parallelism-style scaling through SetParallelism for more concurrent clients).
+func BenchmarkCreateHTTP(b *testing.B) {
+	a := newAPI(b)
+	admin := a.admin(b)
+	// Quota must never be what refuses in a benchmark.
+	res := a.post(b, admin, `mutation { setQuota(input: {organizationId: "acme", limits: [
+		{kind: "servers", limit: 1000000000}, {kind: "cpus", limit: 1000000000},
+		{kind: "memoryGiB", limit: 1000000000}]}) { userErrors { message } } }`, nil)
+	if len(res.Errors) > 0 {
+		b.Fatal(res.Errors)
+	}
+	member := a.admin(b)
+	var n atomic.Int64
+	calls := &callCounter{}
+	a.rdb.AddHook(calls)
+	b.SetParallelism(32) // 32 × GOMAXPROCS concurrent clients: 64 on this 2-core machine
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			body, _ := json.Marshal(map[string]any{"query": createMutation, "variables": map[string]any{"input": createInput(fmt.Sprint("b-", n.Add(1)))}})
+			req := httptest.NewRequest(http.MethodPost, "/graphql", bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer "+member)
+			rec := httptest.NewRecorder()
+			a.handler.ServeHTTP(rec, req)
+			if rec.Code != http.StatusOK || bytes.Contains(rec.Body.Bytes(), []byte(`"code"`)) {
+				b.Fatalf("create failed: %d %s", rec.Code, rec.Body.String())
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "creates/s")
+	b.ReportMetric(float64(calls.n.Load())/float64(b.N), "redis-roundtrips/op")
+}
+
+// callCounter counts round trips to Redis: one per command or pipeline sent.
+type callCounter struct{ n atomic.Int64 }
+
+func (c *callCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *callCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { c.n.Add(1); return next(ctx, cmd) }
+}
+func (c *callCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { c.n.Add(1); return next(ctx, cmds) }
+}
