@@ -1,6 +1,8 @@
 package instance_test
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -9,6 +11,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -106,6 +109,15 @@ func globexCreate() instance.CreateRequest {
 		Name: "prod-1", FlavorID: "g1.small", ImageID: "ubuntu-24.04",
 	}
 }
+
+// Codes of field problems, short for the tables.
+const (
+	BadInput      = instance.CodeBadUserInput
+	NotFound      = instance.CodeNotFound
+	Unprocessable = instance.CodeUnprocessable
+	Conflict      = instance.CodeConflict
+	QuotaExceeded = instance.CodeQuotaExceeded
+)
 
 // in is a field path below "input".
 func in(elems ...string) []string { return append([]string{"input"}, elems...) }
@@ -268,7 +280,13 @@ func b64(s string) *string { return ptr(base64.StdEncoding.EncodeToString([]byte
 // validated and indexed) with region.Parse. The shared demo catalogue is never touched.
 func customCatalog(t testing.TB, edit func(c *region.Catalog)) *region.Catalog {
 	t.Helper()
-	data, err := json.Marshal(region.Demo())
+	return editCatalog(t, region.Demo(), edit)
+}
+
+// editCatalog is customCatalog starting from base, which is left as it is.
+func editCatalog(t testing.TB, base *region.Catalog, edit func(c *region.Catalog)) *region.Catalog {
+	t.Helper()
+	data, err := json.Marshal(base)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,4 +308,83 @@ func customCatalog(t testing.TB, edit func(c *region.Catalog)) *region.Catalog {
 // without returns items without those whose id is id.
 func without[T any](items []T, idOf func(*T) string, id string) []T {
 	return slices.DeleteFunc(slices.Clone(items), func(x T) bool { return idOf(&x) == id })
+}
+
+// interfering is the real store with a write slipped in: before runs once, just before the
+// first UpdateSpec, so it lands between the service's read and its own write, as a
+// concurrent request would.
+type interfering struct {
+	instance.Store
+	mu     sync.Mutex
+	before func()
+}
+
+func (s *interfering) UpdateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status) (*instance.Refusal, error) {
+	s.mu.Lock()
+	f := s.before
+	s.before = nil
+	s.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	return s.Store.UpdateSpec(ctx, inst, delta, limits, status)
+}
+
+// interfered returns a service over the same Redis and catalogue whose first spec write is
+// preceded by before.
+func (e *env) interfered(t testing.TB, before func()) *instance.Service {
+	t.Helper()
+	svc, err := instance.NewService(instance.Options{
+		Catalog: e.svc.Catalog(), Store: &interfering{Store: store.New(e.rdb), before: before}, Queue: e.q,
+		Now: func() time.Time { return e.now }, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc
+}
+
+// wantInvalid asserts that err is an *instance.Invalid and returns it.
+func wantInvalid(t testing.TB, err error) *instance.Invalid {
+	t.Helper()
+	var inv *instance.Invalid
+	if !errors.As(err, &inv) {
+		t.Fatalf("got %v (%T), want *instance.Invalid", err, err)
+	}
+	return inv
+}
+
+// run calls f(i) for i in [0, n) on n goroutines released together, and returns the errors.
+func run(n int, f func(i int) error) []error {
+	errs := make([]error, n)
+	var ready, done sync.WaitGroup
+	start := make(chan struct{})
+	ready.Add(n)
+	done.Add(n)
+	for i := range n {
+		go func() {
+			defer done.Done()
+			ready.Done()
+			<-start
+			errs[i] = f(i)
+		}()
+	}
+	ready.Wait()
+	close(start)
+	done.Wait()
+	return errs
+}
+
+// gzipped returns s compressed with gzip.
+func gzipped(t testing.TB, s string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	w := gzip.NewWriter(&buf)
+	if _, err := w.Write([]byte(s)); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
 }

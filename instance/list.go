@@ -103,7 +103,6 @@ func (s *Service) List(ctx context.Context, req ListRequest) (*Page, error) {
 	if !unfiltered {
 		batch = scanBatch
 	}
-	scanAll := req.WantTotal && !unfiltered
 	for cursor := after; ; {
 		insts, err := s.store.List(ctx, org, project, cursor, batch)
 		if err != nil {
@@ -119,7 +118,9 @@ func (s *Service) List(ctx context.Context, req ListRequest) (*Page, error) {
 				page.HasNextPage = true
 			}
 		}
-		if len(insts) < batch || (page.HasNextPage && !scanAll) {
+		// The total, when asked for, is counted by its own scan from the start; reading past
+		// the page here would only read instances that are then thrown away.
+		if len(insts) < batch || page.HasNextPage {
 			break
 		}
 		cursor = insts[len(insts)-1].ID

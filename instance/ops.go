@@ -9,6 +9,7 @@ import (
 
 	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/quota"
+	"github.com/computeql/computeql/region"
 )
 
 // CreateRequest is what createInstance asks for.
@@ -253,7 +254,12 @@ func (s *Service) Update(ctx context.Context, req UpdateRequest) (*Instance, err
 		next.Tags = req.Tags
 		checkTags(&p, next.Tags)
 	}
-	network, _ := s.cat.Network(cur.NetworkID)
+	network, ok := s.cat.Network(cur.NetworkID)
+	if !ok {
+		// The network was retired: its security groups went with it, and a group of any other
+		// network (or organization) must not pass for one of the instance's own.
+		network = &region.Network{ID: cur.NetworkID}
+	}
 	if req.Networking != nil {
 		next.Networking = checkNetworking(&p, s.cat, req.Networking.apply(cur.Networking), network)
 	}
