@@ -439,6 +439,7 @@ func TestCreateUserData(t *testing.T) {
 		accepted("MIME multipart", "Content-Type: multipart/mixed; boundary=\"==XYZ==\"\nMIME-Version: 1.0\n\n--==XYZ==\n--==XYZ==--\n"),
 		accepted("MIME multipart, lower case header", "content-type: multipart/mixed; boundary=x\n\n--x--\n"),
 		accepted("exactly the size cap", full),
+		{name: "exactly the size cap, base64 wrapped at 76 columns", edit: ud(ptr(wrap76(base64.StdEncoding.EncodeToString([]byte(full)))), ""), check: stored([]byte(full))},
 		{name: "empty user data is none", edit: ud(ptr(""), ""), check: stored(nil)},
 		{name: "gzip without a CA", edit: ud(gzEncoded, ""), check: stored(gz)},
 		{name: "script with a CA", edit: ud(b64("#!/bin/sh\n"), "ca-acme-web")},
@@ -577,12 +578,22 @@ func TestCreateNameClaims(t *testing.T) {
 		Name: "web-1", FlavorID: "g1.small", ImageID: "ubuntu-24.04",
 	})
 
-	// The claim is checked by the store's atomic write only (no read before write), so a
-	// request refused for other problems does not report the conflict as well.
+	// A request refused for other problems reports the taken name as well, so every problem
+	// comes at once.
 	dup := validCreate()
 	dup.Tags = []instance.Tag{{Name: "a"}, {Name: "a"}}
 	_, err = e.svc.Create(acmeMember, dup)
-	wantProblems(t, err, p(BadInput, "tags", "1", "name"))
+	wantProblems(t, err, p(BadInput, "tags", "1", "name"), p(Conflict, "name"))
+
+	// Names are hostnames, which ignore case: a name differing only in case is taken too,
+	// whether the store's atomic write or the precheck finds it.
+	upper := validCreate()
+	upper.Name = "WEB-1"
+	_, err = e.svc.Create(acmeMember, upper)
+	wantProblems(t, err, p(Conflict, "name"))
+	upper.Tags = dup.Tags
+	_, err = e.svc.Create(acmeMember, upper)
+	wantProblems(t, err, p(BadInput, "tags", "1", "name"), p(Conflict, "name"))
 
 	// A deleted instance keeps its name until workers forget it.
 	if _, err := e.svc.Delete(acmeMember, first.ID); err != nil {
@@ -619,9 +630,23 @@ func TestNameClaimIsDeterministic(t *testing.T) {
 	if _, err := uuid.Parse(a); err != nil {
 		t.Fatalf("claim %q is not a UUID", a)
 	}
-	for _, other := range [][2]string{{"net-b", "web-1"}, {"net-a", "web-2"}, {"net-a", "Web-1"}, {"net-aw", "eb-1"}} {
+	if instance.NameClaim("net-a", "Web-1") != a {
+		t.Error("names differing only in case have different claims; hostnames ignore case")
+	}
+	for _, other := range [][2]string{{"net-b", "web-1"}, {"net-a", "web-2"}, {"net-aw", "eb-1"}} {
 		if instance.NameClaim(other[0], other[1]) == a {
 			t.Errorf("claim of %v equals that of net-a/web-1", other)
 		}
 	}
+}
+
+// wrap76 breaks base64 into MIME-style lines, as many tools emit it.
+func wrap76(s string) string {
+	var b strings.Builder
+	for len(s) > 76 {
+		b.WriteString(s[:76] + "\r\n")
+		s = s[76:]
+	}
+	b.WriteString(s)
+	return b.String()
 }

@@ -99,13 +99,22 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, err
 	var cost quota.Amounts
 	if flavor != nil {
 		cost = charge(flavor, networking.PublicIP)
-		if p.any() {
-			if err := s.precheckQuota(ctx, &p, org, cost); err != nil {
-				return nil, internal("create instance", err)
-			}
-		}
 	}
 	if p.any() {
+		// Refused anyway: also report a taken name and quota, so every problem comes at once.
+		// The authoritative checks are the store's atomic ones.
+		if network != nil && namePattern.MatchString(req.Name) {
+			taken, err := s.store.NameClaimed(ctx, org, NameClaim(network.ID, req.Name))
+			if err != nil {
+				return nil, internal("create instance", err)
+			}
+			if taken {
+				addNameTaken(&p, req.Name, network.ID)
+			}
+		}
+		if err := s.precheckQuota(ctx, &p, org, cost); err != nil {
+			return nil, internal("create instance", err)
+		}
 		return nil, p.err()
 	}
 
@@ -151,7 +160,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, err
 	}
 	if refusal != nil {
 		if refusal.NameTaken {
-			p.add(CodeConflict, path("name"), "an instance named %q already exists on network %q", req.Name, network.ID)
+			addNameTaken(&p, req.Name, network.ID)
 		}
 		addQuotaProblems(&p, refusal.Exceeded)
 		return nil, p.err()
@@ -159,6 +168,10 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, err
 	inst.Generation, inst.StatusVersion = 1, 1
 	s.enqueue(ctx, inst)
 	return inst, nil
+}
+
+func addNameTaken(p *problems, name, networkID string) {
+	p.add(CodeConflict, path("name"), "an instance named %q already exists on network %q (names are case-insensitive, like hostnames)", name, networkID)
 }
 
 // Get returns an instance the caller may read.
@@ -333,7 +346,7 @@ func (s *Service) Update(ctx context.Context, req UpdateRequest) (*Instance, err
 		return nil, internal("update instance", err)
 	}
 	if refusal != nil {
-		return nil, s.updateRefused(refusal, req.ID)
+		return nil, s.updateRefused(refusal, req.ID, req.ExpectedGeneration != nil)
 	}
 	inst.Generation++
 	s.enqueue(ctx, &inst)
@@ -352,13 +365,19 @@ func withPublicIP(a quota.Amounts, on bool) quota.Amounts {
 	return out
 }
 
-func (s *Service) updateRefused(r *Refusal, id string) error {
+// updateRefused explains a store's refusal. A lost compare-and-set is reported on
+// expectedGeneration when the caller gave one, as when the check fails before the write.
+func (s *Service) updateRefused(r *Refusal, id string, expectedGiven bool) error {
 	if r.Gone {
 		return Errorf(CodeNotFound, "instance %q not found", id)
 	}
 	var p problems
 	if r.Stale {
-		p.add(CodeConflict, path("id"), "instance %q was changed concurrently: re-read it and retry", id)
+		f := path("id")
+		if expectedGiven {
+			f = path("expectedGeneration")
+		}
+		p.add(CodeConflict, f, "instance %q was changed concurrently: re-read it and retry", id)
 	}
 	addQuotaProblems(&p, r.Exceeded)
 	return p.err()
@@ -408,7 +427,7 @@ func (s *Service) Delete(ctx context.Context, id string) (*Instance, error) {
 		case refusal.StatusStale, refusal.Stale:
 			continue // re-read and decide again: it may even be deleting already
 		default:
-			return nil, s.updateRefused(refusal, id)
+			return nil, s.updateRefused(refusal, id, false)
 		}
 	}
 	return nil, Errorf(CodeConflict, "instance %q keeps changing; retry", id)

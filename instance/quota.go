@@ -36,7 +36,7 @@ func (s *Service) Quota(ctx context.Context, org string) (*Quota, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !pr.SeesOrganization(org) {
+	if _, ok := s.cat.Organization(org); !ok || !pr.SeesOrganization(org) {
 		return nil, Errorf(CodeNotFound, "organization %q not found", org)
 	}
 	return s.readQuota(ctx, org)

@@ -287,6 +287,7 @@ func TestQuotaVisibility(t *testing.T) {
 		{"member of another org", globexMember, "acme", NotFound},
 		{"admin of another org", globexAdmin, "acme", NotFound},
 		{"unknown org", acmeAdmin, "nope", NotFound},
+		{"org not in the catalogue, though granted", as("x", "initech", "", auth.RoleAdmin), "initech", NotFound},
 		{"no principal", nobody, "acme", instance.CodeUnauthenticated},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -20,10 +21,11 @@ var claimNamespace = uuid.MustParse("6d0f1b6e-3a57-4c39-9a2e-4f6f3b1c8e21")
 
 // NameClaim returns the claim that makes a name unique on a network. It is derived, not
 // looked up, so two concurrent creates of one name collide on the same key without any
-// read-before-write. The NUL separator cannot occur in ids or names, so distinct pairs never
-// share a claim.
+// read-before-write. The name becomes the hostname, and hostnames ignore case, so names that
+// differ only in case share a claim. The NUL separator cannot occur in ids or names, so
+// distinct pairs never share a claim.
 func NameClaim(networkID, name string) string {
-	return uuid.NewSHA1(claimNamespace, []byte(networkID+"\x00"+name)).String()
+	return uuid.NewSHA1(claimNamespace, []byte(networkID+"\x00"+strings.ToLower(name))).String()
 }
 
 // Options configure a Service.

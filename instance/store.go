@@ -13,6 +13,8 @@ type Store interface {
 	// against the organization's quota, all or nothing. limits are the organization's limits
 	// for kinds that have no limit set with SetLimits. A refusal says why nothing was written.
 	Create(ctx context.Context, inst *Instance, claim string, limits quota.Amounts) (*Refusal, error)
+	// NameClaimed reports whether the name claim is taken.
+	NameClaimed(ctx context.Context, org, claim string) (bool, error)
 	// Get returns the instance with the id in the first of orgs that has it, or ErrNotFound.
 	Get(ctx context.Context, orgs []string, id string) (*Instance, error)
 	// UpdateSpec writes inst's spec if the stored generation is still inst.Generation, and

@@ -336,6 +336,21 @@ func TestUpdateLosesToAConcurrentWrite(t *testing.T) {
 	e.wantUsed(t, "acme", quota.Amounts{quota.Servers: 1, quota.CPUs: 2, quota.MemoryGiB: 4})
 }
 
+// A caller who named the generation it read learns which of its inputs went stale, whether
+// the check fails before the write or the write loses the race.
+func TestUpdateWithExpectedGenerationLosesToAConcurrentWrite(t *testing.T) {
+	e := newEnv(t)
+	inst := e.create(t, acmeMember, validCreate())
+	svc := e.interfered(t, func() {
+		e.update(t, acmeMember, instance.UpdateRequest{ID: inst.ID, Description: ptr("first")})
+	})
+	_, err := svc.Update(acmeMember, instance.UpdateRequest{ID: inst.ID, Description: ptr("second"), ExpectedGeneration: ptr(int64(1))})
+	wantProblems(t, err, p(Conflict, "expectedGeneration"))
+	if got := e.get(t, acmeMember, inst.ID); got.Description != "first" {
+		t.Errorf("description %q", got.Description)
+	}
+}
+
 func TestUpdateDeletingInstance(t *testing.T) {
 	e := newEnv(t)
 	inst := e.create(t, acmeMember, validCreate())

@@ -182,7 +182,8 @@ var cloudInitPrefixes = []string{
 // withCA says an SSH CA is attached: its managed injection cannot merge into gzip.
 func decodeUserData(p *problems, encoded string, withCA bool) []byte {
 	f := path("userData")
-	if len(encoded) > base64.StdEncoding.EncodedLen(MaxUserDataBytes) {
+	// A cheap bound before decoding; it leaves room for line breaks, which the decoder skips.
+	if len(encoded) > 2*base64.StdEncoding.EncodedLen(MaxUserDataBytes) {
 		p.add(CodeBadUserInput, f, "user data is larger than %d bytes", MaxUserDataBytes)
 		return nil
 	}

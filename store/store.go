@@ -141,6 +141,15 @@ func parseRefusals(reply []string) (*instance.Refusal, error) {
 
 var instanceFields = []string{"spec", "status", "gen", "sv", "proj"}
 
+// NameClaimed implements instance.Store.
+func (s *Store) NameClaimed(ctx context.Context, org, claim string) (bool, error) {
+	n, err := s.rdb.Exists(ctx, claimKey(org, claim)).Result()
+	if err != nil {
+		return false, fmt.Errorf("read name claim: %w", err)
+	}
+	return n == 1, nil
+}
+
 // Get implements instance.Store: one pipelined round trip over the organizations.
 func (s *Store) Get(ctx context.Context, orgs []string, id string) (*instance.Instance, error) {
 	if len(orgs) == 0 {
