@@ -33,12 +33,29 @@ func ErrorPresenter(log *slog.Logger) graphql.ErrorPresenterFunc {
 		if errors.As(err, &gerr) && gerr.Err == nil {
 			return gerr
 		}
+		if introspectionDisabled(err) {
+			gerr = graphql.DefaultErrorPresenter(ctx, err)
+			gerr.Message = "introspection is disabled on this server"
+			setCode(gerr, instance.CodeForbidden)
+			return gerr
+		}
 		log.ErrorContext(ctx, "internal error", "err", err)
 		gerr = graphql.DefaultErrorPresenter(ctx, err)
 		gerr.Message = "internal error"
 		setCode(gerr, instance.CodeInternal)
 		return gerr
 	}
+}
+
+// introspectionDisabled recognises the plain error gqlgen refuses introspection with when it
+// is switched off; it has no type or sentinel to match.
+func introspectionDisabled(err error) bool {
+	for ; err != nil; err = errors.Unwrap(err) {
+		if err.Error() == "introspection disabled" {
+			return true
+		}
+	}
+	return false
 }
 
 func setCode(e *gqlerror.Error, code instance.Code) {

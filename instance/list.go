@@ -88,6 +88,18 @@ func (s *Service) List(ctx context.Context, req ListRequest) (*Page, error) {
 	if f == nil {
 		f = &Filter{}
 	}
+	// GraphQL accepts enum values in variables regardless of case but binds only exact ones,
+	// so "pending" arrives as an empty value; it must not silently match nothing.
+	for _, s := range f.ProvisioningStatus {
+		if !s.Valid() {
+			return nil, Errorf(CodeBadUserInput, "filter.provisioningStatus: unknown value (values are upper case, e.g. PENDING)")
+		}
+	}
+	for _, s := range f.PowerState {
+		if !s.Valid() {
+			return nil, Errorf(CodeBadUserInput, "filter.powerState: unknown value (values are upper case, e.g. RUNNING)")
+		}
+	}
 	project := deref(f.ProjectID)
 	if project != "" && !pr.Allows(org, project, auth.RoleViewer) {
 		return nil, Errorf(CodeNotFound, "project %q not found", project)

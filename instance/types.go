@@ -22,6 +22,15 @@ const (
 	ProvisioningError          ProvisioningStatus = "ERROR"
 )
 
+// Valid reports whether s is one of the provisioning statuses.
+func (s ProvisioningStatus) Valid() bool {
+	switch s {
+	case ProvisioningPending, ProvisioningProvisioning, ProvisioningProvisioned, ProvisioningDeprovisioning, ProvisioningError:
+		return true
+	}
+	return false
+}
+
 // HealthStatus is the health the region reports for the backing server.
 type HealthStatus string
 
@@ -46,6 +55,15 @@ const (
 	PowerStopped  PowerState = "STOPPED"
 	PowerError    PowerState = "ERROR"
 )
+
+// Valid reports whether s is one of the power states.
+func (s PowerState) Valid() bool {
+	switch s {
+	case PowerPending, PowerQueued, PowerBuilding, PowerRunning, PowerStopping, PowerStopped, PowerError:
+		return true
+	}
+	return false
+}
 
 // ConditionStatus is whether a condition holds.
 type ConditionStatus string

@@ -2,15 +2,148 @@ package server
 
 import (
 	"context"
+	"fmt"
+	"strings"
 
 	"github.com/99designs/gqlgen/graphql"
 	"github.com/vektah/gqlparser/v2/ast"
 	"github.com/vektah/gqlparser/v2/gqlerror"
+	"github.com/vektah/gqlparser/v2/validator/core"
+	"github.com/vektah/gqlparser/v2/validator/rules"
 )
 
+// size is an operation's shape with every fragment expanded.
+type size struct {
+	// depth is the deepest field nesting, not counting below introspection fields (__schema,
+	// __type), whose depth gqlparser's own MaxIntrospectionDepth rule bounds; GraphiQL's
+	// introspection query is 14 levels deep.
+	depth int
+	// fields counts field selections, saturating at sizeCap.
+	fields int
+	// widest is the most fields one selection set holds, fragments flattened into it.
+	widest int
+	// direct is the number of fields of this selection set itself, fragments flattened.
+	direct int
+}
+
+// sizeCap bounds the counts: a few fragments spreading each other twice over expand
+// exponentially, and the counts must not overflow.
+const sizeCap = 1 << 40
+
+func addCapped(a, b int) int { return min(a+b, sizeCap) }
+
+// measurer computes sizes in time linear in the document: each fragment is measured once
+// however often it is spread. Recomputing spreads instead would let a 300-token document of
+// fragments spreading each other take minutes of CPU.
+type measurer struct {
+	fragments map[string]*ast.FragmentDefinition
+	memo      map[string]size
+	visiting  map[string]bool
+}
+
+func newMeasurer(doc *ast.QueryDocument) *measurer {
+	m := &measurer{fragments: map[string]*ast.FragmentDefinition{}, memo: map[string]size{}, visiting: map[string]bool{}}
+	for _, f := range doc.Fragments {
+		if _, ok := m.fragments[f.Name]; !ok {
+			m.fragments[f.Name] = f
+		}
+	}
+	return m
+}
+
+func (m *measurer) selectionSet(set ast.SelectionSet) size {
+	var s size
+	for _, sel := range set {
+		var child size
+		switch sel := sel.(type) {
+		case *ast.Field:
+			sub := m.selectionSet(sel.SelectionSet)
+			child = size{depth: 1 + sub.depth, fields: addCapped(1, sub.fields), widest: sub.widest, direct: 1}
+			if strings.HasPrefix(sel.Name, "__") {
+				child.depth = 1
+			}
+		case *ast.InlineFragment:
+			child = m.selectionSet(sel.SelectionSet)
+		case *ast.FragmentSpread:
+			child = m.fragment(sel.Name)
+		}
+		s.depth = max(s.depth, child.depth)
+		s.fields = addCapped(s.fields, child.fields)
+		s.direct = addCapped(s.direct, child.direct)
+		s.widest = max(s.widest, child.widest)
+	}
+	s.widest = max(s.widest, s.direct)
+	return s
+}
+
+func (m *measurer) fragment(name string) size {
+	if s, ok := m.memo[name]; ok {
+		return s
+	}
+	f, ok := m.fragments[name]
+	// Unknown fragments and cycles are validation errors of their own; they add nothing here.
+	if !ok || m.visiting[name] {
+		return size{}
+	}
+	m.visiting[name] = true
+	s := m.selectionSet(f.SelectionSet)
+	delete(m.visiting, name)
+	m.memo[name] = s
+	return s
+}
+
+// documentBudget bounds what validation and execution may be asked to do with one document.
+type documentBudget struct {
+	// maxFields caps the field selections of an operation with fragments expanded.
+	maxFields int
+	// maxWidth caps the fields of one selection set: the rule that checks overlapping fields
+	// compares them pairwise, so one set of 10,000 repeats of a field takes seconds.
+	maxWidth int
+}
+
+// check returns why the document is over budget, or "".
+func (b documentBudget) check(doc *ast.QueryDocument) string {
+	m := newMeasurer(doc)
+	for _, op := range doc.Operations {
+		s := m.selectionSet(op.SelectionSet)
+		switch {
+		case s.widest > b.maxWidth:
+			return fmt.Sprintf("a selection set holds %d fields with its fragments expanded; the limit is %d", s.widest, b.maxWidth)
+		case s.fields > b.maxFields:
+			return fmt.Sprintf("operation selects %d fields with its fragments expanded; the limit is %d", s.fields, b.maxFields)
+		}
+	}
+	return ""
+}
+
+// rules returns gqlparser's default validation rules with the overlapping-fields rule run only
+// on documents within the budget: over it, validation reports the budget instead. The rule
+// needs its own walk of the document to be skippable, which costs a linear pass.
+func (b documentBudget) rules() *rules.Rules {
+	r := rules.NewDefaultRules()
+	overlapping := rules.OverlappingFieldsCanBeMergedRule
+	r.RemoveRule(overlapping.Name)
+	r.AddRule("DocumentBudget", func(observers *core.Events, addError core.AddErrFunc) {
+		checked := false
+		observers.OnOperation(func(w *core.Walker, _ *ast.OperationDefinition) {
+			if checked {
+				return
+			}
+			checked = true
+			if reason := b.check(w.Document); reason != "" {
+				addError(core.Message("%s", reason))
+				return
+			}
+			inner := &core.Events{}
+			overlapping.RuleFunc(inner, addError)
+			core.Walk(w.Schema, w.Document, inner)
+		})
+	})
+	return r
+}
+
 // depthLimit refuses operations nested deeper than max fields, before any resolver runs.
-// Complexity bounds the total work; depth additionally stops pathological nesting through
-// fragments that a per-field cost would price cheaply.
+// Complexity bounds the total work; depth additionally stops pathological nesting.
 type depthLimit struct{ max int }
 
 var _ interface {
@@ -24,34 +157,10 @@ func (d depthLimit) MutateOperationContext(_ context.Context, oc *graphql.Operat
 	if oc.Operation == nil {
 		return nil
 	}
-	if depth := selectionDepth(oc.Operation.SelectionSet, map[string]bool{}); depth > d.max {
+	if depth := newMeasurer(oc.Doc).selectionSet(oc.Operation.SelectionSet).depth; depth > d.max {
 		err := gqlerror.Errorf("operation is %d levels deep; the limit is %d", depth, d.max)
 		err.Extensions = map[string]any{"code": "DEPTH_LIMIT_EXCEEDED"}
 		return err
 	}
 	return nil
-}
-
-// selectionDepth returns the deepest field nesting below set. visiting guards against fragment
-// cycles (validation rejects them, but depth must not depend on that).
-func selectionDepth(set ast.SelectionSet, visiting map[string]bool) int {
-	deepest := 0
-	for _, sel := range set {
-		var d int
-		switch s := sel.(type) {
-		case *ast.Field:
-			d = 1 + selectionDepth(s.SelectionSet, visiting)
-		case *ast.InlineFragment:
-			d = selectionDepth(s.SelectionSet, visiting)
-		case *ast.FragmentSpread:
-			if s.Definition == nil || visiting[s.Name] {
-				continue
-			}
-			visiting[s.Name] = true
-			d = selectionDepth(s.Definition.SelectionSet, visiting)
-			delete(visiting, s.Name)
-		}
-		deepest = max(deepest, d)
-	}
-	return deepest
 }

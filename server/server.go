@@ -49,6 +49,10 @@ type Options struct {
 	MaxDepth int
 	// MaxComplexity caps an operation's complexity, lists weighted by page size. Defaults to 20,000.
 	MaxComplexity int
+	// MaxFields caps an operation's field selections with fragments expanded. Defaults to 5,000.
+	MaxFields int
+	// MaxWidth caps the fields of one selection set, fragments flattened. Defaults to 200.
+	MaxWidth int
 	// Registry receives the metrics served at /metrics. Defaults to a new registry with the Go
 	// and process collectors.
 	Registry *prometheus.Registry
@@ -83,6 +87,12 @@ func (o *Options) applyDefaults() error {
 	if o.MaxComplexity == 0 {
 		o.MaxComplexity = 20_000
 	}
+	if o.MaxFields == 0 {
+		o.MaxFields = 5_000
+	}
+	if o.MaxWidth == 0 {
+		o.MaxWidth = 200
+	}
 	return nil
 }
 
@@ -96,6 +106,7 @@ func New(opts Options) (http.Handler, error) {
 	gql.AddTransport(transport.POST{})
 	gql.SetQueryCache(lru.New[*ast.QueryDocument](1000))
 	gql.SetParserTokenLimit(opts.MaxTokens)
+	gql.SetValidationRulesFn(documentBudget{maxFields: opts.MaxFields, maxWidth: opts.MaxWidth}.rules)
 	gql.SetErrorPresenter(graph.ErrorPresenter(opts.Logger))
 	gql.SetRecoverFunc(graph.Recover(opts.Logger))
 	if !opts.DisableIntrospection {
@@ -139,8 +150,9 @@ func New(opts Options) (http.Handler, error) {
 // request context. Every GraphQL request needs one: the API is never open.
 func authenticate(keys *auth.Keys, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || token == "" {
+		// The scheme is case-insensitive (RFC 7235).
+		scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !strings.EqualFold(scheme, "Bearer") || token == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="computeql"`)
 			writeError(w, http.StatusUnauthorized, instance.CodeUnauthenticated, "authentication required: send Authorization: Bearer <token>")
 			return
@@ -179,9 +191,16 @@ func limitBody(max int64, next http.Handler) http.Handler {
 			writeError(w, http.StatusBadRequest, instance.CodeBadUserInput, "could not read the request body")
 			return
 		}
-		if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == "application/json" && !json.Valid(body) {
-			writeError(w, http.StatusBadRequest, instance.CodeBadUserInput, "request body is not valid JSON")
-			return
+		if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == "application/json" {
+			// gqlgen would answer these without a code, echoing the whole body back.
+			if !json.Valid(body) {
+				writeError(w, http.StatusBadRequest, instance.CodeBadUserInput, "request body is not valid JSON")
+				return
+			}
+			if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) == 0 || trimmed[0] != '{' {
+				writeError(w, http.StatusBadRequest, instance.CodeBadUserInput, "request body must be a JSON object {\"query\", \"variables\", \"operationName\"}; batches are not supported")
+				return
+			}
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		next.ServeHTTP(w, r)

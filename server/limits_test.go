@@ -1,0 +1,258 @@
+package server
+
+import (
+	"fmt"
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// TestDepthLimit: with MaxDepth 3, operations nesting fields 3 deep run and 4 deep are refused
+// with DEPTH_LIMIT_EXCEEDED before any resolver runs; fragments, named or inline and however
+// nested, count toward the depth of the fields they contain, and do not add depth themselves.
+func TestDepthLimit(t *testing.T) {
+	a := newAPI(t, func(o *Options) { o.MaxDepth = 3 })
+	tok := a.admin(t)
+	created := a.mustPost(t, tok, `mutation($input: CreateInstanceInput!) { createInstance(input: $input) { instance { id } } }`,
+		map[string]any{"input": createInput("deep")})
+	id := created.Data["createInstance"].(map[string]any)["instance"].(map[string]any)["id"]
+
+	tests := []struct {
+		name    string
+		query   string
+		refused bool
+	}{
+		{"3 deep", `{ me { grants { role } } }`, false},
+		{"4 deep", `{ instances(organizationId: "acme") { edges { node { id } } } }`, true},
+		{"3 deep next to 1 deep", `{ regions { id } me { grants { role } } }`, false},
+		{"4 deep behind a shallow sibling", `{ regions { id } instances(organizationId: "acme") { totalCount edges { node { id } } } }`, true},
+		{"named fragment 3 deep", `{ ...Q } fragment Q on Query { me { grants { role } } }`, false},
+		{"named fragment makes 4", `{ instances(organizationId: "acme") { ...C } } fragment C on InstanceConnection { edges { node { id } } }`, true},
+		{"inline fragment 3 deep", `{ ... on Query { me { ... on Principal { grants { role } } } } }`, false},
+		{"inline fragment makes 4", `{ instances(organizationId: "acme") { ... on InstanceConnection { edges { node { id } } } } }`, true},
+		{"inline fragment without a type makes 4", `{ instances(organizationId: "acme") { ... { edges { node { id } } } } }`, true},
+		{"nested named fragments 3 deep", `{ me { ...P } } fragment P on Principal { ...G } fragment G on Principal { grants { role } }`, false},
+		{"nested named fragments make 4", `{ instances(organizationId: "acme") { ...A } }
+			fragment A on InstanceConnection { ...B }
+			fragment B on InstanceConnection { edges { ...N } }
+			fragment N on InstanceEdge { node { id } }`, true},
+		{"fragment used at two depths", `{ ...Top instances(organizationId: "acme") { edges { ...Id } } }
+			fragment Top on Query { regions { id } }
+			fragment Id on InstanceEdge { node { id } }`, true},
+		{"inline inside named makes 4", `{ instances(organizationId: "acme") { ...C } } fragment C on InstanceConnection { ... on InstanceConnection { edges { node { id } } } }`, true},
+		{"skipped 4-deep field still counts", `{ me { subject } instances(organizationId: "acme") @skip(if: true) { edges { node { id } } } }`, true},
+		{"introspection 3 deep", `{ __schema { queryType { name } } }`, false},
+		// gqlparser's MaxIntrospectionDepth bounds introspection; it is exempt here.
+		{"introspection 4 deep is exempt", `{ __schema { types { fields { name } } } }`, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res := a.post(t, tok, tt.query, nil)
+			if !tt.refused {
+				if res.Status != http.StatusOK || len(res.Errors) > 0 || res.Data == nil {
+					t.Errorf("refused: status %d %s", res.Status, res.Raw)
+				}
+				return
+			}
+			wantError(t, res, http.StatusOK, "DEPTH_LIMIT_EXCEEDED")
+			if res.Data != nil {
+				t.Errorf("data = %v: nothing may run", res.Data)
+			}
+		})
+	}
+
+	// A refused mutation does not run at all.
+	before := a.storeState(t)
+	res := a.post(t, tok, `mutation($id: ID!) { deleteInstance(input: {id: $id}) { instance { status { provisioningStatus } } } }`, map[string]any{"id": id})
+	wantError(t, res, http.StatusOK, "DEPTH_LIMIT_EXCEEDED")
+	if !reflect.DeepEqual(before, a.storeState(t)) {
+		t.Error("a mutation refused for its depth changed Redis")
+	}
+	// The same over GET.
+	wantError(t, a.get(t, tok, `{ instances(organizationId: "acme") { edges { node { id } } } }`, nil), http.StatusOK, "DEPTH_LIMIT_EXCEEDED")
+}
+
+// TestGraphiQLIntrospectionPassesTheDefaults: the introspection query GraphiQL sends nests
+// ofType 8 levels below fields.args.type, 14 levels in all; the default limits must serve it,
+// or GraphiQL cannot load the schema.
+func TestGraphiQLIntrospectionPassesTheDefaults(t *testing.T) {
+	a := newAPI(t)
+	res := a.post(t, a.admin(t), introspectionQuery, nil)
+	if res.Status != http.StatusOK || len(res.Errors) > 0 {
+		t.Fatalf("status %d: %.300s", res.Status, res.Raw)
+	}
+	types := res.Data["__schema"].(map[string]any)["types"].([]any)
+	if len(types) < 40 {
+		t.Errorf("only %d types introspected", len(types))
+	}
+}
+
+const introspectionQuery = `query IntrospectionQuery {
+  __schema {
+    queryType { name } mutationType { name } subscriptionType { name }
+    types { ...FullType }
+    directives { name description locations args { ...InputValue } }
+  }
+}
+fragment FullType on __Type {
+  kind name description
+  fields(includeDeprecated: true) { name description args { ...InputValue } type { ...TypeRef } isDeprecated deprecationReason }
+  inputFields { ...InputValue }
+  interfaces { ...TypeRef }
+  enumValues(includeDeprecated: true) { name description isDeprecated deprecationReason }
+  possibleTypes { ...TypeRef }
+}
+fragment InputValue on __InputValue { name description type { ...TypeRef } defaultValue }
+fragment TypeRef on __Type {
+  kind name ofType { kind name ofType { kind name ofType { kind name ofType { kind name
+  ofType { kind name ofType { kind name ofType { kind name ofType { kind name } } } } } } } }
+}`
+
+// TestFragmentBombIsRefusedCheaply: fragments that each spread the next one twice expand to
+// 2^n fields from a document of a few hundred tokens. The budget is measured without
+// expanding (each fragment once), so the refusal comes from validation at once; were any
+// step exponential, this test would not finish.
+func TestFragmentBombIsRefusedCheaply(t *testing.T) {
+	a := newAPI(t)
+	const levels = 60
+	var b strings.Builder
+	b.WriteString("query { ...F0 }\n")
+	for i := range levels {
+		fmt.Fprintf(&b, "fragment F%d on Query { ...F%d ...F%d }\n", i, i+1, i+1)
+	}
+	fmt.Fprintf(&b, "fragment F%d on Query { me { subject } }\n", levels)
+	res := a.post(t, a.admin(t), b.String(), nil)
+	wantError(t, res, http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+	if !strings.Contains(string(res.Raw), "the limit is") {
+		t.Errorf("refusal does not explain the budget: %.300s", res.Raw)
+	}
+}
+
+// TestWideSelectionSetsAreBounded: the overlapping-fields check compares the fields of a
+// selection set pairwise, so 10,000 repeats of one field would take seconds of CPU inside
+// the token limit. At most MaxWidth fields (default 200) per set, fragments flattened in.
+func TestWideSelectionSetsAreBounded(t *testing.T) {
+	a := newAPI(t)
+	tok := a.admin(t)
+	repeat := func(n int) string { return "{ me { " + strings.Repeat("subject ", n) + "} }" }
+	if res := a.post(t, tok, repeat(200), nil); res.Status != http.StatusOK || len(res.Errors) > 0 {
+		t.Errorf("200 fields: status %d %.200s", res.Status, res.Raw)
+	}
+	for name, doc := range map[string]string{
+		"201 fields":         repeat(201),
+		"9,000 fields":       repeat(9000),
+		"through a fragment": "{ me { ...S ...S subject } } fragment S on Principal { " + strings.Repeat("subject ", 100) + "}",
+	} {
+		t.Run(name, func(t *testing.T) {
+			res := a.post(t, tok, doc, nil)
+			wantError(t, res, http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+			if !strings.Contains(string(res.Raw), "selection set holds") {
+				t.Errorf("refusal does not explain the width: %.300s", res.Raw)
+			}
+		})
+	}
+	// Narrow sets that add up past MaxFields (default 5,000) are refused too.
+	var many strings.Builder
+	many.WriteString("{ ")
+	for i := range 26 {
+		fmt.Fprintf(&many, "a%d: me { %s} ", i, strings.Repeat("subject ", 199))
+	}
+	many.WriteString("}")
+	res := a.post(t, tok, many.String(), nil)
+	wantError(t, res, http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+	if !strings.Contains(string(res.Raw), "operation selects 5200 fields") {
+		t.Errorf("refusal does not explain the field budget: %.300s", res.Raw)
+	}
+
+	narrow := newAPI(t, func(o *Options) { o.MaxWidth = 2 })
+	wantError(t, narrow.post(t, tok, `{ me { subject grants { role } } regions { id } instance(id: "x") { id } }`, nil),
+		http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+}
+
+// TestComplexityLimit: with MaxComplexity 500, list fields are weighted by `first`: one page of
+// instances with a 5-point selection per item costs 1 + first×5, so first:99 (496) runs and
+// first:100 (501) is refused with COMPLEXITY_LIMIT_EXCEEDED, as are aliases that add up.
+func TestComplexityLimit(t *testing.T) {
+	a := newAPI(t, func(o *Options) { o.MaxComplexity = 500 })
+	tok := a.admin(t)
+	a.mustCreate(t, tok, createInput("c1"))
+
+	tests := []struct {
+		name    string
+		query   string
+		refused bool
+	}{
+		{"first 5", `{ instances(organizationId: "acme", first: 5) { edges { cursor node { id name } } } }`, false},
+		{"first 99", `{ instances(organizationId: "acme", first: 99) { edges { cursor node { id name } } } }`, false},
+		{"first 100", `{ instances(organizationId: "acme", first: 100) { edges { cursor node { id name } } } }`, true},
+		{"first 100 as a variable", `query($n: Int = 100) { instances(organizationId: "acme", first: $n) { edges { cursor node { id name } } } }`, true},
+		{"default page of 20", `{ instances(organizationId: "acme") { edges { cursor node { id name } } } }`, false},
+		{"five default pages under aliases", `{
+			a: instances(organizationId: "acme") { edges { cursor node { id name } } }
+			b: instances(organizationId: "acme") { edges { cursor node { id name } } }
+			c: instances(organizationId: "acme") { edges { cursor node { id name } } }
+			d: instances(organizationId: "acme") { edges { cursor node { id name } } }
+			e: instances(organizationId: "acme") { edges { cursor node { id name } } } }`, true},
+		{"a page of 100 with a small selection", `{ instances(organizationId: "acme", first: 100) { edges { node { id name } } } }`, false},
+		{"instanceEvents is weighted too", `{ instanceEvents(id: "0190c7a4-6b1e-7c3d-9f00-1a2b3c4d5e6f", first: 100) { edges { cursor node { cursor kind } } } }`, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res := a.post(t, tok, tt.query, nil)
+			if !tt.refused {
+				if res.Status != http.StatusOK || len(res.Errors) > 0 {
+					t.Errorf("refused: status %d %s", res.Status, res.Raw)
+				}
+				return
+			}
+			// gqlgen v0.17.95 does not register its complexity code as a protocol error, so
+			// the refusal is a 200 with no data.
+			wantError(t, res, http.StatusOK, "COMPLEXITY_LIMIT_EXCEEDED")
+			if res.Data != nil {
+				t.Errorf("data = %v: nothing may run", res.Data)
+			}
+		})
+	}
+}
+
+// TestIntrospection: introspection answers by default (GraphiQL needs it) and is refused,
+// revealing nothing of the schema, with DisableIntrospection; __typename is not introspection
+// and works either way.
+func TestIntrospection(t *testing.T) {
+	t.Run("enabled by default", func(t *testing.T) {
+		a := newAPI(t)
+		tok := a.admin(t)
+		res := a.mustPost(t, tok, `{ __schema { queryType { name } mutationType { name } subscriptionType { name } } __type(name: "Instance") { kind } }`, nil)
+		want := map[string]any{
+			"__schema": map[string]any{"queryType": map[string]any{"name": "Query"}, "mutationType": map[string]any{"name": "Mutation"}, "subscriptionType": map[string]any{"name": "Subscription"}},
+			"__type":   map[string]any{"kind": "OBJECT"},
+		}
+		if !reflect.DeepEqual(res.Data, want) {
+			t.Errorf("data = %v", res.Data)
+		}
+	})
+	t.Run("disabled", func(t *testing.T) {
+		a := newAPI(t, func(o *Options) { o.DisableIntrospection = true })
+		tok := a.admin(t)
+		for _, q := range []string{`{ __schema { queryType { name } } }`, `{ __type(name: "Instance") { fields { name } } }`} {
+			res := a.post(t, tok, q, nil)
+			if res.Status != http.StatusOK || len(res.Errors) != 1 {
+				t.Fatalf("%s: status %d %s", q, res.Status, res.Raw)
+			}
+			for k, v := range res.Data {
+				if v != nil {
+					t.Errorf("%s: %s revealed: %v", q, k, v)
+				}
+			}
+			// A refusal, not an internal error.
+			if got := res.codes(); len(got) != 1 || got[0] != "FORBIDDEN" {
+				t.Errorf("%s: codes %v, want [FORBIDDEN]", q, got)
+			}
+		}
+		res := a.mustPost(t, tok, `{ __typename me { __typename } }`, nil)
+		if !reflect.DeepEqual(res.Data, map[string]any{"__typename": "Query", "me": map[string]any{"__typename": "Principal"}}) {
+			t.Errorf("__typename: %v", res.Data)
+		}
+	})
+}

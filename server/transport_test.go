@@ -1,0 +1,179 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// TestGETRunsQueries: GET /graphql?query=… runs a query with its variables.
+func TestGETRunsQueries(t *testing.T) {
+	a := newAPI(t)
+	tok := a.member(t)
+	inst := a.mustCreate(t, tok, createInput("over-get"))
+
+	res := a.get(t, tok, `{ me { subject } }`, nil)
+	if res.Status != http.StatusOK || len(res.Errors) > 0 || !reflect.DeepEqual(res.Data, map[string]any{"me": map[string]any{"subject": "mia"}}) {
+		t.Errorf("GET me: %d %s", res.Status, res.Raw)
+	}
+	if ct := res.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type = %q", ct)
+	}
+	res = a.get(t, tok, `query($id: ID!) { instance(id: $id) { name } }`, map[string]any{"id": inst.ID})
+	if res.Status != http.StatusOK || len(res.Errors) > 0 || !reflect.DeepEqual(res.Data["instance"], map[string]any{"name": "over-get"}) {
+		t.Errorf("GET with variables: %d %s", res.Status, res.Raw)
+	}
+	// Errors travel the same way as over POST.
+	wantError(t, a.get(t, tok, `query($id: ID!) { instance(id: $id) { name } }`, map[string]any{"id": "nope"}), http.StatusOK, "BAD_USER_INPUT")
+	wantError(t, a.get(t, tok, `{ me { subject }`, nil), http.StatusUnprocessableEntity, "GRAPHQL_PARSE_FAILED")
+	// Variables that are not JSON are a 400.
+	req := httptest.NewRequest(http.MethodGet, "/graphql?"+url.Values{"query": {`query($id: ID!) { instance(id: $id) { name } }`}, "variables": {"{not json"}}.Encode(), nil)
+	if res := a.send(t, tok, req); res.Status != http.StatusBadRequest || len(res.Errors) != 1 {
+		t.Errorf("GET with broken variables: %d %s", res.Status, res.Raw)
+	}
+}
+
+// TestGETRefusesMutations: a mutation over GET (which caches and prefetchers may replay) is
+// refused with 406 and does not run, whether it creates or deletes.
+func TestGETRefusesMutations(t *testing.T) {
+	a := newAPI(t)
+	tok := a.member(t)
+	inst := a.mustCreate(t, tok, createInput("keep-me"))
+	tests := []struct {
+		name  string
+		query string
+		vars  map[string]any
+	}{
+		{"create", createMutation, map[string]any{"input": createInput("via-get")}},
+		{"delete", `mutation($id: ID!) { deleteInstance(input: {id: $id}) { instance { id } } }`, map[string]any{"id": inst.ID}},
+		{"named mutation among queries", `query Q { me { subject } } mutation M($id: ID!) { deleteInstance(input: {id: $id}) { instance { id } } }`, map[string]any{"id": inst.ID}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := a.storeState(t)
+			params := url.Values{"query": {tt.query}}
+			if strings.Contains(tt.query, "mutation M") {
+				params.Set("operationName", "M")
+			}
+			v, err := json.Marshal(tt.vars)
+			if err != nil {
+				t.Fatal(err)
+			}
+			params.Set("variables", string(v))
+			res := a.send(t, tok, httptest.NewRequest(http.MethodGet, "/graphql?"+params.Encode(), nil))
+			if res.Status != http.StatusNotAcceptable || len(res.Errors) != 1 || res.Data != nil {
+				t.Errorf("status %d: %s", res.Status, res.Raw)
+			}
+			if !reflect.DeepEqual(before, a.storeState(t)) {
+				t.Error("a mutation over GET changed Redis")
+			}
+		})
+	}
+	// The query of the same document still runs over GET.
+	params := url.Values{"query": {`query Q { me { subject } } mutation M { deleteInstance(input: {id: "x"}) { instance { id } } }`}, "operationName": {"Q"}}
+	if res := a.send(t, tok, httptest.NewRequest(http.MethodGet, "/graphql?"+params.Encode(), nil)); res.Status != http.StatusOK || len(res.Errors) > 0 {
+		t.Errorf("query Q over GET: %d %s", res.Status, res.Raw)
+	}
+}
+
+// TestHealthEndpoints: /healthz always answers 200; /readyz answers 200 while Ready passes
+// (by default it pings the real Redis) and 503 when it fails. Neither needs a token.
+func TestHealthEndpoints(t *testing.T) {
+	a := newAPI(t)
+	notReady := newAPI(t, func(o *Options) {
+		o.Ready = func(context.Context) error { return errors.New("redis: connection refused") }
+	})
+	var deadline bool
+	withDeadline := newAPI(t, func(o *Options) {
+		o.Ready = func(ctx context.Context) error { _, deadline = ctx.Deadline(); return nil }
+	})
+	tests := []struct {
+		name   string
+		api    *api
+		method string
+		path   string
+		status int
+		body   string
+	}{
+		{"healthz", a, http.MethodGet, "/healthz", http.StatusOK, "ok\n"},
+		{"healthz while not ready", notReady, http.MethodGet, "/healthz", http.StatusOK, "ok\n"},
+		{"healthz HEAD", a, http.MethodHead, "/healthz", http.StatusOK, ""},
+		{"healthz POST", a, http.MethodPost, "/healthz", http.StatusMethodNotAllowed, ""},
+		{"readyz", a, http.MethodGet, "/readyz", http.StatusOK, "ok\n"},
+		{"readyz not ready", notReady, http.MethodGet, "/readyz", http.StatusServiceUnavailable, "not ready\n"},
+		{"readyz POST", a, http.MethodPost, "/readyz", http.StatusMethodNotAllowed, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := tt.api.serve(httptest.NewRequest(tt.method, tt.path, nil))
+			if rec.Code != tt.status {
+				t.Errorf("status = %d, want %d", rec.Code, tt.status)
+			}
+			if tt.body != "" && rec.Body.String() != tt.body {
+				t.Errorf("body = %q, want %q", rec.Body.String(), tt.body)
+			}
+		})
+	}
+	// The failure's detail goes to the log, not to the caller.
+	rec := notReady.serve(httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if strings.Contains(rec.Body.String(), "connection refused") {
+		t.Errorf("readyz leaks the failure: %q", rec.Body.String())
+	}
+	// Ready is given a bounded context, so a hung Redis cannot hang the probe.
+	withDeadline.serve(httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if !deadline {
+		t.Error("Ready was called without a deadline")
+	}
+}
+
+// TestReadyzFollowsRedis: the default Ready of the harness pings the real Redis; once the
+// client is closed the probe fails with 503.
+func TestReadyzFollowsRedis(t *testing.T) {
+	a := newAPI(t)
+	if rec := a.serve(httptest.NewRequest(http.MethodGet, "/readyz", nil)); rec.Code != http.StatusOK {
+		t.Fatalf("readyz = %d", rec.Code)
+	}
+	if err := a.rdb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if rec := a.serve(httptest.NewRequest(http.MethodGet, "/readyz", nil)); rec.Code != http.StatusServiceUnavailable {
+		t.Errorf("readyz with Redis gone = %d, want 503", rec.Code)
+	}
+}
+
+// TestRootRedirectsToGraphiQLAndGraphiQLServesHTML: / redirects to /graphiql with 302;
+// /graphiql serves the HTML page pointing at /graphql without a token; unknown paths are 404.
+func TestRootRedirectsToGraphiQLAndGraphiQLServesHTML(t *testing.T) {
+	a := newAPI(t)
+	rec := a.serve(httptest.NewRequest(http.MethodGet, "/", nil))
+	if rec.Code != http.StatusFound || rec.Header().Get("Location") != "/graphiql" {
+		t.Errorf("/ = %d Location %q, want 302 to /graphiql", rec.Code, rec.Header().Get("Location"))
+	}
+
+	rec = a.serve(httptest.NewRequest(http.MethodGet, "/graphiql", nil))
+	body, _ := io.ReadAll(rec.Body)
+	if rec.Code != http.StatusOK {
+		t.Fatalf("/graphiql = %d", rec.Code)
+	}
+	if ct := rec.Header().Get("Content-Type"); !strings.HasPrefix(ct, "text/html") {
+		t.Errorf("Content-Type = %q, want text/html", ct)
+	}
+	for _, want := range []string{"<!DOCTYPE html>", `data-endpoint="/graphql"`, "graphiql.min.js"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+
+	for _, path := range []string{"/nope", "/graphql/extra", "/index.html"} {
+		if rec := a.serve(httptest.NewRequest(http.MethodGet, path, nil)); rec.Code != http.StatusNotFound {
+			t.Errorf("%s = %d, want 404", path, rec.Code)
+		}
+	}
+}
