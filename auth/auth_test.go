@@ -177,3 +177,39 @@ func TestMintRefusesBadGrants(t *testing.T) {
 		}
 	}
 }
+
+// TestVerifiedTokensAreCachedOnlyUntilTheyExpire: a token verified once is answered from the
+// cache, but the cache never outlives the token's own expiry.
+func TestVerifiedTokensAreCachedOnlyUntilTheyExpire(t *testing.T) {
+	k := mustKeys(t, secret)
+	now := time.Now()
+	k.now = func() time.Time { return now }
+	tok, err := k.Mint(Principal{Subject: "alice", Grants: []Grant{{OrganizationID: "acme", Role: RoleViewer}}}, now, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Verify(tok); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := k.verified.Get(tok); !ok {
+		t.Fatal("a verified token is not cached")
+	}
+	now = now.Add(time.Hour + clockSkew - time.Second)
+	if _, err := k.Verify(tok); err != nil {
+		t.Errorf("within the skew after expiry: %v", err)
+	}
+	now = now.Add(2 * time.Second)
+	if _, err := k.Verify(tok); !errors.Is(err, ErrInvalidToken) {
+		t.Errorf("expired cached token: %v, want ErrInvalidToken", err)
+	}
+	if _, ok := k.verified.Get(tok); ok {
+		t.Error("an expired token stays cached")
+	}
+	// A refused token is never cached.
+	if _, err := k.Verify(tamper(tok)); err == nil {
+		t.Fatal("tampered token accepted")
+	}
+	if k.verified.Contains(tamper(tok)) {
+		t.Error("a refused token is cached")
+	}
+}
