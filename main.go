@@ -121,6 +121,9 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	if err != nil {
 		return err
 	}
+	if err := q.Setup(ctx); err != nil {
+		return err
+	}
 	svc, err := instance.NewService(instance.Options{Catalog: cat, Store: st, Queue: q, Logger: log})
 	if err != nil {
 		return err

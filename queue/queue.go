@@ -1,5 +1,13 @@
-// Package queue is the work queue workers consume: opaque keys on sharded Redis Streams. It
-// knows nothing of what a key names.
+// Package queue is the work queue workers consume: opaque keys on sharded Redis Streams, with
+// consumer groups, at-least-once delivery, one handler per key at a time, coalescing, delayed
+// runs, per-key backoff and dead letters. It knows nothing of what a key names.
+//
+// A key's life: Enqueue appends a message for an idle key (a key already waiting is left alone;
+// a key being handled is marked to run once more afterwards). A consumer reads the message,
+// begins (a fencing token is handed out and the delivery counted), runs the handler while
+// renewing its lease, and finishes (acknowledges and deletes the message, then adds the key
+// again or schedules it). A consumer that dies leaves its message pending; another reclaims it
+// once it has been idle longer than the lease.
 package queue
 
 import (
@@ -7,51 +15,165 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strconv"
+	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// Options configure a Queue.
+// Options configure a Queue. Every process of a deployment must use the same Shards and Group.
 type Options struct {
-	// Shards is how many streams keys are spread over. Defaults to 16. Every process must use
-	// the same number, because a key's shard is derived from it.
+	// Shards is how many streams keys are spread over. Defaults to 16.
 	Shards int
+	// Group is the consumer group. Defaults to "workers".
+	Group string
+	// MaxDeliveries is how often a key may be delivered without succeeding before it is
+	// dead-lettered; deliveries to consumers that died count. Defaults to 10.
+	MaxDeliveries int
+	// DeadLetterMaxLen caps each shard's dead-letter stream (approximately). Defaults to 100,000.
+	DeadLetterMaxLen int64
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
 }
 
-// Queue appends keys to their shard's stream.
+func (o *Options) applyDefaults() error {
+	if o.Shards == 0 {
+		o.Shards = 16
+	}
+	if o.Shards < 1 || o.Shards > 1024 {
+		return errors.New("queue: Shards must be between 1 and 1024")
+	}
+	if o.Group == "" {
+		o.Group = "workers"
+	}
+	if o.MaxDeliveries == 0 {
+		o.MaxDeliveries = 10
+	}
+	if o.MaxDeliveries < 1 {
+		return errors.New("queue: MaxDeliveries must be at least 1")
+	}
+	if o.DeadLetterMaxLen == 0 {
+		o.DeadLetterMaxLen = 100_000
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return nil
+}
+
+// Queue adds keys and manages dead letters. It is safe for concurrent use.
 type Queue struct {
-	rdb    redis.UniversalClient
-	shards int
+	rdb  redis.UniversalClient
+	opts Options
 }
 
 // New returns a queue on the client with opts' defaults applied.
 func New(rdb redis.UniversalClient, opts Options) (*Queue, error) {
-	if opts.Shards == 0 {
-		opts.Shards = 16
+	if err := opts.applyDefaults(); err != nil {
+		return nil, err
 	}
-	if opts.Shards < 1 || opts.Shards > 1024 {
-		return nil, errors.New("queue: Shards must be between 1 and 1024")
-	}
-	return &Queue{rdb: rdb, shards: opts.Shards}, nil
+	return &Queue{rdb: rdb, opts: opts}, nil
 }
 
 // Shard returns the shard a key always maps to.
 func (q *Queue) Shard(key string) int {
 	h := fnv.New32a()
 	h.Write([]byte(key))
-	return int(h.Sum32() % uint32(q.shards))
+	return int(h.Sum32() % uint32(q.opts.Shards))
 }
 
-// StreamKey is the stream of a shard. The shard number is the hash tag, so each shard can
-// live on its own Redis Cluster node.
-func StreamKey(shard int) string { return "cq:q:{" + strconv.Itoa(shard) + "}" }
+// Setup creates every shard's stream and consumer group if they do not exist, and loads the
+// scripts. It is idempotent, so every process may call it at start.
+func (q *Queue) Setup(ctx context.Context) error {
+	for shard := range q.opts.Shards {
+		// Reading from "0" keeps messages appended before the group existed.
+		err := q.rdb.XGroupCreateMkStream(ctx, streamKey(shard), q.opts.Group, "0").Err()
+		if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+			return fmt.Errorf("queue setup: shard %d: %w", shard, err)
+		}
+	}
+	for _, sc := range scripts {
+		if err := sc.Load(ctx, q.rdb).Err(); err != nil {
+			return fmt.Errorf("queue setup: load scripts: %w", err)
+		}
+	}
+	return nil
+}
 
-// Enqueue appends the key to its shard's stream.
+// Enqueue adds the key to be handled as soon as a consumer is free. Adding a key that is
+// already waiting does nothing; adding one that is being handled makes it run exactly once
+// more after the current run, which then sees the newest state.
 func (q *Queue) Enqueue(ctx context.Context, key string) error {
-	err := q.rdb.XAdd(ctx, &redis.XAddArgs{Stream: StreamKey(q.Shard(key)), Values: []any{"k", key}}).Err()
+	shard := q.Shard(key)
+	err := enqueueScript.Run(ctx, q.rdb, []string{streamKey(shard), stateKey(shard), delayedKey(shard)}, key).Err()
 	if err != nil {
 		return fmt.Errorf("enqueue %s: %w", key, err)
 	}
 	return nil
+}
+
+// EnqueueAfter adds the key after d. A key already scheduled earlier keeps the earlier time.
+func (q *Queue) EnqueueAfter(ctx context.Context, key string, d time.Duration) error {
+	shard := q.Shard(key)
+	at := q.opts.Now().Add(d).UnixMilli()
+	if err := enqueueAfterScript.Run(ctx, q.rdb, []string{delayedKey(shard)}, key, at).Err(); err != nil {
+		return fmt.Errorf("enqueue %s after %s: %w", key, d, err)
+	}
+	return nil
+}
+
+// DeadLetter is a key that was given up on.
+type DeadLetter struct {
+	// ID identifies the dead letter for Requeue.
+	ID       string
+	Key      string
+	Reason   string
+	Attempts int
+	At       time.Time
+}
+
+// DeadLetters lists up to limit dead letters of every shard, oldest first within a shard.
+func (q *Queue) DeadLetters(ctx context.Context, limit int) ([]DeadLetter, error) {
+	var out []DeadLetter
+	for shard := range q.opts.Shards {
+		if len(out) >= limit {
+			break
+		}
+		msgs, err := q.rdb.XRangeN(ctx, deadKey(shard), "-", "+", int64(limit-len(out))).Result()
+		if err != nil {
+			return nil, fmt.Errorf("list dead letters: %w", err)
+		}
+		for _, m := range msgs {
+			out = append(out, parseDeadLetter(shard, m))
+		}
+	}
+	return out, nil
+}
+
+func parseDeadLetter(shard int, m redis.XMessage) DeadLetter {
+	str := func(k string) string { s, _ := m.Values[k].(string); return s }
+	d := DeadLetter{ID: fmt.Sprintf("%d/%s", shard, m.ID), Key: str("k"), Reason: str("reason")}
+	fmt.Sscan(str("attempts"), &d.Attempts)
+	var ms int64
+	fmt.Sscan(str("at"), &ms)
+	d.At = time.UnixMilli(ms)
+	return d
+}
+
+// Requeue moves a dead letter back onto the queue. Its key starts afresh: its deliveries
+// were reset when it was dead-lettered.
+func (q *Queue) Requeue(ctx context.Context, id string) (key string, err error) {
+	var shard int
+	var msgID string
+	if n, _ := fmt.Sscanf(strings.Replace(id, "/", " ", 1), "%d %s", &shard, &msgID); n != 2 || shard < 0 || shard >= q.opts.Shards {
+		return "", fmt.Errorf("requeue: %q is not a dead-letter id", id)
+	}
+	key, err = requeueDeadScript.Run(ctx, q.rdb, []string{streamKey(shard), stateKey(shard), deadKey(shard)}, msgID).Text()
+	if errors.Is(err, redis.Nil) {
+		return "", fmt.Errorf("requeue: no dead letter %s", id)
+	}
+	if err != nil {
+		return "", fmt.Errorf("requeue %s: %w", id, err)
+	}
+	return key, nil
 }

@@ -3,7 +3,9 @@ package queue
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/computeql/computeql/redistest"
 )
@@ -12,46 +14,57 @@ var redisServer *redistest.Server
 
 func TestMain(m *testing.M) { redistest.Main(m, &redisServer) }
 
-func TestEnqueueAppendsToTheKeysShard(t *testing.T) {
+func TestSmokeEveryKeyHandledOnce(t *testing.T) {
 	rdb := redisServer.Client(t)
 	q, err := New(rdb, Options{Shards: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	counts := map[int]int64{}
-	for i := range 40 {
-		key := fmt.Sprint("acme/", i)
-		if err := q.Enqueue(ctx, key); err != nil {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := q.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	seen := map[string]int{}
+	all := make(chan struct{})
+	c, err := q.NewConsumer(HandlerFunc(func(ctx context.Context, task Task) (time.Duration, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[task.Key]++
+		if len(seen) == 100 {
+			close(all)
+		}
+		return 0, nil
+	}), ConsumerOptions{Block: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		if err := q.Enqueue(ctx, fmt.Sprint("k", i)); err != nil {
 			t.Fatal(err)
 		}
-		if q.Shard(key) != q.Shard(key) {
-			t.Fatal("shard is not stable")
+	}
+	done := make(chan error)
+	go func() { done <- c.Start(ctx) }()
+	select {
+	case <-all:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("only %d keys handled", len(seen))
+	}
+	cancel()
+	<-done
+	for k, n := range seen {
+		if n != 1 {
+			t.Errorf("%s handled %d times", k, n)
 		}
-		counts[q.Shard(key)]++
 	}
-	if len(counts) < 2 {
-		t.Errorf("40 keys all went to one shard: %v", counts)
-	}
-	for shard, want := range counts {
-		if got := rdb.XLen(ctx, StreamKey(shard)).Val(); got != want {
-			t.Errorf("shard %d has %d entries, want %d", shard, got, want)
+	for shard := range 4 {
+		if n := rdb.XLen(context.Background(), streamKey(shard)).Val(); n != 0 {
+			t.Errorf("shard %d stream keeps %d entries", shard, n)
 		}
-	}
-	msgs := rdb.XRange(ctx, StreamKey(q.Shard("acme/7")), "-", "+").Val()
-	found := false
-	for _, m := range msgs {
-		found = found || m.Values["k"] == "acme/7"
-	}
-	if !found {
-		t.Error("acme/7 not in its shard's stream")
-	}
-}
-
-func TestShardCountIsValidated(t *testing.T) {
-	for _, n := range []int{-1, 1025} {
-		if _, err := New(nil, Options{Shards: n}); err == nil {
-			t.Errorf("Shards %d accepted", n)
+		if n := rdb.HLen(context.Background(), stateKey(shard)).Val(); n != 0 {
+			t.Errorf("shard %d state keeps %d keys", shard, n)
 		}
 	}
 }

@@ -1,0 +1,480 @@
+package queue
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	mrand "math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// Task is one run of a handler for a key.
+type Task struct {
+	Key string
+	// Fence increases with every delivery of any key of the shard. A handler passes it on to
+	// its writes so that a stale run (one whose lease was lost) can be refused by them.
+	Fence int64
+	// Attempt counts deliveries of the key since it last succeeded, starting at 1.
+	Attempt int
+}
+
+// Handler handles a key. The contract:
+//
+//   - It is level-based and idempotent: it is told only the key, reads the current state and
+//     closes the gap; it may see a key again that it already handled (at-least-once).
+//   - (0, nil): done.
+//   - (d, nil) with d > 0: poll, run again after about d (jittered). Not a failure.
+//   - (_, err): failed, run again after a per-key exponential backoff. Failures and deliveries
+//     to consumers that died count toward MaxDeliveries; past it the key is dead-lettered.
+//   - (_, Terminal(err)): record and stop: the key is dead-lettered at once.
+//
+// The context ends when the consumer shuts down past its deadline or loses the lease; a
+// handler should then return promptly, and its result is discarded.
+type Handler interface {
+	Handle(ctx context.Context, t Task) (again time.Duration, err error)
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, t Task) (time.Duration, error)
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, t Task) (time.Duration, error) { return f(ctx, t) }
+
+type terminalError struct{ err error }
+
+func (e terminalError) Error() string { return e.err.Error() }
+func (e terminalError) Unwrap() error { return e.err }
+
+// Terminal marks an error after which retrying is pointless: the key is dead-lettered.
+func Terminal(err error) error { return terminalError{err} }
+
+// ConsumerOptions configure a Consumer.
+type ConsumerOptions struct {
+	// Name identifies the consumer in the group; it must be unique among live consumers.
+	// Defaults to host-pid-random.
+	Name string
+	// Concurrency is how many handlers run at once. Defaults to 4.
+	Concurrency int
+	// Lease is how long a message may go unrenewed before another consumer reclaims it.
+	// Handlers renew it every Lease/3 while they run. Defaults to 30s.
+	Lease time.Duration
+	// Block is how long one read waits for messages; it bounds how long shutdown waits for
+	// readers. Defaults to 1s.
+	Block time.Duration
+	// PollInterval is how often due delayed keys are moved onto the streams, and so how late
+	// they can be. Defaults to 100ms.
+	PollInterval time.Duration
+	// BackoffBase is the delay after a first failure; it doubles with every further one.
+	// Defaults to 200ms.
+	BackoffBase time.Duration
+	// BackoffMax caps the backoff. Defaults to 5m.
+	BackoffMax time.Duration
+	// Jitter spreads delays by up to this fraction either way, so keys that failed together do
+	// not retry together. Defaults to 0.2.
+	Jitter float64
+	// ShutdownTimeout is how long in-flight handlers may take to finish once shutdown starts;
+	// past it they are cancelled and their messages left pending for others. Defaults to 10s.
+	ShutdownTimeout time.Duration
+	// DeadConsumerAfter is how long a consumer holding no messages may be idle before it is
+	// removed from the group. Defaults to 10m.
+	DeadConsumerAfter time.Duration
+	// OnDeadLetter is called after a key was dead-lettered, e.g. to mark what it names failed.
+	OnDeadLetter func(ctx context.Context, key, reason string)
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the consumer's metrics. Defaults to none.
+	Registerer prometheus.Registerer
+}
+
+func (o *ConsumerOptions) applyDefaults() error {
+	if o.Name == "" {
+		host, _ := os.Hostname()
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		o.Name = host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b)
+	}
+	defaults := []struct {
+		d   *time.Duration
+		def time.Duration
+	}{
+		{&o.Lease, 30 * time.Second}, {&o.Block, time.Second}, {&o.PollInterval, 100 * time.Millisecond},
+		{&o.BackoffBase, 200 * time.Millisecond}, {&o.BackoffMax, 5 * time.Minute},
+		{&o.ShutdownTimeout, 10 * time.Second}, {&o.DeadConsumerAfter, 10 * time.Minute},
+	}
+	for _, d := range defaults {
+		if *d.d == 0 {
+			*d.d = d.def
+		}
+		if *d.d < 0 {
+			return errors.New("queue: durations must not be negative")
+		}
+	}
+	if o.Concurrency == 0 {
+		o.Concurrency = 4
+	}
+	if o.Concurrency < 1 {
+		return errors.New("queue: Concurrency must be at least 1")
+	}
+	if o.Jitter == 0 {
+		o.Jitter = 0.2
+	}
+	if o.Jitter < 0 || o.Jitter >= 1 {
+		return errors.New("queue: Jitter must be in [0, 1)")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Consumer handles keys of every shard with a pool of handlers.
+type Consumer struct {
+	q       *Queue
+	h       Handler
+	opts    ConsumerOptions
+	metrics *consumerMetrics
+}
+
+// NewConsumer returns a consumer of the queue's keys. It starts nothing: Start runs it.
+func (q *Queue) NewConsumer(h Handler, opts ConsumerOptions) (*Consumer, error) {
+	if err := opts.applyDefaults(); err != nil {
+		return nil, err
+	}
+	m, err := newConsumerMetrics(q, opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer{q: q, h: h, opts: opts, metrics: m}, nil
+}
+
+// Name returns the consumer's name in the group.
+func (c *Consumer) Name() string { return c.opts.Name }
+
+// message is a delivered stream entry.
+type message struct {
+	shard int
+	id    string
+	key   string
+}
+
+// Start runs the consumer until ctx ends, then shuts down and returns; no goroutine it
+// started outlives it. Setup must have been called (by any process) before.
+//
+// Shutdown order: readers, the reclaimer, the forwarder and the janitor stop first, so no new
+// work is taken; messages read but not yet begun stay pending for other consumers. In-flight
+// handlers then get ShutdownTimeout to finish and record their outcome; after it their
+// contexts are cancelled and their messages, too, stay pending.
+func (c *Consumer) Start(ctx context.Context) error {
+	handlerCtx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHandlers()
+
+	work := make(chan message)
+	var takers sync.WaitGroup
+	for shard := range c.q.opts.Shards {
+		takers.Go(func() { c.read(ctx, shard, work) })
+	}
+	takers.Go(func() { c.every(ctx, c.opts.Lease/4, c.reclaim(work)) })
+	takers.Go(func() { c.every(ctx, c.opts.PollInterval, c.forward) })
+	takers.Go(func() { c.every(ctx, c.opts.DeadConsumerAfter/10, c.prune) })
+
+	var handlers sync.WaitGroup
+	for range c.opts.Concurrency {
+		handlers.Go(func() {
+			for m := range work {
+				c.process(handlerCtx, m)
+			}
+		})
+	}
+
+	<-ctx.Done()
+	takers.Wait()
+	close(work)
+	done := make(chan struct{})
+	go func() { handlers.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(c.opts.ShutdownTimeout):
+		cancelHandlers()
+		<-done
+	}
+	return nil
+}
+
+// every runs f now and then every d until ctx ends.
+func (c *Consumer) every(ctx context.Context, d time.Duration, f func(context.Context)) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		f(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// deliver hands a message to a free handler; it gives up when ctx ends, leaving the message
+// pending for whoever reclaims it.
+func deliver(ctx context.Context, work chan<- message, m message) bool {
+	select {
+	case work <- m:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// read takes new messages of one shard.
+func (c *Consumer) read(ctx context.Context, shard int, work chan<- message) {
+	for ctx.Err() == nil {
+		streams, err := c.q.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
+			Group: c.q.opts.Group, Consumer: c.opts.Name, Streams: []string{streamKey(shard), ">"},
+			Count: 1, Block: c.opts.Block,
+		}).Result()
+		if err != nil {
+			if !errors.Is(err, redis.Nil) && ctx.Err() == nil {
+				c.logError(ctx, "read", err)
+				c.sleep(ctx, c.opts.PollInterval)
+			}
+			continue
+		}
+		for _, s := range streams {
+			for _, xm := range s.Messages {
+				if !deliver(ctx, work, toMessage(shard, xm)) {
+					return
+				}
+			}
+		}
+	}
+}
+
+func toMessage(shard int, xm redis.XMessage) message {
+	key, _ := xm.Values["k"].(string)
+	return message{shard: shard, id: xm.ID, key: key}
+}
+
+// reclaim takes over messages whose consumer stopped renewing them for longer than the lease.
+func (c *Consumer) reclaim(work chan<- message) func(context.Context) {
+	return func(ctx context.Context) {
+		for shard := range c.q.opts.Shards {
+			msgs, _, err := c.q.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+				Stream: streamKey(shard), Group: c.q.opts.Group, Consumer: c.opts.Name,
+				MinIdle: c.opts.Lease, Start: "0-0", Count: int64(c.opts.Concurrency),
+			}).Result()
+			if err != nil {
+				if ctx.Err() == nil {
+					c.logError(ctx, "reclaim", err)
+				}
+				return
+			}
+			for _, xm := range msgs {
+				c.metrics.reclaimed.Inc()
+				if !deliver(ctx, work, toMessage(shard, xm)) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// forward moves due delayed keys of every shard onto their streams in one round trip.
+func (c *Consumer) forward(ctx context.Context) {
+	now := c.q.opts.Now().UnixMilli()
+	_, err := c.q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for shard := range c.q.opts.Shards {
+			forwardScript.Run(ctx, p, []string{streamKey(shard), stateKey(shard), delayedKey(shard)}, now, 1000)
+		}
+		return nil
+	})
+	if err != nil && ctx.Err() == nil {
+		c.logError(ctx, "forward delayed keys", err)
+	}
+}
+
+// prune removes consumers that left without holding messages.
+func (c *Consumer) prune(ctx context.Context) {
+	for shard := range c.q.opts.Shards {
+		err := pruneConsumersScript.Run(ctx, c.q.rdb, []string{streamKey(shard)},
+			c.q.opts.Group, c.opts.DeadConsumerAfter.Milliseconds(), c.opts.Name).Err()
+		if err != nil && ctx.Err() == nil {
+			c.logError(ctx, "prune consumers", err)
+			return
+		}
+	}
+}
+
+func (c *Consumer) shardKeys(shard int) []string {
+	return []string{streamKey(shard), stateKey(shard), attemptsKey(shard), fenceKey(shard), deadKey(shard), lastErrorKey(shard)}
+}
+
+// finalWriteTimeout bounds the writes that record a handler's outcome; they run even when the
+// consumer is shutting down, because skipping them would only make another consumer redo
+// finished work.
+const finalWriteTimeout = 5 * time.Second
+
+// process runs one message: begin, handle while renewing the lease, finish.
+func (c *Consumer) process(ctx context.Context, m message) {
+	if ctx.Err() != nil {
+		return // shutting down: leave it pending
+	}
+	now := c.q.opts.Now().UnixMilli()
+	res, err := beginScript.Run(ctx, c.q.rdb, c.shardKeys(m.shard),
+		c.q.opts.Group, c.opts.Name, m.id, m.key, c.q.opts.MaxDeliveries, now, c.q.opts.DeadLetterMaxLen).Slice()
+	if err != nil {
+		c.logError(ctx, "begin "+m.key, err)
+		return // pending: retried once reclaimed
+	}
+	switch res[0] {
+	case "lost":
+		c.metrics.handled.WithLabelValues("lost").Inc()
+		return
+	case "dead":
+		reason, _ := res[1].(string)
+		c.buried(ctx, m.key, reason)
+		return
+	}
+	task := Task{Key: m.key, Fence: res[1].(int64), Attempt: int(res[2].(int64))}
+
+	taskCtx, cancelTask := context.WithCancel(ctx)
+	lost := make(chan struct{})
+	var renewer sync.WaitGroup
+	renewer.Go(func() { c.renew(taskCtx, m, cancelTask, lost) })
+	c.metrics.inflight.Inc()
+	start := time.Now()
+	again, herr := c.call(taskCtx, task)
+	c.metrics.latency.Observe(time.Since(start).Seconds())
+	c.metrics.inflight.Dec()
+	cancelTask()
+	renewer.Wait()
+	select {
+	case <-lost:
+		c.metrics.handled.WithLabelValues("lost").Inc()
+		return
+	default:
+	}
+	if ctx.Err() != nil {
+		return // cancelled by shutdown: the result is not trusted; leave it pending
+	}
+	c.finish(ctx, m, task, again, herr)
+}
+
+// call runs the handler, turning a panic into an error so that one bad key cannot take the
+// consumer down.
+func (c *Consumer) call(ctx context.Context, t Task) (again time.Duration, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.metrics.panics.Inc()
+			err = fmt.Errorf("handler panicked: %v", p)
+		}
+	}()
+	return c.h.Handle(ctx, t)
+}
+
+// renew keeps the lease of a running handler; when it is lost, the handler is cancelled.
+func (c *Consumer) renew(ctx context.Context, m message, cancel context.CancelFunc, lost chan<- struct{}) {
+	t := time.NewTicker(c.opts.Lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ok, err := renewScript.Run(ctx, c.q.rdb, []string{streamKey(m.shard)}, c.q.opts.Group, c.opts.Name, m.id).Int()
+		if err != nil {
+			if ctx.Err() == nil {
+				c.logError(ctx, "renew lease of "+m.key, err)
+			}
+			continue // a transient failure; the lease lasts three renewal periods
+		}
+		if ok == 0 {
+			close(lost)
+			cancel()
+			return
+		}
+	}
+}
+
+// finish records the handler's outcome.
+func (c *Consumer) finish(ctx context.Context, m message, t Task, again time.Duration, herr error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWriteTimeout)
+	defer cancel()
+	now := c.q.opts.Now()
+	var term terminalError
+	if errors.As(herr, &term) {
+		res, err := buryScript.Run(ctx, c.q.rdb, c.shardKeys(m.shard), c.q.opts.Group, c.opts.Name, m.id, m.key,
+			herr.Error(), t.Attempt, now.UnixMilli(), c.q.opts.DeadLetterMaxLen).Text()
+		switch {
+		case err != nil:
+			c.logError(ctx, "dead-letter "+m.key, err)
+		case res == "ok":
+			c.buried(ctx, m.key, herr.Error())
+		default:
+			c.metrics.handled.WithLabelValues("lost").Inc()
+		}
+		return
+	}
+	outcome, status, errText, at := "ok", "ok", "", int64(0)
+	switch {
+	case herr != nil:
+		outcome, status, errText = "retried", "failed", herr.Error()
+		at = now.Add(c.backoff(t.Attempt)).UnixMilli()
+	case again > 0:
+		outcome = "requeued"
+		at = now.Add(c.jitter(again)).UnixMilli()
+	}
+	res, err := finishScript.Run(ctx, c.q.rdb, []string{streamKey(m.shard), stateKey(m.shard), attemptsKey(m.shard), delayedKey(m.shard), lastErrorKey(m.shard)},
+		c.q.opts.Group, c.opts.Name, m.id, m.key, status, errText, at).Text()
+	switch {
+	case err != nil:
+		c.logError(ctx, "finish "+m.key, err)
+	case res == "lost":
+		c.metrics.handled.WithLabelValues("lost").Inc()
+	default:
+		c.metrics.handled.WithLabelValues(outcome).Inc()
+	}
+}
+
+func (c *Consumer) buried(ctx context.Context, key, reason string) {
+	c.metrics.handled.WithLabelValues("dead").Inc()
+	c.opts.Logger.WarnContext(ctx, "key dead-lettered", "key", key, "reason", reason)
+	if c.opts.OnDeadLetter != nil {
+		c.opts.OnDeadLetter(ctx, key, reason)
+	}
+}
+
+// backoff is BackoffBase doubled for every failure after the first, capped, with jitter.
+func (c *Consumer) backoff(attempt int) time.Duration {
+	d := float64(c.opts.BackoffBase) * math.Pow(2, float64(max(attempt-1, 0)))
+	return c.jitter(time.Duration(min(d, float64(c.opts.BackoffMax))))
+}
+
+func (c *Consumer) jitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (1 + c.opts.Jitter*(2*mrand.Float64()-1)))
+}
+
+func (c *Consumer) sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// logError logs failures of the consumer's own loops, which retry by themselves.
+func (c *Consumer) logError(ctx context.Context, op string, err error) {
+	c.metrics.errors.Inc()
+	c.opts.Logger.ErrorContext(ctx, "queue: "+op, "consumer", c.opts.Name, "err", err)
+}

@@ -1,0 +1,30 @@
+package queue
+
+import "strconv"
+
+// Every key of one shard carries the hash tag {q<shard>}, so each shard's scripts touch one
+// Redis Cluster slot and different shards can live on different nodes.
+
+func shardTag(shard int) string { return "{q" + strconv.Itoa(shard) + "}" }
+
+// streamKey is the shard's work stream: one entry per key waiting or being handled.
+func streamKey(shard int) string { return "cq:" + shardTag(shard) + ":s" }
+
+// stateKey is a hash of key → "q" (a message waits), "a" (being handled) or "d" (being handled
+// and added again meanwhile). A key absent from it is idle.
+func stateKey(shard int) string { return "cq:" + shardTag(shard) + ":st" }
+
+// attemptsKey is a hash of key → deliveries since the key last succeeded.
+func attemptsKey(shard int) string { return "cq:" + shardTag(shard) + ":at" }
+
+// lastErrorKey is a hash of key → the last error its handler returned.
+func lastErrorKey(shard int) string { return "cq:" + shardTag(shard) + ":er" }
+
+// delayedKey is a sorted set of keys to add again, scored by when (Unix milliseconds).
+func delayedKey(shard int) string { return "cq:" + shardTag(shard) + ":dl" }
+
+// fenceKey counts deliveries; each handler run gets the next value as its fencing token.
+func fenceKey(shard int) string { return "cq:" + shardTag(shard) + ":f" }
+
+// deadKey is the shard's dead-letter stream.
+func deadKey(shard int) string { return "cq:" + shardTag(shard) + ":dead" }

@@ -1,0 +1,100 @@
+package queue
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// consumerMetrics are a consumer's own counts plus, read from Redis when scraped, each shard's
+// backlog.
+type consumerMetrics struct {
+	handled   *prometheus.CounterVec
+	reclaimed prometheus.Counter
+	panics    prometheus.Counter
+	errors    prometheus.Counter
+	inflight  prometheus.Gauge
+	latency   prometheus.Histogram
+}
+
+func newConsumerMetrics(q *Queue, reg prometheus.Registerer) (*consumerMetrics, error) {
+	m := &consumerMetrics{
+		handled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "computeql_queue_handled_total",
+			Help: "Handler runs by outcome: ok, requeued (asked to run again later), retried (failed, backing off), dead (dead-lettered), lost (another consumer took the message over).",
+		}, []string{"outcome"}),
+		reclaimed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "computeql_queue_reclaimed_total",
+			Help: "Messages taken over from consumers that stopped renewing them.",
+		}),
+		panics: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "computeql_queue_handler_panics_total",
+			Help: "Handler panics, recovered and treated as failures.",
+		}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "computeql_queue_errors_total",
+			Help: "Failed Redis calls of the consumer's own loops (they retry by themselves).",
+		}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "computeql_queue_inflight",
+			Help: "Handlers running now in this process.",
+		}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "computeql_queue_handler_duration_seconds",
+			Help:    "Time a handler takes.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 14),
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, col := range []prometheus.Collector{m.handled, m.reclaimed, m.panics, m.errors, m.inflight, m.latency, &backlogCollector{q: q}} {
+		if err := reg.Register(col); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// backlogCollector reads each shard's depth (messages waiting or being handled), pending
+// (delivered, not yet finished), delayed and dead-lettered counts from Redis on every scrape,
+// so that every process reports the same, current figures.
+type backlogCollector struct{ q *Queue }
+
+var (
+	depthDesc   = prometheus.NewDesc("computeql_queue_depth", "Messages in a shard's stream: waiting or being handled.", []string{"shard"}, nil)
+	pendingDesc = prometheus.NewDesc("computeql_queue_pending", "Messages delivered to a consumer and not yet finished.", []string{"shard"}, nil)
+	delayedDesc = prometheus.NewDesc("computeql_queue_delayed", "Keys scheduled to run later.", []string{"shard"}, nil)
+	deadDesc    = prometheus.NewDesc("computeql_queue_dead_letters", "Dead letters kept.", []string{"shard"}, nil)
+)
+
+func (b *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{depthDesc, pendingDesc, delayedDesc, deadDesc} {
+		ch <- d
+	}
+}
+
+// scrapeTimeout keeps a slow Redis from stalling the metrics endpoint.
+const scrapeTimeout = 2 * time.Second
+
+func (b *backlogCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
+	defer cancel()
+	for shard := range b.q.opts.Shards {
+		label := strconv.Itoa(shard)
+		if n, err := b.q.rdb.XLen(ctx, streamKey(shard)).Result(); err == nil {
+			ch <- prometheus.MustNewConstMetric(depthDesc, prometheus.GaugeValue, float64(n), label)
+		}
+		if p, err := b.q.rdb.XPending(ctx, streamKey(shard), b.q.opts.Group).Result(); err == nil {
+			ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(p.Count), label)
+		}
+		if n, err := b.q.rdb.ZCard(ctx, delayedKey(shard)).Result(); err == nil {
+			ch <- prometheus.MustNewConstMetric(delayedDesc, prometheus.GaugeValue, float64(n), label)
+		}
+		if n, err := b.q.rdb.XLen(ctx, deadKey(shard)).Result(); err == nil {
+			ch <- prometheus.MustNewConstMetric(deadDesc, prometheus.GaugeValue, float64(n), label)
+		}
+	}
+}
