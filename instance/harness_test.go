@@ -29,8 +29,23 @@ import (
 type env struct {
 	svc *instance.Service
 	rdb *redis.Client
-	q   *queue.Queue
+	q   *countingQueue
 	now time.Time
+}
+
+// countingQueue is the real queue, counting the service's Enqueue calls per key: the queue
+// coalesces, so its stream alone cannot show that an update asked for a run.
+type countingQueue struct {
+	*queue.Queue
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func (q *countingQueue) Enqueue(ctx context.Context, key string) error {
+	q.mu.Lock()
+	q.calls[key]++
+	q.mu.Unlock()
+	return q.Queue.Enqueue(ctx, key)
 }
 
 func newEnv(t testing.TB) *env {
@@ -54,10 +69,11 @@ func (e *env) withCatalog(t testing.TB, cat *region.Catalog) *env {
 
 func serviceOn(t testing.TB, rdb *redis.Client, cat *region.Catalog) *env {
 	t.Helper()
-	q, err := queue.New(rdb, queue.Options{})
+	real, err := queue.New(rdb, queue.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	q := &countingQueue{Queue: real, calls: map[string]int{}}
 	e := &env{rdb: rdb, q: q, now: time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)}
 	e.svc, err = instance.NewService(instance.Options{
 		Catalog: cat, Store: store.New(rdb), Queue: q, Now: func() time.Time { return e.now },
@@ -257,20 +273,20 @@ func (e *env) count(t testing.TB, org string) int {
 	return page.TotalCount
 }
 
-// queued returns how often the instance's key was put on the work queue.
+// queued returns how often the service put the instance's key on the work queue, after
+// checking that the real queue holds a message for it.
 func (e *env) queued(t testing.TB, inst *instance.Instance) int {
 	t.Helper()
-	msgs, err := e.rdb.XRange(context.Background(), queue.StreamKey(e.q.Shard(inst.Key())), "-", "+").Result()
+	waiting, err := e.q.Waiting(context.Background(), inst.Key())
 	if err != nil {
 		t.Fatalf("read queue: %v", err)
 	}
-	n := 0
-	for _, m := range msgs {
-		if m.Values["k"] == inst.Key() {
-			n++
-		}
+	e.q.mu.Lock()
+	defer e.q.mu.Unlock()
+	if n := e.q.calls[inst.Key()]; n > 0 && !waiting {
+		t.Errorf("%s was enqueued %d times but no message waits for it", inst.Key(), n)
 	}
-	return n
+	return e.q.calls[inst.Key()]
 }
 
 // b64 returns s base64-encoded, as the API takes user data.

@@ -112,6 +112,15 @@ func (q *Queue) Enqueue(ctx context.Context, key string) error {
 	return nil
 }
 
+// Waiting reports whether a message for the key waits in the queue or is being handled.
+func (q *Queue) Waiting(ctx context.Context, key string) (bool, error) {
+	n, err := q.rdb.HExists(ctx, stateKey(q.Shard(key)), key).Result()
+	if err != nil {
+		return false, fmt.Errorf("waiting %s: %w", key, err)
+	}
+	return n, nil
+}
+
 // EnqueueAfter adds the key after d. A key already scheduled earlier keeps the earlier time.
 func (q *Queue) EnqueueAfter(ctx context.Context, key string, d time.Duration) error {
 	shard := q.Shard(key)
