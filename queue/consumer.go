@@ -39,7 +39,8 @@ type Task struct {
 //   - (_, Terminal(err)): record and stop: the key is dead-lettered at once.
 //
 // The context ends when the consumer shuts down past its deadline or loses the lease; a
-// handler should then return promptly, and its result is discarded.
+// handler must then return promptly, and its result is discarded. Start waits for every
+// handler to return, so one that ignores its context holds shutdown up.
 type Handler interface {
 	Handle(ctx context.Context, t Task) (again time.Duration, err error)
 }
@@ -143,6 +144,16 @@ type Consumer struct {
 	h       Handler
 	opts    ConsumerOptions
 	metrics *consumerMetrics
+
+	// processing holds the messages this consumer's handlers have taken. The consumer's own
+	// reclaimer can claim a message again that it still holds (one read while every handler
+	// was busy, or whose renewals failed for a lease); ownership checks cannot tell the two
+	// copies apart, so the second one is dropped here.
+	mu         sync.Mutex
+	processing map[message]struct{}
+
+	logMu      sync.Mutex
+	lastLogged map[string]time.Time
 }
 
 // NewConsumer returns a consumer of the queue's keys. It starts nothing: Start runs it.
@@ -154,7 +165,7 @@ func (q *Queue) NewConsumer(h Handler, opts ConsumerOptions) (*Consumer, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{q: q, h: h, opts: opts, metrics: m}, nil
+	return &Consumer{q: q, h: h, opts: opts, metrics: m, processing: map[message]struct{}{}, lastLogged: map[string]time.Time{}}, nil
 }
 
 // Name returns the consumer's name in the group.
@@ -180,8 +191,8 @@ func (c *Consumer) Start(ctx context.Context) error {
 
 	work := make(chan message)
 	var takers sync.WaitGroup
-	for shard := range c.q.opts.Shards {
-		takers.Go(func() { c.read(ctx, shard, work) })
+	for _, shards := range c.readGroups() {
+		takers.Go(func() { c.read(ctx, shards, work) })
 	}
 	takers.Go(func() { c.every(ctx, c.opts.Lease/4, c.reclaim(work)) })
 	takers.Go(func() { c.every(ctx, c.opts.PollInterval, c.forward) })
@@ -235,13 +246,38 @@ func deliver(ctx context.Context, work chan<- message, m message) bool {
 	}
 }
 
-// read takes new messages of one shard.
-func (c *Consumer) read(ctx context.Context, shard int, work chan<- message) {
+// readGroups splits the shards into sets that one blocking read can wait on. Each waiting read
+// holds a connection, so waiting on every shard at once matters: a standalone Redis does not
+// enforce hash slots and takes all shards in one read; Redis Cluster refuses a command whose
+// keys span slots, so there each shard gets its own read.
+func (c *Consumer) readGroups() [][]int {
+	all := make([]int, c.q.opts.Shards)
+	for i := range all {
+		all[i] = i
+	}
+	if _, cluster := c.q.rdb.(*redis.ClusterClient); !cluster {
+		return [][]int{all}
+	}
+	groups := make([][]int, len(all))
+	for i, shard := range all {
+		groups[i] = []int{shard}
+	}
+	return groups
+}
+
+// read takes new messages of the shards, as many at a time as there are handlers.
+func (c *Consumer) read(ctx context.Context, shards []int, work chan<- message) {
+	args := &redis.XReadGroupArgs{Group: c.q.opts.Group, Consumer: c.opts.Name, Count: int64(c.opts.Concurrency), Block: c.opts.Block}
+	shardOf := map[string]int{}
+	for _, shard := range shards {
+		args.Streams = append(args.Streams, streamKey(shard))
+		shardOf[streamKey(shard)] = shard
+	}
+	for range shards {
+		args.Streams = append(args.Streams, ">")
+	}
 	for ctx.Err() == nil {
-		streams, err := c.q.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
-			Group: c.q.opts.Group, Consumer: c.opts.Name, Streams: []string{streamKey(shard), ">"},
-			Count: 1, Block: c.opts.Block,
-		}).Result()
+		streams, err := c.q.rdb.XReadGroup(ctx, args).Result()
 		if err != nil {
 			if !errors.Is(err, redis.Nil) && ctx.Err() == nil {
 				c.logError(ctx, "read", err)
@@ -251,7 +287,7 @@ func (c *Consumer) read(ctx context.Context, shard int, work chan<- message) {
 		}
 		for _, s := range streams {
 			for _, xm := range s.Messages {
-				if !deliver(ctx, work, toMessage(shard, xm)) {
+				if !deliver(ctx, work, toMessage(shardOf[s.Stream], xm)) {
 					return
 				}
 			}
@@ -291,12 +327,23 @@ func (c *Consumer) reclaim(work chan<- message) func(context.Context) {
 // forward moves due delayed keys of every shard onto their streams in one round trip.
 func (c *Consumer) forward(ctx context.Context) {
 	now := c.q.opts.Now().UnixMilli()
-	_, err := c.q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for shard := range c.q.opts.Shards {
-			forwardScript.Run(ctx, p, []string{streamKey(shard), stateKey(shard), delayedKey(shard)}, now, 1000)
+	run := func() error {
+		_, err := c.q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for shard := range c.q.opts.Shards {
+				forwardScript.Run(ctx, p, []string{streamKey(shard), stateKey(shard), delayedKey(shard)}, now, 1000)
+			}
+			return nil
+		})
+		return err
+	}
+	err := run()
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// In a pipeline Script.Run cannot fall back to EVAL, so a script cache Redis lost (a
+		// restart, a failover) would stop every delayed key for good: load it again.
+		if err = forwardScript.Load(ctx, c.q.rdb).Err(); err == nil {
+			err = run()
 		}
-		return nil
-	})
+	}
 	if err != nil && ctx.Err() == nil {
 		c.logError(ctx, "forward delayed keys", err)
 	}
@@ -328,6 +375,10 @@ func (c *Consumer) process(ctx context.Context, m message) {
 	if ctx.Err() != nil {
 		return // shutting down: leave it pending
 	}
+	if !c.take(m) {
+		return // another handler of this consumer has it already
+	}
+	defer c.release(m)
 	now := c.q.opts.Now().UnixMilli()
 	res, err := beginScript.Run(ctx, c.q.rdb, c.shardKeys(m.shard),
 		c.q.opts.Group, c.opts.Name, m.id, m.key, c.q.opts.MaxDeliveries, now, c.q.opts.DeadLetterMaxLen).Slice()
@@ -367,6 +418,23 @@ func (c *Consumer) process(ctx context.Context, m message) {
 		return // cancelled by shutdown: the result is not trusted; leave it pending
 	}
 	c.finish(ctx, m, task, again, herr)
+}
+
+// take marks the message as being processed here; it reports false if it already was.
+func (c *Consumer) take(m message) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, dup := c.processing[m]; dup {
+		return false
+	}
+	c.processing[m] = struct{}{}
+	return true
+}
+
+func (c *Consumer) release(m message) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.processing, m)
 }
 
 // call runs the handler, turning a panic into an error so that one bad key cannot take the
@@ -473,8 +541,22 @@ func (c *Consumer) sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// logError logs failures of the consumer's own loops, which retry by themselves.
+// logInterval is the least time between two log lines of one failing operation: while Redis
+// is unreachable every loop fails many times a second, and one line says it.
+const logInterval = 5 * time.Second
+
+// logError counts failures of the consumer's own loops, which retry by themselves, and logs
+// them at most once per logInterval per operation.
 func (c *Consumer) logError(ctx context.Context, op string, err error) {
 	c.metrics.errors.Inc()
-	c.opts.Logger.ErrorContext(ctx, "queue: "+op, "consumer", c.opts.Name, "err", err)
+	c.logMu.Lock()
+	now := time.Now()
+	quiet := now.Sub(c.lastLogged[op]) < logInterval
+	if !quiet {
+		c.lastLogged[op] = now
+	}
+	c.logMu.Unlock()
+	if !quiet {
+		c.opts.Logger.ErrorContext(ctx, "queue: "+op, "consumer", c.opts.Name, "err", err)
+	}
 }

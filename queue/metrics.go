@@ -2,6 +2,8 @@ package queue
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -50,12 +52,31 @@ func newConsumerMetrics(q *Queue, reg prometheus.Registerer) (*consumerMetrics, 
 	if reg == nil {
 		return m, nil
 	}
-	for _, col := range []prometheus.Collector{m.handled, m.reclaimed, m.panics, m.errors, m.inflight, m.latency, &backlogCollector{q: q}} {
-		if err := reg.Register(col); err != nil {
-			return nil, err
-		}
+	var errs [7]error
+	m.handled, errs[0] = register(reg, m.handled)
+	m.reclaimed, errs[1] = register(reg, m.reclaimed)
+	m.panics, errs[2] = register(reg, m.panics)
+	m.errors, errs[3] = register(reg, m.errors)
+	m.inflight, errs[4] = register(reg, m.inflight)
+	m.latency, errs[5] = register(reg, m.latency)
+	_, errs[6] = register[prometheus.Collector](reg, &backlogCollector{q: q})
+	if err := errors.Join(errs[:]...); err != nil {
+		return nil, fmt.Errorf("queue metrics: %w", err)
 	}
 	return m, nil
+}
+
+// register registers c, or returns the collector already registered in its place: several
+// consumers of one process share their metrics.
+func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
+	err := reg.Register(c)
+	var already prometheus.AlreadyRegisteredError
+	if errors.As(err, &already) {
+		if existing, ok := already.ExistingCollector.(T); ok {
+			return existing, nil
+		}
+	}
+	return c, err
 }
 
 // backlogCollector reads each shard's depth (messages waiting or being handled), pending

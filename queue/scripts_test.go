@@ -1,0 +1,577 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// These are state-table tests of the Lua scripts, one script call each: seed a shard's raw
+// Redis state, run the script with the KEYS and ARGV the Go code passes it, and compare the
+// raw state after. Shard 0 of a one-shard queue; consumers are "c1" (the caller) and "c2".
+
+// rawShard is one shard's raw state. Stream entries are named by their key: waiting are the
+// entries not delivered yet (oldest first), pending the delivered ones (key → consumer).
+// dead entries read "key|reason|attempts".
+type rawShard struct {
+	waiting  []string
+	pending  map[string]string
+	state    map[string]string
+	attempts map[string]string
+	lastErr  map[string]string
+	delayed  map[string]int64
+	dead     []string
+	fence    string
+}
+
+func (r rawShard) normalized() rawShard {
+	orEmpty := func(m map[string]string) map[string]string {
+		if m == nil {
+			return map[string]string{}
+		}
+		return m
+	}
+	r.pending, r.state, r.attempts, r.lastErr = orEmpty(r.pending), orEmpty(r.state), orEmpty(r.attempts), orEmpty(r.lastErr)
+	if r.delayed == nil {
+		r.delayed = map[string]int64{}
+	}
+	if len(r.waiting) == 0 {
+		r.waiting = nil
+	}
+	if len(r.dead) == 0 {
+		r.dead = nil
+	}
+	return r
+}
+
+const tableGroup = "workers"
+
+// seedShard writes the state and returns each entry's id by key ("dead:"+key for dead ones).
+// Pending entries are added and delivered first, then the waiting ones are added.
+func seedShard(t *testing.T, rdb *redis.Client, r rawShard) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	ids := map[string]string{}
+	for key, consumer := range r.pending {
+		id := rdb.XAdd(ctx, &redis.XAddArgs{Stream: streamKey(0), Values: []any{"k", key}}).Val()
+		res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: tableGroup, Consumer: consumer,
+			Streams: []string{streamKey(0), ">"}, Count: 1, Block: -1}).Result()
+		if err != nil || res[0].Messages[0].ID != id {
+			t.Fatalf("seed: deliver %s: %v %v", key, res, err)
+		}
+		ids[key] = id
+	}
+	for _, key := range r.waiting {
+		ids[key] = rdb.XAdd(ctx, &redis.XAddArgs{Stream: streamKey(0), Values: []any{"k", key}}).Val()
+	}
+	for k, v := range r.state {
+		rdb.HSet(ctx, stateKey(0), k, v)
+	}
+	for k, v := range r.attempts {
+		rdb.HSet(ctx, attemptsKey(0), k, v)
+	}
+	for k, v := range r.lastErr {
+		rdb.HSet(ctx, lastErrorKey(0), k, v)
+	}
+	for k, v := range r.delayed {
+		rdb.ZAdd(ctx, delayedKey(0), redis.Z{Score: float64(v), Member: k})
+	}
+	for _, d := range r.dead {
+		f := strings.Split(d, "|")
+		ids["dead:"+f[0]] = rdb.XAdd(ctx, &redis.XAddArgs{Stream: deadKey(0),
+			Values: []any{"k", f[0], "reason", f[1], "attempts", f[2], "at", 1}}).Val()
+	}
+	if r.fence != "" {
+		rdb.Set(ctx, fenceKey(0), r.fence, 0)
+	}
+	return ids
+}
+
+// dumpShard reads the state back.
+func dumpShard(t *testing.T, rdb *redis.Client) rawShard {
+	t.Helper()
+	ctx := context.Background()
+	r := rawShard{pending: map[string]string{}, delayed: map[string]int64{}}
+	pend, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: streamKey(0), Group: tableGroup, Start: "-", End: "+", Count: 1000}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := map[string]string{}
+	for _, p := range pend {
+		owner[p.ID] = p.Consumer
+	}
+	msgs, err := rdb.XRange(ctx, streamKey(0), "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		key, _ := m.Values["k"].(string)
+		if c, ok := owner[m.ID]; ok {
+			r.pending[key] = c
+			delete(owner, m.ID)
+		} else {
+			r.waiting = append(r.waiting, key)
+		}
+	}
+	for id, c := range owner {
+		t.Errorf("pending entry %s of %s is not in the stream", id, c)
+	}
+	r.state = rdb.HGetAll(ctx, stateKey(0)).Val()
+	r.attempts = rdb.HGetAll(ctx, attemptsKey(0)).Val()
+	r.lastErr = rdb.HGetAll(ctx, lastErrorKey(0)).Val()
+	for _, z := range rdb.ZRangeWithScores(ctx, delayedKey(0), 0, -1).Val() {
+		r.delayed[z.Member.(string)] = int64(z.Score)
+	}
+	dead, err := rdb.XRange(ctx, deadKey(0), "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dead {
+		r.dead = append(r.dead, fmt.Sprintf("%s|%s|%s", d.Values["k"], d.Values["reason"], d.Values["attempts"]))
+	}
+	r.fence = rdb.Get(ctx, fenceKey(0)).Val()
+	return r.normalized()
+}
+
+type scriptCase struct {
+	name string
+	init rawShard
+	// run calls the script; ids maps keys to their seeded entry ids.
+	run        func(ctx context.Context, rdb *redis.Client, ids map[string]string) *redis.Cmd
+	wantResult string // fmt.Sprint of the reply; "nil" for a nil reply
+	want       rawShard
+}
+
+func runScriptCases(t *testing.T, cases []scriptCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb := redisServer.Client(t)
+			q, err := New(rdb, Options{Shards: 1, Group: tableGroup})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := q.Setup(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			ids := seedShard(t, rdb, tc.init)
+			res, err := tc.run(context.Background(), rdb, ids).Result()
+			got := fmt.Sprint(res)
+			if errors.Is(err, redis.Nil) {
+				got = "nil"
+			} else if err != nil {
+				t.Fatalf("script failed: %v", err)
+			}
+			if got != tc.wantResult {
+				t.Errorf("reply = %s, want %s", got, tc.wantResult)
+			}
+			if after, want := dumpShard(t, rdb), tc.want.normalized(); !reflect.DeepEqual(after, want) {
+				t.Errorf("state after:\n got %+v\nwant %+v", after, want)
+			}
+		})
+	}
+}
+
+func TestEnqueueScript(t *testing.T) {
+	enqueue := func(key string) func(context.Context, *redis.Client, map[string]string) *redis.Cmd {
+		return func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
+			return enqueueScript.Run(ctx, rdb, []string{streamKey(0), stateKey(0), delayedKey(0)}, key)
+		}
+	}
+	runScriptCases(t, []scriptCase{{
+		name:       "idle key is queued",
+		run:        enqueue("k"),
+		wantResult: "queued",
+		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}},
+	}, {
+		name:       "waiting key is left alone",
+		init:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}},
+		run:        enqueue("k"),
+		wantResult: "coalesced",
+		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}},
+	}, {
+		name:       "key being handled runs once more",
+		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a"}},
+		run:        enqueue("k"),
+		wantResult: "again",
+		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d"}},
+	}, {
+		name:       "key already marked to run again is left alone",
+		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d"}},
+		run:        enqueue("k"),
+		wantResult: "coalesced",
+		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d"}},
+	}, {
+		name:       "delayed key runs now and loses its schedule",
+		init:       rawShard{delayed: map[string]int64{"k": 5000, "other": 6000}},
+		run:        enqueue("k"),
+		wantResult: "queued",
+		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}, delayed: map[string]int64{"other": 6000}},
+	}, {
+		name:       "delayed key being handled loses its schedule",
+		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a"}, delayed: map[string]int64{"k": 5000}},
+		run:        enqueue("k"),
+		wantResult: "again",
+		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d"}},
+	}, {
+		name:       "other keys are untouched",
+		init:       rawShard{waiting: []string{"x"}, state: map[string]string{"x": "q"}},
+		run:        enqueue("k"),
+		wantResult: "queued",
+		want:       rawShard{waiting: []string{"x", "k"}, state: map[string]string{"x": "q", "k": "q"}},
+	}})
+}
+
+func TestEnqueueAfterScript(t *testing.T) {
+	after := func(key string, at int64) func(context.Context, *redis.Client, map[string]string) *redis.Cmd {
+		return func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
+			return enqueueAfterScript.Run(ctx, rdb, []string{delayedKey(0)}, key, at)
+		}
+	}
+	runScriptCases(t, []scriptCase{{
+		name:       "unscheduled key is scheduled",
+		run:        after("k", 5000),
+		wantResult: "1",
+		want:       rawShard{delayed: map[string]int64{"k": 5000}},
+	}, {
+		name:       "earlier schedule is kept",
+		init:       rawShard{delayed: map[string]int64{"k": 3000}},
+		run:        after("k", 5000),
+		wantResult: "1",
+		want:       rawShard{delayed: map[string]int64{"k": 3000}},
+	}, {
+		name:       "later schedule is brought forward",
+		init:       rawShard{delayed: map[string]int64{"k": 9000}},
+		run:        after("k", 5000),
+		wantResult: "1",
+		want:       rawShard{delayed: map[string]int64{"k": 5000}},
+	}})
+}
+
+func TestForwardScript(t *testing.T) {
+	forward := func(now int64, limit int) func(context.Context, *redis.Client, map[string]string) *redis.Cmd {
+		return func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
+			return forwardScript.Run(ctx, rdb, []string{streamKey(0), stateKey(0), delayedKey(0)}, now, limit)
+		}
+	}
+	runScriptCases(t, []scriptCase{{
+		name: "due keys are added, others wait",
+		init: rawShard{
+			waiting: []string{"w"}, pending: map[string]string{"busy": "c1"},
+			state:   map[string]string{"w": "q", "busy": "a"},
+			delayed: map[string]int64{"due": 4000, "w": 1000, "busy": 5000, "later": 6000},
+		},
+		run:        forward(5000, 1000),
+		wantResult: "3",
+		want: rawShard{
+			waiting: []string{"w", "due"}, pending: map[string]string{"busy": "c1"},
+			state:   map[string]string{"w": "q", "busy": "d", "due": "q"},
+			delayed: map[string]int64{"later": 6000},
+		},
+	}, {
+		name:       "at most the limit, earliest first",
+		init:       rawShard{delayed: map[string]int64{"a": 2000, "b": 1000}},
+		run:        forward(5000, 1),
+		wantResult: "1",
+		want:       rawShard{waiting: []string{"b"}, state: map[string]string{"b": "q"}, delayed: map[string]int64{"a": 2000}},
+	}, {
+		name:       "nothing due",
+		init:       rawShard{delayed: map[string]int64{"a": 5001}},
+		run:        forward(5000, 1000),
+		wantResult: "0",
+		want:       rawShard{delayed: map[string]int64{"a": 5001}},
+	}})
+}
+
+// begin's ARGV: group, consumer, id, key, max deliveries 3, now, dead-letter cap.
+func beginAs(consumer, key string) func(context.Context, *redis.Client, map[string]string) *redis.Cmd {
+	return func(ctx context.Context, rdb *redis.Client, ids map[string]string) *redis.Cmd {
+		c := &Consumer{}
+		return beginScript.Run(ctx, rdb, c.shardKeys(0), tableGroup, consumer, ids[key], key, 3, 1000, 100)
+	}
+}
+
+const neverFinished = "its handler never finished (the worker died or timed out)"
+
+func TestBeginScript(t *testing.T) {
+	runScriptCases(t, []scriptCase{{
+		name:       "first delivery gets a fence and attempt 1",
+		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "q"}},
+		run:        beginAs("c1", "k"),
+		wantResult: "[ok 1 1]",
+		want: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a"},
+			attempts: map[string]string{"k": "1"}, fence: "1"},
+	}, {
+		name: "a failed key counts on; the fence grows for the shard",
+		init: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "q"},
+			attempts: map[string]string{"k": "2"}, lastErr: map[string]string{"k": "boom"}, fence: "41"},
+		run:        beginAs("c1", "k"),
+		wantResult: "[ok 42 3]",
+		want: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a"},
+			attempts: map[string]string{"k": "3"}, lastErr: map[string]string{"k": "boom"}, fence: "42"},
+	}, {
+		name: "a reclaimed message of a key marked to run again begins (the run sees the newest state)",
+		init: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d"},
+			attempts: map[string]string{"k": "1"}, fence: "5"},
+		run:        beginAs("c1", "k"),
+		wantResult: "[ok 6 2]",
+		want: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a"},
+			attempts: map[string]string{"k": "2"}, fence: "6"},
+	}, {
+		name:       "a message another consumer owns is lost",
+		init:       rawShard{pending: map[string]string{"k": "c2"}, state: map[string]string{"k": "q"}},
+		run:        beginAs("c1", "k"),
+		wantResult: "[lost]",
+		want:       rawShard{pending: map[string]string{"k": "c2"}, state: map[string]string{"k": "q"}},
+	}, {
+		name:       "a message delivered to nobody is lost",
+		init:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}},
+		run:        beginAs("c1", "k"),
+		wantResult: "[lost]",
+		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}},
+	}, {
+		name: "past the delivery limit the key is dead-lettered with its last error",
+		init: rawShard{pending: map[string]string{"k": "c1", "x": "c1"}, state: map[string]string{"k": "q", "x": "a"},
+			attempts: map[string]string{"k": "3", "x": "1"}, lastErr: map[string]string{"k": "boom", "x": "other"}, fence: "7"},
+		run:        beginAs("c1", "k"),
+		wantResult: "[dead boom 3]",
+		want: rawShard{pending: map[string]string{"x": "c1"}, state: map[string]string{"x": "a"},
+			attempts: map[string]string{"x": "1"}, lastErr: map[string]string{"x": "other"},
+			dead: []string{"k|boom|3"}, fence: "7"},
+	}, {
+		name: "past the limit without an error: deliveries to dead workers counted",
+		init: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a"},
+			attempts: map[string]string{"k": "3"}},
+		run:        beginAs("c1", "k"),
+		wantResult: "[dead " + neverFinished + " 3]",
+		want:       rawShard{dead: []string{"k|" + neverFinished + "|3"}},
+	}})
+}
+
+// finish's KEYS and ARGV as consumer.finish passes them.
+func finishAs(consumer, key, status, errText string, at int64) func(context.Context, *redis.Client, map[string]string) *redis.Cmd {
+	return func(ctx context.Context, rdb *redis.Client, ids map[string]string) *redis.Cmd {
+		return finishScript.Run(ctx, rdb, []string{streamKey(0), stateKey(0), attemptsKey(0), delayedKey(0), lastErrorKey(0)},
+			tableGroup, consumer, ids[key], key, status, errText, at)
+	}
+}
+
+func TestFinishScript(t *testing.T) {
+	handling := func(extra rawShard) rawShard {
+		extra.pending = map[string]string{"k": "c1"}
+		if extra.state == nil {
+			extra.state = map[string]string{"k": "a"}
+		}
+		return extra
+	}
+	runScriptCases(t, []scriptCase{{
+		name:       "success acknowledges, deletes and resets the attempts",
+		init:       handling(rawShard{attempts: map[string]string{"k": "2"}, lastErr: map[string]string{"k": "boom"}}),
+		run:        finishAs("c1", "k", "ok", "", 0),
+		wantResult: "ok",
+		want:       rawShard{},
+	}, {
+		name:       "failure keeps the attempts and error and schedules the retry",
+		init:       handling(rawShard{attempts: map[string]string{"k": "2"}, lastErr: map[string]string{"k": "old"}}),
+		run:        finishAs("c1", "k", "failed", "boom", 7000),
+		wantResult: "ok",
+		want:       rawShard{attempts: map[string]string{"k": "2"}, lastErr: map[string]string{"k": "boom"}, delayed: map[string]int64{"k": 7000}},
+	}, {
+		name:       "run again later",
+		init:       handling(rawShard{attempts: map[string]string{"k": "1"}}),
+		run:        finishAs("c1", "k", "ok", "", 7000),
+		wantResult: "ok",
+		want:       rawShard{delayed: map[string]int64{"k": 7000}},
+	}, {
+		name:       "an earlier schedule is kept",
+		init:       handling(rawShard{delayed: map[string]int64{"k": 3000}}),
+		run:        finishAs("c1", "k", "ok", "", 7000),
+		wantResult: "ok",
+		want:       rawShard{delayed: map[string]int64{"k": 3000}},
+	}, {
+		name:       "added while handled: one new message",
+		init:       handling(rawShard{state: map[string]string{"k": "d"}, attempts: map[string]string{"k": "1"}}),
+		run:        finishAs("c1", "k", "ok", "", 7000),
+		wantResult: "ok",
+		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}},
+	}, {
+		name:       "failed and added while handled: error kept, runs now",
+		init:       handling(rawShard{state: map[string]string{"k": "d"}, attempts: map[string]string{"k": "1"}}),
+		run:        finishAs("c1", "k", "failed", "boom", 7000),
+		wantResult: "ok",
+		want: rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"},
+			attempts: map[string]string{"k": "1"}, lastErr: map[string]string{"k": "boom"}},
+	}, {
+		name:       "lost lease changes nothing",
+		init:       rawShard{pending: map[string]string{"k": "c2"}, state: map[string]string{"k": "a"}, attempts: map[string]string{"k": "2"}},
+		run:        finishAs("c1", "k", "ok", "", 0),
+		wantResult: "lost",
+		want:       rawShard{pending: map[string]string{"k": "c2"}, state: map[string]string{"k": "a"}, attempts: map[string]string{"k": "2"}},
+	}})
+}
+
+func TestBuryScript(t *testing.T) {
+	bury := func(consumer string) func(context.Context, *redis.Client, map[string]string) *redis.Cmd {
+		return func(ctx context.Context, rdb *redis.Client, ids map[string]string) *redis.Cmd {
+			c := &Consumer{}
+			return buryScript.Run(ctx, rdb, c.shardKeys(0), tableGroup, consumer, ids["k"], "k", "bad input", 2, 1000, 100)
+		}
+	}
+	init := rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d"},
+		attempts: map[string]string{"k": "2"}, lastErr: map[string]string{"k": "boom"}}
+	runScriptCases(t, []scriptCase{{
+		name:       "terminal error dead-letters at once",
+		init:       init,
+		run:        bury("c1"),
+		wantResult: "ok",
+		want:       rawShard{dead: []string{"k|bad input|2"}},
+	}, {
+		name:       "lost lease changes nothing",
+		init:       init,
+		run:        bury("c2"),
+		wantResult: "lost",
+		want:       init,
+	}})
+}
+
+func TestRequeueDeadScript(t *testing.T) {
+	requeue := func(id string) func(context.Context, *redis.Client, map[string]string) *redis.Cmd {
+		return func(ctx context.Context, rdb *redis.Client, ids map[string]string) *redis.Cmd {
+			if real, ok := ids[id]; ok {
+				id = real
+			}
+			return requeueDeadScript.Run(ctx, rdb, []string{streamKey(0), stateKey(0), deadKey(0)}, id)
+		}
+	}
+	runScriptCases(t, []scriptCase{{
+		name:       "dead letter goes back to the stream",
+		init:       rawShard{dead: []string{"k|boom|3", "x|bad|1"}},
+		run:        requeue("dead:k"),
+		wantResult: "k",
+		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}, dead: []string{"x|bad|1"}},
+	}, {
+		name:       "key added again meanwhile is not doubled",
+		init:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}, dead: []string{"k|boom|3"}},
+		run:        requeue("dead:k"),
+		wantResult: "k",
+		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}},
+	}, {
+		name:       "unknown id",
+		init:       rawShard{dead: []string{"k|boom|3"}},
+		run:        requeue("1-1"),
+		wantResult: "nil",
+		want:       rawShard{dead: []string{"k|boom|3"}},
+	}})
+}
+
+func TestRenewScript(t *testing.T) {
+	ctx := context.Background()
+	rdb := redisServer.Client(t)
+	q, err := New(rdb, Options{Shards: 1, Group: tableGroup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ids := seedShard(t, rdb, rawShard{pending: map[string]string{"mine": "c1", "theirs": "c2"}})
+	// Both messages have gone unrenewed for 100s.
+	for key, c := range map[string]string{"mine": "c1", "theirs": "c2"} {
+		if err := rdb.Do(ctx, "XCLAIM", streamKey(0), tableGroup, c, 0, ids[key], "IDLE", 100_000, "JUSTID").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	renew := func(consumer, key string) int64 {
+		n, err := renewScript.Run(ctx, rdb, []string{streamKey(0)}, tableGroup, consumer, ids[key]).Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	pendingOf := func(key string) redis.XPendingExt {
+		p := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: streamKey(0), Group: tableGroup, Start: ids[key], End: ids[key], Count: 1}).Val()
+		if len(p) != 1 {
+			t.Fatalf("%s is not pending", key)
+		}
+		return p[0]
+	}
+	if n := renew("c1", "mine"); n != 1 {
+		t.Errorf("renewing an owned message = %d, want 1", n)
+	}
+	if p := pendingOf("mine"); p.Idle > 50*time.Second || p.Consumer != "c1" || p.RetryCount != 1 {
+		t.Errorf("after renewal: %+v, want idle reset, owner c1, delivery count 1", p)
+	}
+	if n := renew("c1", "theirs"); n != 0 {
+		t.Errorf("renewing another consumer's message = %d, want 0", n)
+	}
+	if p := pendingOf("theirs"); p.Idle < 50*time.Second || p.Consumer != "c2" {
+		t.Errorf("a failed renewal changed the message: %+v", p)
+	}
+}
+
+func TestPruneConsumersScript(t *testing.T) {
+	ctx := context.Background()
+	rdb := redisServer.Client(t)
+	q, err := New(rdb, Options{Shards: 1, Group: tableGroup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"ghost", "ghost2", "self"} {
+		if err := rdb.XGroupCreateConsumer(ctx, streamKey(0), tableGroup, c).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seedShard(t, rdb, rawShard{pending: map[string]string{"k": "holder"}})
+	consumers := func() map[string]int64 {
+		cs, err := rdb.XInfoConsumers(ctx, streamKey(0), tableGroup).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]int64{}
+		for _, c := range cs {
+			out[c.Name] = c.Pending
+		}
+		return out
+	}
+	eventually(t, waitLimit, func() bool {
+		cs, _ := rdb.XInfoConsumers(ctx, streamKey(0), tableGroup).Result()
+		for _, c := range cs {
+			if c.Idle < 30*time.Millisecond {
+				return false
+			}
+		}
+		return true
+	}, "consumers idle for 30ms")
+	prune := func(limit time.Duration) int64 {
+		n, err := pruneConsumersScript.Run(ctx, rdb, []string{streamKey(0)}, tableGroup, limit.Milliseconds(), "self").Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := prune(time.Hour); n != 0 {
+		t.Errorf("pruned %d consumers idle less than the limit", n)
+	}
+	if got, want := consumers(), map[string]int64{"ghost": 0, "ghost2": 0, "self": 0, "holder": 1}; !reflect.DeepEqual(got, want) {
+		t.Errorf("consumers = %v, want %v", got, want)
+	}
+	if n := prune(10 * time.Millisecond); n != 2 {
+		t.Errorf("pruned %d consumers, want 2", n)
+	}
+	// The holder is as idle as the ghosts but keeps its pending message; the caller stays.
+	if got, want := consumers(), map[string]int64{"self": 0, "holder": 1}; !reflect.DeepEqual(got, want) {
+		t.Errorf("consumers = %v, want %v", got, want)
+	}
+	if n := pendingCount(t, rdb, q, 0); n != 1 {
+		t.Errorf("pending = %d, want 1", n)
+	}
+}
