@@ -2,6 +2,8 @@
 //
 //	computeql [all]   everything in one process (embedded Redis unless --redis is given)
 //	computeql api     the GraphQL API only (needs --redis)
+//	computeql worker  reconcile instances, with the simulated region's clock (needs --redis)
+//	computeql region  the simulated region's clock alone (needs --redis)
 //	computeql token   mint a signed token
 //
 // Every flag can also be set as an environment variable COMPUTEQL_<FLAG>, e.g. COMPUTEQL_REDIS.
@@ -19,6 +21,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -29,8 +32,10 @@ import (
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/queue"
 	"github.com/computeql/computeql/region"
+	"github.com/computeql/computeql/region/sim"
 	"github.com/computeql/computeql/server"
 	"github.com/computeql/computeql/store"
+	"github.com/computeql/computeql/worker"
 )
 
 func main() {
@@ -48,6 +53,7 @@ type config struct {
 	redisURL    string
 	catalog     string
 	tokenSecret string
+	buildDelay  time.Duration
 }
 
 // flags defines the shared flags, each defaulting to its COMPUTEQL_<FLAG> environment variable.
@@ -63,6 +69,11 @@ func flags(name string, c *config) *flag.FlagSet {
 	fs.StringVar(&c.redisURL, "redis", env("redis", ""), "Redis URL, e.g. redis://127.0.0.1:6379/0 (none: an embedded in-memory Redis)")
 	fs.StringVar(&c.catalog, "catalog", env("catalog", ""), "catalogue file (JSON; none: the built-in demo catalogue)")
 	fs.StringVar(&c.tokenSecret, "token-secret", env("token-secret", ""), "HS256 secret for bearer tokens, at least 32 bytes (none: a random one, printed tokens only)")
+	delay, err := time.ParseDuration(env("build-delay", "2s"))
+	if err != nil {
+		delay = 2 * time.Second
+	}
+	fs.DurationVar(&c.buildDelay, "build-delay", delay, "how long the simulated region takes to build a server")
 	return fs
 }
 
@@ -72,11 +83,11 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		role, args = args[0], args[1:]
 	}
 	switch role {
-	case "all", "api":
+	case "all", "api", "worker", "region":
 		return serve(ctx, role, args, out)
 	case "token":
 		return mintToken(args, out)
-	case "worker", "region", "bench":
+	case "bench":
 		return fmt.Errorf("the %s role is not available yet in this version", role)
 	default:
 		return fmt.Errorf("unknown command %q (want all, api, worker, region, token or bench)", role)
@@ -89,8 +100,8 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if role == "api" && c.redisURL == "" {
-		return errors.New("api needs --redis: separate roles share nothing but Redis")
+	if role != "all" && c.redisURL == "" {
+		return fmt.Errorf("%s needs --redis: separate roles share nothing but Redis", role)
 	}
 	cat := region.Demo()
 	if c.catalog != "" {
@@ -124,23 +135,96 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	if err := q.Setup(ctx); err != nil {
 		return err
 	}
+	// Every role but api drives the simulated region's clock: several clocks are safe, and
+	// the region keeps moving as long as any process runs.
+	var sims *sim.Sim
+	if role != "api" {
+		if sims, err = sim.New(rdb, sim.Options{Catalog: cat, BuildDelay: c.buildDelay}); err != nil {
+			return err
+		}
+	}
+	var wk *worker.Worker
+	if role == "all" || role == "worker" {
+		orgs := make([]string, len(cat.Organizations))
+		for i, o := range cat.Organizations {
+			orgs[i] = o.ID
+		}
+		wk, err = worker.New(worker.Options{
+			Store: st, Region: sims, Queue: q, Logger: log,
+			Organizations: func() []string { return orgs },
+		})
+		if err != nil {
+			return err
+		}
+	}
+	var srv *http.Server
+	var ln net.Listener
+	if role == "all" || role == "api" {
+		if srv, ln, err = apiServer(ctx, c, cat, st, q, keys, rdb, log); err != nil {
+			return err
+		}
+		if role == "all" {
+			if err := printWelcome(out, keys, cat, ln.Addr().String(), c.redisURL == ""); err != nil {
+				return err
+			}
+		}
+		log.Info("serving", "role", role, "addr", ln.Addr().String())
+	}
+
+	// Shutdown order: the HTTP server stops accepting and finishes in-flight requests; the
+	// worker finishes in-flight reconciles within its deadline; the region's clock stops;
+	// Redis is closed last (deferred above), as everything before may still use it.
+	var wg sync.WaitGroup
+	errc := make(chan error, 3)
+	if srv != nil {
+		wg.Go(func() {
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		})
+		wg.Go(func() {
+			<-ctx.Done()
+			shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			if err := srv.Shutdown(shutdownCtx); err != nil {
+				errc <- fmt.Errorf("shutdown: %w", err)
+			}
+		})
+	}
+	if wk != nil {
+		wg.Go(func() { errc <- wk.Start(ctx) })
+	}
+	if sims != nil {
+		wg.Go(func() { errc <- sims.Run(ctx) })
+	}
+	wg.Wait()
+	close(errc)
+	var errs []error
+	for err := range errc {
+		errs = append(errs, err)
+	}
+	log.Info("stopped", "role", role)
+	return errors.Join(errs...)
+}
+
+// apiServer builds the HTTP server of the API role and its listener.
+func apiServer(ctx context.Context, c config, cat *region.Catalog, st *store.Store, q *queue.Queue, keys *auth.Keys, rdb redis.UniversalClient, log *slog.Logger) (*http.Server, net.Listener, error) {
 	svc, err := instance.NewService(instance.Options{Catalog: cat, Store: st, Queue: q, Logger: log})
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	h, err := server.New(server.Options{
 		Service: svc, Keys: keys, Logger: log,
 		Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
 	})
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-
 	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	srv := &http.Server{
+	return &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
@@ -148,30 +232,7 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
-	}
-	if role == "all" {
-		if err := printWelcome(out, keys, cat, ln.Addr().String(), c.redisURL == ""); err != nil {
-			return err
-		}
-	}
-	log.Info("serving", "role", role, "addr", ln.Addr().String())
-
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	// Shutdown order: stop accepting and let in-flight requests finish, then close Redis
-	// (deferred above), which they may still be using.
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
-		return fmt.Errorf("shutdown: %w", err)
-	}
-	log.Info("stopped")
-	return nil
+	}, ln, nil
 }
 
 // connect returns a client of the Redis at url, or of an embedded in-memory Redis when url is

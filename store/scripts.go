@@ -96,4 +96,48 @@ applyCharge(KEYS[2], 5)
 return {'ok'}
 `)
 
-var scripts = []*redis.Script{createScript, updateSpecScript}
+// writeStatusScript writes the status if the status version is unchanged, and then increases
+// it. The generation is not compared: a worker's status may follow a spec the user has changed
+// since, and the status's observedGeneration says which generation it realised.
+//
+// KEYS[1] instance
+// ARGV[1] expected status version, ARGV[2] status JSON
+// Returns 1 when written, 0 when the status version moved on, -1 when the instance is gone.
+var writeStatusScript = redis.NewScript(`
+local sv = redis.call('HGET', KEYS[1], 'sv')
+if not sv then
+  return -1
+end
+if sv ~= ARGV[1] then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'status', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'sv', 1)
+return 1
+`)
+
+// forgetScript is the last stage of deprovisioning, run once the backing server is gone: if
+// the generation is unchanged it releases the instance's charge, frees its name claim (only
+// while the claim still holds the instance's id), deletes the instance and removes it from
+// both indexes, all or nothing. A forgotten instance is gone, so a second run changes nothing
+// and the charge is never released twice.
+//
+// KEYS[1] instance, KEYS[2] claim, KEYS[3] org index, KEYS[4] project index, KEYS[5] quota
+// ARGV[1] expected generation, ARGV[2] id, ARGV[3..] the charge to release (negative amounts)
+// Returns 1 when forgotten, 0 when the instance is gone or its generation moved on.
+var forgetScript = redis.NewScript(quotaLua + `
+local gen = redis.call('HGET', KEYS[1], 'gen')
+if gen ~= ARGV[1] then
+  return 0
+end
+applyCharge(KEYS[5], 3)
+if redis.call('GET', KEYS[2]) == ARGV[2] then
+  redis.call('DEL', KEYS[2])
+end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[3], ARGV[2])
+redis.call('ZREM', KEYS[4], ARGV[2])
+return 1
+`)
+
+var scripts = []*redis.Script{createScript, updateSpecScript, writeStatusScript, forgetScript}

@@ -113,6 +113,44 @@ func (s *Store) UpdateSpec(ctx context.Context, inst *instance.Instance, delta, 
 	return parseRefusals(reply)
 }
 
+// WriteStatus writes the status with writeStatusScript if the stored status version is still
+// inst.StatusVersion, and then increases it; the generation is not compared, so a status
+// written for an older spec is kept (its ObservedGeneration says which spec it realised).
+// written is false, with no error, when the status version moved on or the instance is gone:
+// a stale writer never overwrites a newer status. inst is not changed.
+func (s *Store) WriteStatus(ctx context.Context, inst *instance.Instance, status instance.Status) (written bool, err error) {
+	statusJSON, err := json.Marshal(&status)
+	if err != nil {
+		return false, fmt.Errorf("write status: encode status: %w", err)
+	}
+	keys := []string{instanceKey(inst.OrganizationID, inst.ID)}
+	reply, err := writeStatusScript.Run(ctx, s.rdb, keys, inst.StatusVersion, statusJSON).Int()
+	if err != nil {
+		return false, fmt.Errorf("write status: %w", err)
+	}
+	return reply == 1, nil
+}
+
+// Forget is the last stage of deprovisioning, for once the backing server is gone: with
+// forgetScript it releases inst.Charge, frees the name claim if it still holds inst.ID,
+// deletes the instance and removes it from the organization and project indexes, all in one
+// step, if the stored generation is still inst.Generation. It returns false, having changed
+// nothing, when the instance is gone (e.g. already forgotten) or its generation moved on.
+func (s *Store) Forget(ctx context.Context, inst *instance.Instance) (bool, error) {
+	org := inst.OrganizationID
+	keys := []string{
+		instanceKey(org, inst.ID), claimKey(org, instance.NameClaim(inst.NetworkID, inst.Name)),
+		orgIndexKey(org), projectIndexKey(org, inst.ProjectID), quotaKey(org),
+	}
+	// Releasing is charging the negated amounts; limits only matter for positive amounts.
+	args := chargeArgs([]any{inst.Generation, inst.ID}, quota.Amounts{}.Sub(inst.Charge), nil)
+	reply, err := forgetScript.Run(ctx, s.rdb, keys, args...).Int()
+	if err != nil {
+		return false, fmt.Errorf("forget: %w", err)
+	}
+	return reply == 1, nil
+}
+
 // parseRefusals reads the refusal list the scripts return; an empty list is success.
 func parseRefusals(reply []string) (*instance.Refusal, error) {
 	if len(reply) == 0 {

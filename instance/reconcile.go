@@ -1,0 +1,130 @@
+package instance
+
+import (
+	"bytes"
+	"slices"
+	"time"
+
+	"github.com/computeql/computeql/region"
+)
+
+// The rules of reconciling an instance against its backing server (DOMAIN.md §5). Workers
+// apply them; the decisions live here with the other rules.
+
+// ServerSpec is the server that realises the instance's desired state, carrying the reserved
+// tag that links it back.
+func (i *Instance) ServerSpec() region.ServerSpec {
+	return region.ServerSpec{
+		Scope:                     i.Scope(),
+		Name:                      i.Name,
+		FlavorID:                  i.FlavorID,
+		ImageID:                   i.ImageID,
+		SSHCertificateAuthorityID: i.SSHCertificateAuthorityID,
+		UserData:                  i.UserData,
+		Networking:                region.ServerNetworking(i.Networking),
+		Tags:                      map[string]string{region.InstanceTag: i.ID},
+	}
+}
+
+// Scope is where the instance's server is looked for.
+func (i *Instance) Scope() region.Scope {
+	return region.Scope{OrganizationID: i.OrganizationID, ProjectID: i.ProjectID, RegionID: i.RegionID, NetworkID: i.NetworkID}
+}
+
+// RebuildNeeded lists the fields in which the server differs from the instance in a way only
+// a new server can realise: its disk, IPs and MAC are lost.
+func (i *Instance) RebuildNeeded(s *region.Server) []string {
+	var fields []string
+	if s.FlavorID != i.FlavorID {
+		fields = append(fields, "flavorId")
+	}
+	if s.ImageID != i.ImageID {
+		fields = append(fields, "imageId")
+	}
+	if s.SSHCertificateAuthorityID != i.SSHCertificateAuthorityID {
+		fields = append(fields, "sshCertificateAuthorityId")
+	}
+	if !bytes.Equal(s.UserData, i.UserData) {
+		fields = append(fields, "userData")
+	}
+	return fields
+}
+
+// NetworkingDiffers reports whether the server's networking, which changes in place, differs.
+func (i *Instance) NetworkingDiffers(s *region.Server) bool {
+	a, b := i.Networking, s.Networking
+	return a.PublicIP != b.PublicIP || !slices.Equal(a.SecurityGroupIDs, b.SecurityGroupIDs) ||
+		!slices.Equal(a.AllowedSourceAddresses, b.AllowedSourceAddresses)
+}
+
+var powerOf = map[region.ServerState]PowerState{
+	region.ServerPending:  PowerQueued,
+	region.ServerBuilding: PowerBuilding,
+	region.ServerRunning:  PowerRunning,
+	region.ServerStopping: PowerStopping,
+	region.ServerStopped:  PowerStopped,
+	region.ServerDeleting: PowerStopping,
+	region.ServerError:    PowerError,
+}
+
+var healthOf = map[region.ServerHealth]HealthStatus{
+	region.HealthUnknown:  HealthUnknown,
+	region.HealthHealthy:  HealthHealthy,
+	region.HealthDegraded: HealthDegraded,
+	region.HealthError:    HealthError,
+}
+
+// Observe returns the status that projects the server onto the instance: power state, IPs,
+// MAC and health come from the server, and the region is the truth for them. A server the
+// region reports in error makes the instance ERROR with the region's message. The generation
+// counts as realised once the server matches the spec and has settled.
+func (i *Instance) Observe(s *region.Server, now time.Time) Status {
+	st := i.Status
+	st.Conditions = slices.Clone(i.Status.Conditions)
+	st.PowerState = powerOf[s.State]
+	st.HealthStatus = healthOf[s.Health]
+	st.PrivateIP, st.PublicIP, st.MACAddress = s.PrivateIP, s.PublicIP, s.MAC
+	switch {
+	case s.State == region.ServerError:
+		st.ProvisioningStatus = ProvisioningError
+		msg := s.Message
+		if msg == "" {
+			msg = "The region reports the server in error."
+		}
+		st.setCondition(Condition{Type: ConditionAvailable, Status: ConditionFalse, Reason: ReasonErrored, Message: msg, LastTransitionTime: now})
+	case s.State.Provisioning() || s.State == region.ServerDeleting:
+		st.ProvisioningStatus = ProvisioningProvisioning
+		st.setCondition(Condition{Type: ConditionAvailable, Status: ConditionFalse, Reason: ReasonProvisioning, Message: "The server is being built.", LastTransitionTime: now})
+	default:
+		st.ProvisioningStatus = ProvisioningProvisioned
+		st.setCondition(Condition{Type: ConditionAvailable, Status: ConditionTrue, Reason: ReasonProvisioned, Message: "The server is " + string(s.State) + ".", LastTransitionTime: now})
+		if len(i.RebuildNeeded(s)) == 0 && !i.NetworkingDiffers(s) {
+			st.ObservedGeneration = i.Generation
+		}
+	}
+	return st
+}
+
+// Awaiting returns the status while the instance waits for a server being created or
+// rebuilt: provisioning, with the reason saying which.
+func (i *Instance) Awaiting(reason, message string, now time.Time) Status {
+	st := i.Status
+	st.Conditions = slices.Clone(i.Status.Conditions)
+	st.ProvisioningStatus = ProvisioningProvisioning
+	st.PowerState = PowerPending
+	st.PrivateIP, st.PublicIP, st.MACAddress = "", "", ""
+	st.setCondition(Condition{Type: ConditionAvailable, Status: ConditionFalse, Reason: reason, Message: message, LastTransitionTime: now})
+	return st
+}
+
+// Failed returns the status after reconciling failed: an Errored condition with a message safe
+// for users. The provisioning status becomes ERROR only when the failure is final.
+func (i *Instance) Failed(message string, final bool, now time.Time) Status {
+	st := i.Status
+	st.Conditions = slices.Clone(i.Status.Conditions)
+	if final {
+		st.ProvisioningStatus = ProvisioningError
+	}
+	st.setCondition(Condition{Type: ConditionAvailable, Status: ConditionFalse, Reason: ReasonErrored, Message: message, LastTransitionTime: now})
+	return st
+}

@@ -1,0 +1,128 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// InstanceTag is the reserved tag that links a server to the instance it realises. The instance
+// stores no server id: the server is found by this tag within the instance's scope.
+const InstanceTag = "compute/instance-id"
+
+// ServerState is what the region says a server is doing.
+type ServerState string
+
+// Server states. PENDING and BUILDING are provisioning; DELETING is on its way out.
+const (
+	ServerPending  ServerState = "PENDING"
+	ServerBuilding ServerState = "BUILDING"
+	ServerRunning  ServerState = "RUNNING"
+	ServerStopping ServerState = "STOPPING"
+	ServerStopped  ServerState = "STOPPED"
+	ServerDeleting ServerState = "DELETING"
+	ServerError    ServerState = "ERROR"
+)
+
+// Provisioning reports whether the region is still bringing the server up.
+func (s ServerState) Provisioning() bool { return s == ServerPending || s == ServerBuilding }
+
+// ServerHealth is the region's view of a server's health.
+type ServerHealth string
+
+// Server health.
+const (
+	HealthUnknown  ServerHealth = "UNKNOWN"
+	HealthHealthy  ServerHealth = "HEALTHY"
+	HealthDegraded ServerHealth = "DEGRADED"
+	HealthError    ServerHealth = "ERROR"
+)
+
+// ServerNetworking is how a server is reachable; the region applies changes to it in place.
+type ServerNetworking struct {
+	SecurityGroupIDs       []string `json:"securityGroupIds,omitempty"`
+	PublicIP               bool     `json:"publicIP,omitempty"`
+	AllowedSourceAddresses []string `json:"allowedSourceAddresses,omitempty"`
+}
+
+// Scope narrows server lookups: every field must match.
+type Scope struct {
+	OrganizationID string `json:"organizationId"`
+	ProjectID      string `json:"projectId"`
+	RegionID       string `json:"region"`
+	NetworkID      string `json:"networkId"`
+}
+
+// ServerSpec is what a server is created with. Changing anything but Networking needs a new
+// server.
+type ServerSpec struct {
+	Scope
+	Name                      string            `json:"name"`
+	FlavorID                  string            `json:"flavorId"`
+	ImageID                   string            `json:"imageId"`
+	SSHCertificateAuthorityID string            `json:"sshCertificateAuthorityId,omitempty"`
+	UserData                  []byte            `json:"userData,omitempty"`
+	Networking                ServerNetworking  `json:"networking"`
+	Tags                      map[string]string `json:"tags"`
+}
+
+// Server is a virtual machine in a region: the hidden execution primitive behind an instance.
+type Server struct {
+	ID string `json:"id"`
+	ServerSpec
+	State  ServerState  `json:"state"`
+	Health ServerHealth `json:"health"`
+	// Message is the region's own, user-safe word on the state (e.g. why a build failed).
+	Message   string    `json:"message,omitempty"`
+	PrivateIP string    `json:"privateIP,omitempty"`
+	PublicIP  string    `json:"publicIP,omitempty"`
+	MAC       string    `json:"mac,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+}
+
+// EventKind says what happened to a server.
+type EventKind string
+
+// Server event kinds.
+const (
+	ServerCreated EventKind = "created"
+	ServerUpdated EventKind = "updated"
+	ServerDeleted EventKind = "deleted"
+)
+
+// Event is a change of a server, as a region's watch reports it.
+type Event struct {
+	// Cursor is the position of the event; watching after it resumes with the next one.
+	Cursor   string
+	Kind     EventKind
+	ServerID string
+	// Scope and Tags are the server's, so its owner can be found without a lookup.
+	Scope Scope
+	Tags  map[string]string
+}
+
+// Errors a region reports; callers tell them apart with errors.Is.
+var (
+	// ErrServerNotFound: no server with that id.
+	ErrServerNotFound = errors.New("server not found")
+	// ErrUnavailable: the region failed to answer; retrying may help.
+	ErrUnavailable = errors.New("region unavailable")
+)
+
+// Client is a cloud region as workers see it. Every call acts at once and returns the state
+// the region accepted; the state then evolves on its own and every change is reported by Watch.
+type Client interface {
+	// FindServers returns the servers in scope carrying the tag with the value. The lookup is
+	// direct (an index by tag), never a listing of everything.
+	FindServers(ctx context.Context, scope Scope, tag, value string) ([]Server, error)
+	// CreateServer starts building a server.
+	CreateServer(ctx context.Context, spec ServerSpec) (Server, error)
+	// UpdateNetworking changes a server's networking in place.
+	UpdateNetworking(ctx context.Context, id string, n ServerNetworking) (Server, error)
+	// DeleteServer starts deleting a server; it is gone once Watch reports it deleted.
+	// Deleting a server that is gone already is not an error.
+	DeleteServer(ctx context.Context, id string) error
+	// Watch calls fn for every server event after the cursor ("" for events from now on), in
+	// order, until ctx ends or fn returns an error.
+	Watch(ctx context.Context, after string, fn func(Event) error) error
+}

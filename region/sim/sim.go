@@ -1,0 +1,471 @@
+// Package sim is a simulated cloud region: servers that build, run, stop and get deleted on
+// their own schedule, with private IPs from their network's prefix, MACs and public IPs, an
+// index by tag, an event stream of every change, and injectable faults. Its state lives in
+// Redis, so every process of a deployment sees the same region. It implements region.Client.
+package sim
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/computeql/computeql/region"
+)
+
+// All keys share the hash tag {sim}: the simulator's whole state is one Redis Cluster slot,
+// which keeps its transactions simple. It stands in for an external cloud, not for load.
+const prefix = "sim:{sim}:"
+
+func serverKey(id string) string      { return prefix + "srv:" + id }
+func tagKey(tag, value string) string { return prefix + "tag:" + tag + "=" + value }
+func ipsKey(network string) string    { return prefix + "ips:" + network }
+
+const (
+	dueKey    = prefix + "due"    // sorted set: server id → when its next transition is due (Unix ms)
+	eventsKey = prefix + "events" // stream of server events
+	publicSeq = prefix + "pubseq" // counter for public IPs
+	eventsCap = 100_000           // events kept (approximately)
+	dueBatch  = 500               // transitions applied per tick at most
+	macPrefix = "fa:16:3e"        // the OpenStack prefix, so MACs look familiar
+)
+
+// Faults make the simulated region misbehave on purpose.
+type Faults struct {
+	// ErrorRate is the fraction of calls that fail with region.ErrUnavailable.
+	ErrorRate float64 `json:"errorRate,omitempty"`
+	// SlowCalls is added to every call.
+	SlowCalls time.Duration `json:"slowCalls,omitempty"`
+	// FailBuildPrefix makes servers whose name starts with it end in ERROR instead of RUNNING.
+	FailBuildPrefix string `json:"failBuildPrefix,omitempty"`
+	// DuplicateCreates makes every create make two servers, as a retried cloud call can.
+	DuplicateCreates bool `json:"duplicateCreates,omitempty"`
+}
+
+// Options configure a simulated region.
+type Options struct {
+	// Catalog gives networks their prefixes. Required.
+	Catalog *region.Catalog
+	// BuildDelay is how long a server builds before it runs. Defaults to 0: at the next tick.
+	BuildDelay time.Duration
+	// DeleteDelay is how long deletion takes. Defaults to 0: at the next tick.
+	DeleteDelay time.Duration
+	// Tick is how often due transitions are applied. Defaults to 10ms.
+	Tick time.Duration
+	// Faults to inject. Defaults to none.
+	Faults Faults
+	// Now defaults to time.Now.
+	Now func() time.Time
+}
+
+// Sim is a simulated region. Its methods are safe for concurrent use; Run drives its clock.
+type Sim struct {
+	rdb  redis.UniversalClient
+	opts Options
+}
+
+var _ region.Client = (*Sim)(nil)
+
+// New returns a simulated region on the client.
+func New(rdb redis.UniversalClient, opts Options) (*Sim, error) {
+	if opts.Catalog == nil {
+		return nil, errors.New("sim: Catalog is required")
+	}
+	if opts.Tick == 0 {
+		opts.Tick = 10 * time.Millisecond
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.BuildDelay < 0 || opts.DeleteDelay < 0 || opts.Tick < 0 || opts.Faults.ErrorRate < 0 || opts.Faults.ErrorRate > 1 {
+		return nil, errors.New("sim: delays must not be negative and ErrorRate must be in [0, 1]")
+	}
+	return &Sim{rdb: rdb, opts: opts}, nil
+}
+
+// call applies the injected faults to one call.
+func (s *Sim) call(ctx context.Context, op string) error {
+	if d := s.opts.Faults.SlowCalls; d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	if r := s.opts.Faults.ErrorRate; r > 0 && mrand.Float64() < r {
+		return fmt.Errorf("%s: injected fault: %w", op, region.ErrUnavailable)
+	}
+	return nil
+}
+
+func (s *Sim) read(ctx context.Context, c redis.Cmdable, id string) (region.Server, error) {
+	data, err := c.Get(ctx, serverKey(id)).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return region.Server{}, region.ErrServerNotFound
+	}
+	if err != nil {
+		return region.Server{}, err
+	}
+	var srv region.Server
+	if err := json.Unmarshal(data, &srv); err != nil {
+		return region.Server{}, fmt.Errorf("decode server %s: %w", id, err)
+	}
+	return srv, nil
+}
+
+// FindServers implements region.Client through the tag index.
+func (s *Sim) FindServers(ctx context.Context, scope region.Scope, tag, value string) ([]region.Server, error) {
+	if err := s.call(ctx, "find servers"); err != nil {
+		return nil, err
+	}
+	ids, err := s.rdb.SMembers(ctx, tagKey(tag, value)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("find servers: %w", err)
+	}
+	var out []region.Server
+	for _, id := range ids {
+		srv, err := s.read(ctx, s.rdb, id)
+		if errors.Is(err, region.ErrServerNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("find servers: %w", err)
+		}
+		if srv.Scope == scope {
+			out = append(out, srv)
+		}
+	}
+	return out, nil
+}
+
+// CreateServer implements region.Client. With DuplicateCreates, a second, identical server is
+// made too, and the first is returned.
+func (s *Sim) CreateServer(ctx context.Context, spec region.ServerSpec) (region.Server, error) {
+	if err := s.call(ctx, "create server"); err != nil {
+		return region.Server{}, err
+	}
+	network, ok := s.opts.Catalog.Network(spec.NetworkID)
+	if !ok {
+		return region.Server{}, fmt.Errorf("create server: network %q does not exist", spec.NetworkID)
+	}
+	srv, err := s.create(ctx, spec, network)
+	if err == nil && s.opts.Faults.DuplicateCreates {
+		_, err = s.create(ctx, spec, network)
+	}
+	return srv, err
+}
+
+func (s *Sim) create(ctx context.Context, spec region.ServerSpec, network *region.Network) (region.Server, error) {
+	srv := region.Server{
+		ID: uuid.NewString(), ServerSpec: spec, State: region.ServerPending, Health: region.HealthUnknown,
+		MAC: randomMAC(), CreatedAt: s.opts.Now().UTC(),
+	}
+	if spec.Networking.PublicIP {
+		ip, err := s.publicIP(ctx)
+		if err != nil {
+			return region.Server{}, fmt.Errorf("create server: %w", err)
+		}
+		srv.PublicIP = ip
+	}
+	err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
+		taken, err := tx.SMembersMap(ctx, ipsKey(network.ID)).Result()
+		if err != nil {
+			return err
+		}
+		ip, ok := freeAddress(network.Prefix, taken)
+		if !ok {
+			return fmt.Errorf("network %s has no free address", network.ID)
+		}
+		srv.PrivateIP = ip
+		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.SAdd(ctx, ipsKey(network.ID), ip)
+			s.write(ctx, p, srv, region.ServerCreated, s.opts.Now())
+			return nil
+		})
+		return err
+	}, ipsKey(network.ID))
+	if err != nil {
+		return region.Server{}, fmt.Errorf("create server: %w", err)
+	}
+	return srv, nil
+}
+
+// write stores the server, indexes its tags, schedules its next transition and records the
+// event, inside the caller's transaction.
+func (s *Sim) write(ctx context.Context, p redis.Pipeliner, srv region.Server, kind region.EventKind, due time.Time) {
+	data, _ := json.Marshal(srv) // a Server always encodes
+	p.Set(ctx, serverKey(srv.ID), data, 0)
+	for tag, value := range srv.Tags {
+		p.SAdd(ctx, tagKey(tag, value), srv.ID)
+	}
+	if _, settled := nextState(srv.State); settled {
+		p.ZRem(ctx, dueKey, srv.ID)
+	} else {
+		p.ZAdd(ctx, dueKey, redis.Z{Score: float64(due.UnixMilli()), Member: srv.ID})
+	}
+	s.event(ctx, p, kind, srv)
+}
+
+func (s *Sim) event(ctx context.Context, p redis.Pipeliner, kind region.EventKind, srv region.Server) {
+	tags, _ := json.Marshal(srv.Tags)
+	scope, _ := json.Marshal(srv.Scope)
+	p.XAdd(ctx, &redis.XAddArgs{Stream: eventsKey, MaxLen: eventsCap, Approx: true,
+		Values: []any{"kind", string(kind), "id", srv.ID, "tags", tags, "scope", scope}})
+}
+
+// nextState is the state a server moves to on its own, and whether it is settled (moves on
+// only when asked).
+func nextState(st region.ServerState) (region.ServerState, bool) {
+	switch st {
+	case region.ServerPending:
+		return region.ServerBuilding, false
+	case region.ServerBuilding:
+		return region.ServerRunning, false
+	case region.ServerStopping:
+		return region.ServerStopped, false
+	case region.ServerDeleting:
+		return "", false
+	}
+	return st, true
+}
+
+// update changes a server under optimistic locking and records the event.
+func (s *Sim) update(ctx context.Context, id string, change func(*region.Server) (due time.Time, err error)) (region.Server, error) {
+	var out region.Server
+	err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
+		srv, err := s.read(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		due, err := change(&srv)
+		if err != nil {
+			return err
+		}
+		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			s.write(ctx, p, srv, region.ServerUpdated, due)
+			return nil
+		})
+		out = srv
+		return err
+	}, serverKey(id))
+	return out, err
+}
+
+// UpdateNetworking implements region.Client: security groups and source addresses change in
+// place; turning the public IP on allocates one and off releases it.
+func (s *Sim) UpdateNetworking(ctx context.Context, id string, n region.ServerNetworking) (region.Server, error) {
+	if err := s.call(ctx, "update server"); err != nil {
+		return region.Server{}, err
+	}
+	var newIP string
+	if n.PublicIP {
+		var err error
+		if newIP, err = s.publicIP(ctx); err != nil {
+			return region.Server{}, fmt.Errorf("update server: %w", err)
+		}
+	}
+	srv, err := s.update(ctx, id, func(srv *region.Server) (time.Time, error) {
+		if srv.State == region.ServerDeleting {
+			return time.Time{}, fmt.Errorf("server %s is being deleted", id)
+		}
+		switch {
+		case n.PublicIP && srv.PublicIP == "":
+			srv.PublicIP = newIP
+		case !n.PublicIP:
+			srv.PublicIP = ""
+		}
+		srv.Networking = n
+		return s.opts.Now(), nil
+	})
+	if err != nil {
+		return region.Server{}, fmt.Errorf("update server: %w", err)
+	}
+	return srv, nil
+}
+
+// DeleteServer implements region.Client.
+func (s *Sim) DeleteServer(ctx context.Context, id string) error {
+	if err := s.call(ctx, "delete server"); err != nil {
+		return err
+	}
+	_, err := s.update(ctx, id, func(srv *region.Server) (time.Time, error) {
+		srv.State = region.ServerDeleting
+		return s.opts.Now().Add(s.opts.DeleteDelay), nil
+	})
+	if errors.Is(err, region.ErrServerNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("delete server: %w", err)
+	}
+	return nil
+}
+
+// Run applies due transitions every Tick until ctx ends. Several processes may run it at once:
+// each transition is applied by whichever wins its optimistic transaction.
+func (s *Sim) Run(ctx context.Context) error {
+	t := time.NewTicker(s.opts.Tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if err := s.advance(ctx); err != nil && ctx.Err() == nil {
+			return err
+		}
+	}
+}
+
+// advance applies the transitions due now.
+func (s *Sim) advance(ctx context.Context) error {
+	now := s.opts.Now()
+	ids, err := s.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{Key: dueKey, Start: "-inf", Stop: now.UnixMilli(), ByScore: true, Count: dueBatch}).Result()
+	if err != nil {
+		return fmt.Errorf("sim: due transitions: %w", err)
+	}
+	for _, id := range ids {
+		err := s.transition(ctx, id, now)
+		if err != nil && !errors.Is(err, redis.TxFailedErr) && !errors.Is(err, region.ErrServerNotFound) {
+			return fmt.Errorf("sim: transition %s: %w", id, err)
+		}
+	}
+	return nil
+}
+
+func (s *Sim) transition(ctx context.Context, id string, now time.Time) error {
+	return s.rdb.Watch(ctx, func(tx *redis.Tx) error {
+		srv, err := s.read(ctx, tx, id)
+		if errors.Is(err, region.ErrServerNotFound) {
+			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error { p.ZRem(ctx, dueKey, id); return nil })
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		if due, err := tx.ZScore(ctx, dueKey, id).Result(); err != nil || int64(due) > now.UnixMilli() {
+			return err // someone else applied it already
+		}
+		next, settled := nextState(srv.State)
+		if settled {
+			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error { p.ZRem(ctx, dueKey, id); return nil })
+			return err
+		}
+		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			if srv.State == region.ServerDeleting {
+				p.Del(ctx, serverKey(id))
+				p.ZRem(ctx, dueKey, id)
+				p.SRem(ctx, ipsKey(srv.NetworkID), srv.PrivateIP)
+				for tag, value := range srv.Tags {
+					p.SRem(ctx, tagKey(tag, value), id)
+				}
+				s.event(ctx, p, region.ServerDeleted, srv)
+				return nil
+			}
+			srv.State = next
+			due := now
+			switch {
+			case next == region.ServerBuilding:
+				due = now.Add(s.opts.BuildDelay)
+			case next == region.ServerRunning && s.opts.Faults.FailBuildPrefix != "" && strings.HasPrefix(srv.Name, s.opts.Faults.FailBuildPrefix):
+				srv.State, srv.Health = region.ServerError, region.HealthError
+				srv.Message = "the server failed to build: no valid host was found for it"
+			case next == region.ServerRunning:
+				srv.Health = region.HealthHealthy
+			}
+			s.write(ctx, p, srv, region.ServerUpdated, due)
+			return nil
+		})
+		return err
+	}, serverKey(id), dueKey)
+}
+
+// Watch implements region.Client on the event stream.
+func (s *Sim) Watch(ctx context.Context, after string, fn func(region.Event) error) error {
+	if after == "" {
+		// "$" would be re-read on every call; pin "now" to the last id instead.
+		last, err := s.rdb.XRevRangeN(ctx, eventsKey, "+", "-", 1).Result()
+		if err != nil {
+			return fmt.Errorf("watch: %w", err)
+		}
+		after = "0-0"
+		if len(last) == 1 {
+			after = last[0].ID
+		}
+	}
+	for ctx.Err() == nil {
+		streams, err := s.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{eventsKey, after}, Count: 500, Block: time.Second}).Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("watch: %w", err)
+		}
+		for _, m := range streams[0].Messages {
+			ev := region.Event{Cursor: m.ID}
+			kind, _ := m.Values["kind"].(string)
+			ev.Kind = region.EventKind(kind)
+			ev.ServerID, _ = m.Values["id"].(string)
+			// Both were encoded by event() from a map and a struct, so they decode.
+			if tags, ok := m.Values["tags"].(string); ok {
+				_ = json.Unmarshal([]byte(tags), &ev.Tags)
+			}
+			if scope, ok := m.Values["scope"].(string); ok {
+				_ = json.Unmarshal([]byte(scope), &ev.Scope)
+			}
+			if err := fn(ev); err != nil {
+				return err
+			}
+			after = m.ID
+		}
+	}
+	return nil
+}
+
+// publicIP allocates a public address. The simulator hands out addresses of 100.64.0.0/10 in
+// order: unique, and plainly not anybody's real address.
+func (s *Sim) publicIP(ctx context.Context) (string, error) {
+	n, err := s.rdb.Incr(ctx, publicSeq).Result()
+	if err != nil {
+		return "", err
+	}
+	base := netip.MustParseAddr("100.64.0.0").As4()
+	v := uint32(base[0])<<24 | uint32(base[1])<<16 | uint32(base[2])<<8 | uint32(base[3])
+	v += uint32(n % (1 << 22))
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}).String(), nil
+}
+
+// freeAddress returns the lowest host address of the prefix not taken, skipping the network
+// address, the first ten (gateways and services, as clouds reserve them) and broadcast.
+func freeAddress(p netip.Prefix, taken map[string]struct{}) (string, bool) {
+	first := p.Masked().Addr()
+	for a, i := first, 0; p.Contains(a); a, i = a.Next(), i+1 {
+		if i < 10 || !p.Contains(a.Next()) {
+			continue
+		}
+		if _, ok := taken[a.String()]; !ok {
+			return a.String(), true
+		}
+	}
+	return "", false
+}
+
+func randomMAC() string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on supported platforms
+	return fmt.Sprintf("%s:%02x:%02x:%02x", macPrefix, b[0], b[1], b[2])
+}

@@ -1,0 +1,240 @@
+// Package worker realises instances: a reconciler that closes the gap between each instance
+// and its backing server, a watcher that turns region server events into reconciles of their
+// owners, and a periodic resync that heals lost work. Workers talk to the region only through
+// region.Client and to instances only through the store.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/computeql/computeql/instance"
+	"github.com/computeql/computeql/queue"
+	"github.com/computeql/computeql/region"
+)
+
+// Store is what workers need of the instance store.
+type Store interface {
+	Get(ctx context.Context, orgs []string, id string) (*instance.Instance, error)
+	List(ctx context.Context, org, project, after string, limit int) ([]*instance.Instance, error)
+	// WriteStatus writes the status if the status version is still the instance's.
+	WriteStatus(ctx context.Context, inst *instance.Instance, status instance.Status) (bool, error)
+	// Forget releases the quota, frees the name and removes the instance, if its generation
+	// is still the instance's.
+	Forget(ctx context.Context, inst *instance.Instance) (bool, error)
+}
+
+// Reconciler reconciles one instance per call; it is the work queue's handler. It is
+// level-based and idempotent: the queue carries only the key, and the reconciler reads the
+// desired state and the server afresh, so reconciling the same state twice is harmless.
+//
+// Returning a delay means poll (the region is still working); returning an error means back
+// off and retry; the queue dead-letters a key that keeps failing, and OnDeadLetter marks it.
+type Reconciler struct {
+	Store  Store
+	Region region.Client
+	// Yield is how soon to look again while the region is still working. The region's server
+	// events usually wake the instance earlier. Defaults to 1s.
+	Yield   time.Duration
+	Logger  *slog.Logger
+	Now     func() time.Time
+	Metrics *Metrics
+}
+
+// SplitKey parses a work-queue key made by instance.Key.
+func SplitKey(key string) (org, id string, err error) {
+	org, id, ok := strings.Cut(key, "/")
+	if !ok || org == "" || id == "" {
+		return "", "", queue.Terminal(fmt.Errorf("malformed instance key %q", key))
+	}
+	return org, id, nil
+}
+
+// Handle implements queue.Handler.
+func (r *Reconciler) Handle(ctx context.Context, t queue.Task) (time.Duration, error) {
+	org, id, err := SplitKey(t.Key)
+	if err != nil {
+		return 0, err
+	}
+	inst, err := r.Store.Get(ctx, []string{org}, id)
+	if errors.Is(err, instance.ErrNotFound) {
+		return 0, nil // forgotten: nothing to do
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reconcile %s: %w", t.Key, err)
+	}
+	again, err := r.reconcile(ctx, inst)
+	r.Metrics.reconciled(err)
+	if err != nil {
+		// The user sees that the region is being difficult; the detail goes to the log.
+		r.Logger.WarnContext(ctx, "reconcile failed", "instance", inst.ID, "org", org, "attempt", t.Attempt, "err", err)
+		if _, werr := r.writeStatus(ctx, inst, inst.Failed("The region did not complete a request for this instance; retrying.", false, r.Now())); werr != nil {
+			return 0, errors.Join(err, werr)
+		}
+	}
+	return again, err
+}
+
+// writeStatus writes the status when it differs from the stored one. A stale write (a newer
+// status exists) is not an error: the instance will be reconciled again from the newer state.
+func (r *Reconciler) writeStatus(ctx context.Context, inst *instance.Instance, st instance.Status) (bool, error) {
+	if statusEqual(inst.Status, st) {
+		return false, nil
+	}
+	// The final write of a reconcile must land even if the worker is shutting down.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	ok, err := r.Store.WriteStatus(ctx, inst, st)
+	if err != nil {
+		return false, fmt.Errorf("write status: %w", err)
+	}
+	if ok {
+		inst.Status = st
+		inst.StatusVersion++
+	}
+	return ok, nil
+}
+
+func (r *Reconciler) reconcile(ctx context.Context, inst *instance.Instance) (time.Duration, error) {
+	servers, err := r.Region.FindServers(ctx, inst.Scope(), region.InstanceTag, inst.ID)
+	if err != nil {
+		return 0, fmt.Errorf("find servers: %w", err)
+	}
+	if inst.Deleting() {
+		return r.deprovision(ctx, inst, servers)
+	}
+	servers, err = r.unique(ctx, inst, servers)
+	if err != nil {
+		return 0, err
+	}
+	now := r.Now()
+	if len(servers) == 0 {
+		if _, err := r.Region.CreateServer(ctx, inst.ServerSpec()); err != nil {
+			return 0, fmt.Errorf("create server: %w", err)
+		}
+		reason, msg := instance.ReasonProvisioning, "The server is being created."
+		if inst.Status.ObservedGeneration > 0 {
+			msg = "The server was gone and is being recreated."
+		}
+		if inst.RebuildGeneration > inst.Status.ObservedGeneration {
+			reason, msg = instance.ReasonRebuilding, "The server is being rebuilt: its disk, IP addresses and MAC address are new."
+		}
+		_, err := r.writeStatus(ctx, inst, inst.Awaiting(reason, msg, now))
+		return r.Yield, err
+	}
+	srv := &servers[0]
+	if srv.State == region.ServerDeleting {
+		return r.Yield, nil // a rebuild or a duplicate on its way out; the next server follows
+	}
+	if fields := inst.RebuildNeeded(srv); len(fields) > 0 {
+		return r.rebuild(ctx, inst, srv, fields)
+	}
+	if inst.NetworkingDiffers(srv) {
+		updated, err := r.Region.UpdateNetworking(ctx, srv.ID, region.ServerNetworking(inst.Networking))
+		if err != nil {
+			return 0, fmt.Errorf("update networking: %w", err)
+		}
+		srv = &updated
+	}
+	if _, err := r.writeStatus(ctx, inst, inst.Observe(srv, now)); err != nil {
+		return 0, err
+	}
+	if srv.State.Provisioning() {
+		return r.Yield, nil
+	}
+	return 0, nil
+}
+
+// unique enforces one server per instance: the oldest is kept and the others deleted.
+func (r *Reconciler) unique(ctx context.Context, inst *instance.Instance, servers []region.Server) ([]region.Server, error) {
+	live := slices.DeleteFunc(servers, func(s region.Server) bool { return s.State == region.ServerDeleting })
+	if len(live) <= 1 {
+		if len(live) == 0 && len(servers) > 0 {
+			return servers[:1], nil
+		}
+		return live, nil
+	}
+	slices.SortFunc(live, func(a, b region.Server) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	for _, extra := range live[1:] {
+		if err := r.Region.DeleteServer(ctx, extra.ID); err != nil {
+			return nil, fmt.Errorf("delete duplicate server: %w", err)
+		}
+		r.Metrics.duplicates.Inc()
+		r.Logger.WarnContext(ctx, "duplicate server deleted", "instance", inst.ID, "kept", live[0].ID, "deleted", extra.ID)
+	}
+	return live[:1], nil
+}
+
+// rebuild replaces a server whose shape the user changed in a way only a new server can
+// realise. The API accepts such a change only with the user's consent, recorded as the
+// instance's RebuildGeneration; without it (a server changed behind our back), the instance
+// shows the error instead of losing its disk.
+func (r *Reconciler) rebuild(ctx context.Context, inst *instance.Instance, srv *region.Server, fields []string) (time.Duration, error) {
+	now := r.Now()
+	if inst.RebuildGeneration == 0 {
+		msg := "The server differs from the instance in " + strings.Join(fields, ", ") + ", which needs a rebuild nobody allowed."
+		_, err := r.writeStatus(ctx, inst, inst.Failed(msg, true, now))
+		return 0, err
+	}
+	if err := r.Region.DeleteServer(ctx, srv.ID); err != nil {
+		return 0, fmt.Errorf("delete server to rebuild: %w", err)
+	}
+	r.Metrics.rebuilds.Inc()
+	_, err := r.writeStatus(ctx, inst, inst.Awaiting(instance.ReasonRebuilding,
+		"The server is being rebuilt for a new "+strings.Join(fields, ", ")+": its disk, IP addresses and MAC address are lost.", now))
+	return r.Yield, err
+}
+
+// deprovision is strictly ordered: delete the servers, wait until the region confirms they are
+// gone, and only then release the quota and forget the instance (freeing its name).
+func (r *Reconciler) deprovision(ctx context.Context, inst *instance.Instance, servers []region.Server) (time.Duration, error) {
+	for _, s := range servers {
+		if s.State == region.ServerDeleting {
+			continue
+		}
+		if err := r.Region.DeleteServer(ctx, s.ID); err != nil {
+			return 0, fmt.Errorf("delete server: %w", err)
+		}
+	}
+	if len(servers) > 0 {
+		return r.Yield, nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := r.Store.Forget(ctx, inst); err != nil {
+		return 0, fmt.Errorf("forget instance: %w", err)
+	}
+	return 0, nil
+}
+
+// MarkFailed is the queue's dead-letter hook: an instance that could not be reconciled after
+// every retry shows ERROR.
+func (r *Reconciler) MarkFailed(ctx context.Context, key, _ string) {
+	org, id, err := SplitKey(key)
+	if err != nil {
+		return
+	}
+	inst, err := r.Store.Get(ctx, []string{org}, id)
+	if err != nil {
+		return
+	}
+	if _, err := r.writeStatus(ctx, inst, inst.Failed("The instance could not be reconciled after repeated attempts; an operator has been alerted.", true, r.Now())); err != nil {
+		r.Logger.ErrorContext(ctx, "mark instance failed", "instance", id, "err", err)
+	}
+}
+
+// statusEqual compares statuses, ignoring nothing: any visible change is a change.
+func statusEqual(a, b instance.Status) bool {
+	return a.ProvisioningStatus == b.ProvisioningStatus && a.HealthStatus == b.HealthStatus &&
+		a.PowerState == b.PowerState && a.PrivateIP == b.PrivateIP && a.PublicIP == b.PublicIP &&
+		a.MACAddress == b.MACAddress && a.ObservedGeneration == b.ObservedGeneration &&
+		slices.EqualFunc(a.Conditions, b.Conditions, func(x, y instance.Condition) bool {
+			return x.Type == y.Type && x.Status == y.Status && x.Reason == y.Reason && x.Message == y.Message &&
+				x.LastTransitionTime.Equal(y.LastTransitionTime)
+		})
+}

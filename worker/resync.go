@@ -1,0 +1,70 @@
+package worker
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/computeql/computeql/instance"
+)
+
+// Resync periodically puts back on the queue the instances whose work may have been lost (a
+// crash between a store write and its enqueue, a missed server event): those whose observed
+// generation lags, that are deleting, or that are still provisioning. Every DriftEvery-th
+// pass it enqueues every instance, so a server changed or deleted behind our back is found.
+type Resync struct {
+	Store         Store
+	Queue         instance.Queue
+	Organizations func() []string
+	// Interval defaults to 30s.
+	Interval time.Duration
+	// DriftEvery defaults to 10 (every 5 minutes with the default interval).
+	DriftEvery int
+	Logger     *slog.Logger
+	Metrics    *Metrics
+}
+
+// Start runs a pass now and then every Interval until ctx ends.
+func (r *Resync) Start(ctx context.Context) error {
+	t := time.NewTicker(r.Interval)
+	defer t.Stop()
+	for pass := 0; ; pass++ {
+		r.Pass(ctx, pass%r.DriftEvery == 0)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Pass enqueues the instances that need it (every instance when all is true).
+func (r *Resync) Pass(ctx context.Context, all bool) {
+	for _, org := range r.Organizations() {
+		for after := ""; ctx.Err() == nil; {
+			batch, err := r.Store.List(ctx, org, "", after, 500)
+			if err != nil {
+				r.Logger.WarnContext(ctx, "resync: list instances", "org", org, "err", err)
+				break
+			}
+			for _, inst := range batch {
+				if all || unsettled(inst) {
+					if err := r.Queue.Enqueue(ctx, inst.Key()); err != nil {
+						r.Logger.WarnContext(ctx, "resync: enqueue", "instance", inst.ID, "err", err)
+						continue
+					}
+					r.Metrics.resyncQueued.Inc()
+				}
+			}
+			if len(batch) < 500 {
+				break
+			}
+			after = batch[len(batch)-1].ID
+		}
+	}
+}
+
+func unsettled(i *instance.Instance) bool {
+	return i.Deleting() || i.Status.ObservedGeneration < i.Generation ||
+		i.Status.ProvisioningStatus == instance.ProvisioningPending || i.Status.ProvisioningStatus == instance.ProvisioningProvisioning
+}

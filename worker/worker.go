@@ -1,0 +1,97 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/computeql/computeql/queue"
+	"github.com/computeql/computeql/region"
+)
+
+// Options configure a Worker.
+type Options struct {
+	Store  Store
+	Region region.Client
+	Queue  *queue.Queue
+	// Organizations lists the organizations the resync walks. Required.
+	Organizations func() []string
+	// Concurrency is how many instances are reconciled at once. Defaults to 8.
+	Concurrency int
+	// Yield is how soon an instance whose server is still building is looked at again.
+	// Defaults to 1s; server events usually wake it sooner.
+	Yield time.Duration
+	// ResyncInterval defaults to 30s.
+	ResyncInterval time.Duration
+	// Consumer tunes the queue consumer; Concurrency, OnDeadLetter, Logger and Registerer are
+	// set from the fields above.
+	Consumer queue.ConsumerOptions
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the metrics. Defaults to none.
+	Registerer prometheus.Registerer
+	// Now defaults to time.Now.
+	Now func() time.Time
+}
+
+// Worker reconciles instances from the queue, watches the region and resyncs.
+type Worker struct {
+	consumer *queue.Consumer
+	watcher  *Watcher
+	resync   *Resync
+}
+
+// New returns a worker with opts' defaults applied; Start runs it.
+func New(opts Options) (*Worker, error) {
+	if opts.Store == nil || opts.Region == nil || opts.Queue == nil || opts.Organizations == nil {
+		return nil, errors.New("worker: Store, Region, Queue and Organizations are required")
+	}
+	if opts.Concurrency == 0 {
+		opts.Concurrency = 8
+	}
+	if opts.Yield == 0 {
+		opts.Yield = time.Second
+	}
+	if opts.ResyncInterval == 0 {
+		opts.ResyncInterval = 30 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	m, err := NewMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	rec := &Reconciler{Store: opts.Store, Region: opts.Region, Yield: opts.Yield, Logger: opts.Logger, Now: opts.Now, Metrics: m}
+	co := opts.Consumer
+	co.Concurrency, co.OnDeadLetter, co.Logger, co.Registerer = opts.Concurrency, rec.MarkFailed, opts.Logger, opts.Registerer
+	consumer, err := opts.Queue.NewConsumer(rec, co)
+	if err != nil {
+		return nil, err
+	}
+	return &Worker{
+		consumer: consumer,
+		watcher:  &Watcher{Region: opts.Region, Store: opts.Store, Queue: opts.Queue, Logger: opts.Logger, Metrics: m},
+		resync: &Resync{Store: opts.Store, Queue: opts.Queue, Organizations: opts.Organizations,
+			Interval: opts.ResyncInterval, DriftEvery: 10, Logger: opts.Logger, Metrics: m},
+	}, nil
+}
+
+// Start runs the worker until ctx ends. Shutdown order: the watcher and the resync stop taking
+// new work at once; the consumer then lets in-flight reconciles finish within its shutdown
+// timeout and leaves the rest pending for other workers. Start returns when all have stopped.
+func (w *Worker) Start(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Go(func() { w.watcher.Start(ctx) })
+	wg.Go(func() { w.resync.Start(ctx) })
+	err := w.consumer.Start(ctx)
+	wg.Wait()
+	return err
+}
