@@ -188,6 +188,15 @@ func (s *Store) NameClaimed(ctx context.Context, org, claim string) (bool, error
 	return n == 1, nil
 }
 
+// Exists reports whether the instance exists, reading nothing of it.
+func (s *Store) Exists(ctx context.Context, org, id string) (bool, error) {
+	n, err := s.rdb.Exists(ctx, instanceKey(org, id)).Result()
+	if err != nil {
+		return false, fmt.Errorf("instance exists: %w", err)
+	}
+	return n == 1, nil
+}
+
 // Get implements instance.Store: one pipelined round trip over the organizations.
 func (s *Store) Get(ctx context.Context, orgs []string, id string) (*instance.Instance, error) {
 	if len(orgs) == 0 {

@@ -352,3 +352,21 @@ func BenchmarkGet(b *testing.B) {
 		}
 	}
 }
+
+func TestExists(t *testing.T) {
+	rdb := redisServer.Client(t)
+	s := New(rdb)
+	inst := newInstance("acme", "web", "a")
+	if ok, err := s.Exists(ctx, "acme", inst.ID); err != nil || ok {
+		t.Fatalf("before create: %v %v", ok, err)
+	}
+	if r, err := s.Create(ctx, inst, "c", roomy); err != nil || r != nil {
+		t.Fatal(err, r)
+	}
+	if ok, err := s.Exists(ctx, "acme", inst.ID); err != nil || !ok {
+		t.Errorf("after create: %v %v", ok, err)
+	}
+	if ok, _ := s.Exists(ctx, "globex", inst.ID); ok {
+		t.Error("exists in another organization")
+	}
+}

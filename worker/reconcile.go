@@ -21,6 +21,8 @@ import (
 // Store is what workers need of the instance store.
 type Store interface {
 	Get(ctx context.Context, orgs []string, id string) (*instance.Instance, error)
+	// Exists reports whether the instance exists, without reading it.
+	Exists(ctx context.Context, org, id string) (bool, error)
 	List(ctx context.Context, org, project, after string, limit int) ([]*instance.Instance, error)
 	// WriteStatus writes the status if the status version is still the instance's.
 	WriteStatus(ctx context.Context, inst *instance.Instance, status instance.Status) (bool, error)

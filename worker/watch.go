@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"time"
 
@@ -47,15 +46,15 @@ func (w *Watcher) wake(ctx context.Context, ev region.Event) {
 		return
 	}
 	org := ev.Scope.OrganizationID
-	if _, err := w.Store.Get(ctx, []string{org}, id); err != nil {
-		if errors.Is(err, instance.ErrNotFound) {
-			// After a deprovision the server's last events outlive the instance; those are
-			// expected, but they are counted like any other so a real orphan shows.
-			w.Metrics.orphanEvents.WithLabelValues("unknown_instance").Inc()
-			w.Logger.InfoContext(ctx, "server event for an unknown instance", "server", ev.ServerID, "instance", id, "kind", ev.Kind)
-			return
-		}
+	switch exists, err := w.Store.Exists(ctx, org, id); {
+	case err != nil:
 		w.Logger.WarnContext(ctx, "look up the owner of a server event", "server", ev.ServerID, "err", err)
+	case !exists:
+		// After a deprovision the server's last events outlive the instance; those are
+		// expected, but they are counted like any other so a real orphan shows.
+		w.Metrics.orphanEvents.WithLabelValues("unknown_instance").Inc()
+		w.Logger.InfoContext(ctx, "server event for an unknown instance", "server", ev.ServerID, "instance", id, "kind", ev.Kind)
+		return
 	}
 	if err := w.Queue.Enqueue(ctx, instance.Key(org, id)); err != nil {
 		w.Logger.WarnContext(ctx, "enqueue the owner of a server event", "instance", id, "err", err)

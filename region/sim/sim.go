@@ -25,9 +25,10 @@ import (
 // which keeps its transactions simple. It stands in for an external cloud, not for load.
 const prefix = "sim:{sim}:"
 
-func serverKey(id string) string      { return prefix + "srv:" + id }
-func tagKey(tag, value string) string { return prefix + "tag:" + tag + "=" + value }
-func ipsKey(network string) string    { return prefix + "ips:" + network }
+func serverKey(id string) string       { return prefix + "srv:" + id }
+func tagKey(tag, value string) string  { return prefix + "tag:" + tag + "=" + value }
+func nextIPKey(network string) string  { return prefix + "ipnext:" + network }
+func freeIPsKey(network string) string { return prefix + "ipfree:" + network }
 
 const (
 	dueKey    = prefix + "due"    // sorted set: server id → when its next transition is due (Unix ms)
@@ -177,23 +178,19 @@ func (s *Sim) create(ctx context.Context, spec region.ServerSpec, network *regio
 		}
 		srv.PublicIP = ip
 	}
-	err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
-		taken, err := tx.SMembersMap(ctx, ipsKey(network.ID)).Result()
-		if err != nil {
-			return err
-		}
-		ip, ok := freeAddress(network.Prefix, taken)
-		if !ok {
-			return fmt.Errorf("network %s has no free address", network.ID)
-		}
-		srv.PrivateIP = ip
-		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.SAdd(ctx, ipsKey(network.ID), ip)
-			s.write(ctx, p, srv, region.ServerCreated, s.opts.Now())
-			return nil
-		})
-		return err
-	}, ipsKey(network.ID))
+	ip, err := s.allocate(ctx, network)
+	if err != nil {
+		return region.Server{}, fmt.Errorf("create server: %w", err)
+	}
+	srv.PrivateIP = ip
+	// The server is new, so nothing can race its write: a plain MULTI suffices.
+	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		s.write(ctx, p, srv, region.ServerCreated, s.opts.Now())
+		return nil
+	})
+	if err != nil {
+		s.rdb.SAdd(context.WithoutCancel(ctx), freeIPsKey(network.ID), ip)
+	}
 	if err != nil {
 		return region.Server{}, fmt.Errorf("create server: %w", err)
 	}
@@ -242,7 +239,7 @@ func nextState(st region.ServerState) (region.ServerState, bool) {
 // update changes a server under optimistic locking and records the event.
 func (s *Sim) update(ctx context.Context, id string, change func(*region.Server) (due time.Time, err error)) (region.Server, error) {
 	var out region.Server
-	err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
+	err := s.retry(ctx, func(tx *redis.Tx) error {
 		srv, err := s.read(ctx, tx, id)
 		if err != nil {
 			return err
@@ -259,6 +256,34 @@ func (s *Sim) update(ctx context.Context, id string, change func(*region.Server)
 		return err
 	}, serverKey(id))
 	return out, err
+}
+
+// maxTxAttempts bounds the retries of an optimistic transaction that lost a race with another
+// caller (e.g. concurrent creates taking addresses of one network).
+const maxTxAttempts = 50
+
+// retry runs an optimistic transaction over the keys until it commits, or fails otherwise.
+func (s *Sim) retry(ctx context.Context, fn func(*redis.Tx) error, keys ...string) error {
+	for range maxTxAttempts {
+		err := s.rdb.Watch(ctx, fn, keys...)
+		if !errors.Is(err, redis.TxFailedErr) {
+			return err
+		}
+	}
+	return fmt.Errorf("gave up after %d conflicting attempts: %w", maxTxAttempts, redis.TxFailedErr)
+}
+
+// SetHealth changes a server's health as the region's own monitoring would, with an event:
+// a change that starts in the region, for tests and failure drills.
+func (s *Sim) SetHealth(ctx context.Context, id string, h region.ServerHealth) error {
+	_, err := s.update(ctx, id, func(srv *region.Server) (time.Time, error) {
+		srv.Health = h
+		return s.opts.Now(), nil
+	})
+	if err != nil {
+		return fmt.Errorf("set health: %w", err)
+	}
+	return nil
 }
 
 // UpdateNetworking implements region.Client: security groups and source addresses change in
@@ -366,7 +391,7 @@ func (s *Sim) transition(ctx context.Context, id string, now time.Time) error {
 			if srv.State == region.ServerDeleting {
 				p.Del(ctx, serverKey(id))
 				p.ZRem(ctx, dueKey, id)
-				p.SRem(ctx, ipsKey(srv.NetworkID), srv.PrivateIP)
+				p.SAdd(ctx, freeIPsKey(srv.NetworkID), srv.PrivateIP)
 				for tag, value := range srv.Tags {
 					p.SRem(ctx, tagKey(tag, value), id)
 				}
@@ -388,7 +413,7 @@ func (s *Sim) transition(ctx context.Context, id string, now time.Time) error {
 			return nil
 		})
 		return err
-	}, serverKey(id), dueKey)
+	}, serverKey(id)) // a second clock applying it first changes the server, failing this
 }
 
 // Watch implements region.Client on the event stream.
@@ -449,19 +474,40 @@ func (s *Sim) publicIP(ctx context.Context) (string, error) {
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}).String(), nil
 }
 
-// freeAddress returns the lowest host address of the prefix not taken, skipping the network
-// address, the first ten (gateways and services, as clouds reserve them) and broadcast.
-func freeAddress(p netip.Prefix, taken map[string]struct{}) (string, bool) {
-	first := p.Masked().Addr()
-	for a, i := first, 0; p.Contains(a); a, i = a.Next(), i+1 {
-		if i < 10 || !p.Contains(a.Next()) {
-			continue
-		}
-		if _, ok := taken[a.String()]; !ok {
-			return a.String(), true
-		}
+// allocate takes a private address of the network: one released by a deleted server, or the
+// next never used. Both are single atomic commands, so concurrent creates never collide and
+// never scan the network's addresses. The network address, the first ten (gateways and
+// services, as clouds reserve them) and the broadcast address are never handed out.
+func (s *Sim) allocate(ctx context.Context, network *region.Network) (string, error) {
+	ip, err := s.rdb.SPop(ctx, freeIPsKey(network.ID)).Result()
+	if err == nil {
+		return ip, nil
 	}
-	return "", false
+	if !errors.Is(err, redis.Nil) {
+		return "", err
+	}
+	n, err := s.rdb.Incr(ctx, nextIPKey(network.ID)).Result()
+	if err != nil {
+		return "", err
+	}
+	addr, ok := hostAddress(network.Prefix, 9+n)
+	if !ok {
+		return "", fmt.Errorf("network %s has no free address", network.ID)
+	}
+	return addr.String(), nil
+}
+
+// hostAddress returns the address at offset from the network address, if it is a host address
+// of the prefix (not the broadcast address).
+func hostAddress(p netip.Prefix, offset int64) (netip.Addr, bool) {
+	base := p.Masked().Addr().As4()
+	v := uint64(base[0])<<24 | uint64(base[1])<<16 | uint64(base[2])<<8 | uint64(base[3])
+	v += uint64(offset)
+	a := netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	if v > 0xffffffff || !p.Contains(a) || !p.Contains(a.Next()) {
+		return netip.Addr{}, false
+	}
+	return a, true
 }
 
 func randomMAC() string {
