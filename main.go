@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -54,6 +55,7 @@ type config struct {
 	catalog     string
 	tokenSecret string
 	buildDelay  time.Duration
+	faults      string
 }
 
 // flags defines the shared flags, each defaulting to its COMPUTEQL_<FLAG> environment variable.
@@ -74,6 +76,7 @@ func flags(name string, c *config) *flag.FlagSet {
 		delay = 2 * time.Second
 	}
 	fs.DurationVar(&c.buildDelay, "build-delay", delay, "how long the simulated region takes to build a server")
+	fs.StringVar(&c.faults, "region-faults", env("region-faults", ""), `faults the simulated region injects, as JSON: {"errorRate": 0.3, "slowCalls": "200ms", "failBuildPrefix": "fail-", "duplicateCreates": true}`)
 	return fs
 }
 
@@ -139,7 +142,11 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	// the region keeps moving as long as any process runs.
 	var sims *sim.Sim
 	if role != "api" {
-		if sims, err = sim.New(rdb, sim.Options{Catalog: cat, BuildDelay: c.buildDelay}); err != nil {
+		faults, err := parseFaults(c.faults)
+		if err != nil {
+			return err
+		}
+		if sims, err = sim.New(rdb, sim.Options{Catalog: cat, BuildDelay: c.buildDelay, Faults: faults}); err != nil {
 			return err
 		}
 	}
@@ -233,6 +240,33 @@ func apiServer(ctx context.Context, c config, cat *region.Catalog, st *store.Sto
 		MaxHeaderBytes:    64 << 10,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}, ln, nil
+}
+
+// parseFaults reads --region-faults; durations are written as Go durations ("200ms").
+func parseFaults(s string) (sim.Faults, error) {
+	if s == "" {
+		return sim.Faults{}, nil
+	}
+	var f struct {
+		ErrorRate        float64 `json:"errorRate"`
+		SlowCalls        string  `json:"slowCalls"`
+		FailBuildPrefix  string  `json:"failBuildPrefix"`
+		DuplicateCreates bool    `json:"duplicateCreates"`
+	}
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return sim.Faults{}, fmt.Errorf("--region-faults: %w", err)
+	}
+	out := sim.Faults{ErrorRate: f.ErrorRate, FailBuildPrefix: f.FailBuildPrefix, DuplicateCreates: f.DuplicateCreates}
+	if f.SlowCalls != "" {
+		d, err := time.ParseDuration(f.SlowCalls)
+		if err != nil {
+			return sim.Faults{}, fmt.Errorf("--region-faults: slowCalls: %w", err)
+		}
+		out.SlowCalls = d
+	}
+	return out, nil
 }
 
 // connect returns a client of the Redis at url, or of an embedded in-memory Redis when url is

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/region/sim"
 )
 
 const secret = "main-test-secret-main-test-secret"
@@ -114,5 +115,23 @@ func TestEmbeddedRunServesAndStops(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("did not shut down")
+	}
+}
+
+func TestParseFaults(t *testing.T) {
+	f, err := parseFaults(`{"errorRate": 0.3, "slowCalls": "200ms", "failBuildPrefix": "fail-", "duplicateCreates": true}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.ErrorRate != 0.3 || f.SlowCalls != 200*time.Millisecond || f.FailBuildPrefix != "fail-" || !f.DuplicateCreates {
+		t.Errorf("faults = %+v", f)
+	}
+	for _, bad := range []string{`{"errorRat": 1}`, `{"slowCalls": "soon"}`, `not json`} {
+		if _, err := parseFaults(bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+	if f, err := parseFaults(""); err != nil || f != (sim.Faults{}) {
+		t.Errorf("no faults: %+v %v", f, err)
 	}
 }
