@@ -94,7 +94,12 @@ func (i *Instance) Observe(s *region.Server, now time.Time) Status {
 		st.setCondition(Condition{Type: ConditionAvailable, Status: ConditionFalse, Reason: ReasonErrored, Message: msg, LastTransitionTime: now})
 	case s.State.Provisioning() || s.State == region.ServerDeleting:
 		st.ProvisioningStatus = ProvisioningProvisioning
-		st.setCondition(Condition{Type: ConditionAvailable, Status: ConditionFalse, Reason: ReasonProvisioning, Message: "The server is being built.", LastTransitionTime: now})
+		reason, msg := ReasonProvisioning, "The server is being built."
+		if i.RebuildGeneration > i.Status.ObservedGeneration {
+			// An allowed rebuild lasts until the new server runs (DOMAIN.md §4).
+			reason, msg = ReasonRebuilding, "The server is being rebuilt: its disk, IP addresses and MAC address are new."
+		}
+		st.setCondition(Condition{Type: ConditionAvailable, Status: ConditionFalse, Reason: reason, Message: msg, LastTransitionTime: now})
 	default:
 		st.ProvisioningStatus = ProvisioningProvisioned
 		st.setCondition(Condition{Type: ConditionAvailable, Status: ConditionTrue, Reason: ReasonProvisioned, Message: "The server is " + string(s.State) + ".", LastTransitionTime: now})

@@ -88,10 +88,15 @@ func New(opts Options) (*Worker, error) {
 // new work at once; the consumer then lets in-flight reconciles finish within its shutdown
 // timeout and leaves the rest pending for other workers. Start returns when all have stopped.
 func (w *Worker) Start(ctx context.Context) error {
+	// If the consumer stops for any reason, the watcher and the resync stop with it: they only
+	// feed the consumer.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() { w.watcher.Start(ctx) })
 	wg.Go(func() { w.resync.Start(ctx) })
 	err := w.consumer.Start(ctx)
+	cancel()
 	wg.Wait()
 	return err
 }
