@@ -155,6 +155,7 @@ type ComplexityRoot struct {
 		Cursor        func(childComplexity int) int
 		Instance      func(childComplexity int) int
 		Kind          func(childComplexity int) int
+		Message       func(childComplexity int) int
 		OccurredAt    func(childComplexity int) int
 	}
 
@@ -829,6 +830,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.InstanceEvent.Kind(childComplexity), true
+	case "InstanceEvent.message":
+		if e.ComplexityRoot.InstanceEvent.Message == nil {
+			break
+		}
+
+		return e.ComplexityRoot.InstanceEvent.Message(childComplexity), true
 	case "InstanceEvent.occurredAt":
 		if e.ComplexityRoot.InstanceEvent.OccurredAt == nil {
 			break
@@ -2051,6 +2058,8 @@ enum InstanceEventKind {
   STATUS_CHANGED
   REBUILD_STARTED
   DELETED
+  "Something the user should know that changed nothing, e.g. duplicate servers deleted."
+  WARNING
 }
 
 type InstanceEvent {
@@ -2061,6 +2070,8 @@ type InstanceEvent {
   instance: Instance!
   changedFields: [String!]!
   occurredAt: Time!
+  "What happened, in words, where the kind alone does not say (e.g. for WARNING)."
+  message: String
 }
 
 type InstanceEventEdge {
@@ -2305,6 +2316,8 @@ func (ec *executionContext) childFields_InstanceEvent(ctx context.Context, field
 		return ec.fieldContext_InstanceEvent_changedFields(ctx, field)
 	case "occurredAt":
 		return ec.fieldContext_InstanceEvent_occurredAt(ctx, field)
+	case "message":
+		return ec.fieldContext_InstanceEvent_message(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type InstanceEvent", field.Name)
 }
@@ -4842,8 +4855,8 @@ func (ec *executionContext) _InstanceEvent_kind(ctx context.Context, field graph
 			return obj.Kind, nil
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v model.InstanceEventKind) graphql.Marshaler {
-			return ec.marshalNInstanceEventKind2githubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐInstanceEventKind(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v instance.EventKind) graphql.Marshaler {
+			return ec.marshalNInstanceEventKind2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐEventKind(ctx, selections, v)
 		},
 		true,
 		true,
@@ -4929,6 +4942,29 @@ func (ec *executionContext) _InstanceEvent_occurredAt(ctx context.Context, field
 }
 func (ec *executionContext) fieldContext_InstanceEvent_occurredAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, errors.New("field of type Time does not have child fields"))
+}
+
+func (ec *executionContext) _InstanceEvent_message(ctx context.Context, field graphql.CollectedField, obj *model.InstanceEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_InstanceEvent_message(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Message, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_InstanceEvent_message(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, errors.New("field of type String does not have child fields"))
 }
 
 func (ec *executionContext) _InstanceEventConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.InstanceEventConnection) (ret graphql.Marshaler) {
@@ -10187,6 +10223,11 @@ func (ec *executionContext) _InstanceEvent(ctx context.Context, sel ast.Selectio
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "message":
+			out.Values[i] = ec._InstanceEvent_message(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -12623,15 +12664,43 @@ func (ec *executionContext) marshalNInstanceEventEdge2ᚕgithubᚗcomᚋcomputeq
 	return ret
 }
 
-func (ec *executionContext) unmarshalNInstanceEventKind2githubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐInstanceEventKind(ctx context.Context, v any) (model.InstanceEventKind, error) {
-	var res model.InstanceEventKind
-	err := res.UnmarshalGQL(v)
+func (ec *executionContext) unmarshalNInstanceEventKind2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐEventKind(ctx context.Context, v any) (instance.EventKind, error) {
+	tmp, err := graphql.UnmarshalString(v)
+	res := unmarshalNInstanceEventKind2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐEventKind[tmp]
 	return res, graphql.ErrorOnPath(ctx, err)
 }
 
-func (ec *executionContext) marshalNInstanceEventKind2githubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐInstanceEventKind(ctx context.Context, sel ast.SelectionSet, v model.InstanceEventKind) graphql.Marshaler {
-	return v
+func (ec *executionContext) marshalNInstanceEventKind2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐEventKind(ctx context.Context, sel ast.SelectionSet, v instance.EventKind) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalString(marshalNInstanceEventKind2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐEventKind[v])
+	if res == graphql.Null {
+		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
+			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
+		}
+	}
+	return res
 }
+
+var (
+	unmarshalNInstanceEventKind2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐEventKind = map[string]instance.EventKind{
+		"SNAPSHOT":        instance.EventSnapshot,
+		"CREATED":         instance.EventCreated,
+		"UPDATED":         instance.EventUpdated,
+		"STATUS_CHANGED":  instance.EventStatusChanged,
+		"REBUILD_STARTED": instance.EventRebuildStarted,
+		"DELETED":         instance.EventDeleted,
+		"WARNING":         instance.EventWarning,
+	}
+	marshalNInstanceEventKind2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐEventKind = map[instance.EventKind]string{
+		instance.EventSnapshot:       "SNAPSHOT",
+		instance.EventCreated:        "CREATED",
+		instance.EventUpdated:        "UPDATED",
+		instance.EventStatusChanged:  "STATUS_CHANGED",
+		instance.EventRebuildStarted: "REBUILD_STARTED",
+		instance.EventDeleted:        "DELETED",
+		instance.EventWarning:        "WARNING",
+	}
+)
 
 func (ec *executionContext) marshalNInstancePowerPayload2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐInstancePowerPayload(ctx context.Context, sel ast.SelectionSet, v *model.InstancePowerPayload) graphql.Marshaler {
 	if v == nil {

@@ -335,7 +335,7 @@ type interfering struct {
 	before func()
 }
 
-func (s *interfering) UpdateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status) (*instance.Refusal, error) {
+func (s *interfering) UpdateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status, changed []string) (*instance.Refusal, error) {
 	s.mu.Lock()
 	f := s.before
 	s.before = nil
@@ -343,7 +343,7 @@ func (s *interfering) UpdateSpec(ctx context.Context, inst *instance.Instance, d
 	if f != nil {
 		f()
 	}
-	return s.Store.UpdateSpec(ctx, inst, delta, limits, status)
+	return s.Store.UpdateSpec(ctx, inst, delta, limits, status, changed)
 }
 
 // interfered returns a service over the same Redis and catalogue whose first spec write is

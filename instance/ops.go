@@ -341,7 +341,7 @@ func (s *Service) Update(ctx context.Context, req UpdateRequest) (*Instance, err
 
 	inst := *cur
 	inst.Spec = next
-	refusal, err := s.store.UpdateSpec(ctx, &inst, delta, s.limits(cur.OrganizationID), nil)
+	refusal, err := s.store.UpdateSpec(ctx, &inst, delta, s.limits(cur.OrganizationID), nil, SpecChanges(cur.Spec, next))
 	if err != nil {
 		return nil, internal("update instance", err)
 	}
@@ -413,7 +413,8 @@ func (s *Service) Delete(ctx context.Context, id string) (*Instance, error) {
 			Type: ConditionAvailable, Status: ConditionFalse, Reason: ReasonDeprovisioning,
 			Message: "The instance's server is being deleted.", LastTransitionTime: now,
 		})
-		refusal, err := s.store.UpdateSpec(ctx, &inst, nil, nil, &status)
+		changed := append(SpecChanges(cur.Spec, inst.Spec), StatusChanges(cur.Status, status)...)
+		refusal, err := s.store.UpdateSpec(ctx, &inst, nil, nil, &status, changed)
 		if err != nil {
 			return nil, internal("delete instance", err)
 		}

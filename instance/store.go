@@ -20,7 +20,8 @@ type Store interface {
 	// UpdateSpec writes inst's spec if the stored generation is still inst.Generation, and
 	// then increases it; charges delta against quota (negative amounts release). When status
 	// is not nil it is written too, if the stored status version is still inst.StatusVersion.
-	UpdateSpec(ctx context.Context, inst *Instance, delta, limits quota.Amounts, status *Status) (*Refusal, error)
+	// The same step appends an UPDATED event naming the changed fields.
+	UpdateSpec(ctx context.Context, inst *Instance, delta, limits quota.Amounts, status *Status, changed []string) (*Refusal, error)
 	// List returns up to limit instances of the organization (of one project when project is
 	// not ""), oldest first, starting after the instance with id after ("" for the start).
 	List(ctx context.Context, org, project, after string, limit int) ([]*Instance, error)

@@ -23,5 +23,9 @@ func projectIndexKey(org, project string) string {
 	return prefix + orgTag(org) + ":idx:p:" + project
 }
 
+// eventsKey is the organization's event stream: one entry per committed change of any of its
+// instances, appended by the script that commits the change.
+func eventsKey(org string) string { return prefix + orgTag(org) + ":events" }
+
 // quotaKey is a hash of limit:<kind> (only kinds set with setQuota) and used:<kind>.
 func quotaKey(org string) string { return prefix + orgTag(org) + ":quota" }

@@ -40,14 +40,28 @@ local function applyCharge(quotaKey, first)
 end
 `
 
+// eventLua appends an event to the organization's event stream from inside the script that
+// commits the change, so there is no event without a change and no change without an event.
+// The event carries the instance as stored after the change (or, for a deletion, before it).
+// The stream keeps about eventsKept entries per organization.
+const eventLua = `
+local function appendEvent(eventsKey, instKey, id, kind, changed, at, msg)
+  local f = redis.call('HMGET', instKey, 'spec', 'status', 'gen', 'sv', 'proj')
+  redis.call('XADD', eventsKey, 'MAXLEN', '~', 10000, '*', 'kind', kind, 'id', id, 'proj', f[5],
+    'spec', f[1], 'status', f[2], 'gen', f[3], 'sv', f[4], 'changed', changed, 'at', at, 'msg', msg)
+end
+`
+
 // createScript stores a new instance, claims its name and charges its quota, all or nothing.
 //
-// KEYS[1] claim, KEYS[2] instance, KEYS[3] org index, KEYS[4] project index, KEYS[5] quota
-// ARGV[1] id, ARGV[2] spec JSON, ARGV[3] status JSON, ARGV[4] project, ARGV[5..] the charge
-// Returns an empty array on success, else the refusals: "name" when the claim is taken, and
-// the quota refusals of overQuota.
-var createScript = redis.NewScript(quotaLua + `
-local refusals = overQuota(KEYS[5], 5)
+// KEYS[1] claim, KEYS[2] instance, KEYS[3] org index, KEYS[4] project index, KEYS[5] quota,
+// KEYS[6] events
+// ARGV[1] id, ARGV[2] spec JSON, ARGV[3] status JSON, ARGV[4] project, ARGV[5] now (Unix ms),
+// ARGV[6..] the charge
+// Returns an empty array on success (a CREATED event appended), else the refusals: "name"
+// when the claim is taken, and the quota refusals of overQuota.
+var createScript = redis.NewScript(quotaLua + eventLua + `
+local refusals = overQuota(KEYS[5], 6)
 if redis.call('EXISTS', KEYS[1]) == 1 then
   table.insert(refusals, 1, 'name')
 end
@@ -58,7 +72,8 @@ redis.call('SET', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', ARGV[3], 'gen', 1, 'sv', 1, 'proj', ARGV[4])
 redis.call('ZADD', KEYS[3], 0, ARGV[1])
 redis.call('ZADD', KEYS[4], 0, ARGV[1])
-applyCharge(KEYS[5], 5)
+applyCharge(KEYS[5], 6)
+appendEvent(KEYS[6], KEYS[2], ARGV[1], 'CREATED', '', ARGV[5], '')
 return refusals
 `)
 
@@ -66,12 +81,14 @@ return refusals
 // delta; with an expected status version it also writes the status if that is unchanged.
 // All or nothing.
 //
-// KEYS[1] instance, KEYS[2] quota
+// KEYS[1] instance, KEYS[2] quota, KEYS[3] events
 // ARGV[1] expected generation, ARGV[2] spec JSON,
 // ARGV[3] expected status version ("" leaves the status alone), ARGV[4] status JSON,
-// ARGV[5..] the quota delta (negative amounts release)
-// Returns {"ok"}, {"gone"}, {"stale"}, {"statusstale"}, or the quota refusals of overQuota.
-var updateSpecScript = redis.NewScript(quotaLua + `
+// ARGV[5] id, ARGV[6] changed fields (comma-separated), ARGV[7] now (Unix ms),
+// ARGV[8..] the quota delta (negative amounts release)
+// Returns {"ok"} (an UPDATED event appended), {"gone"}, {"stale"}, {"statusstale"}, or the
+// quota refusals of overQuota.
+var updateSpecScript = redis.NewScript(quotaLua + eventLua + `
 local cur = redis.call('HMGET', KEYS[1], 'gen', 'sv')
 if not cur[1] then
   return {'gone'}
@@ -82,7 +99,7 @@ end
 if ARGV[3] ~= '' and cur[2] ~= ARGV[3] then
   return {'statusstale'}
 end
-local refusals = overQuota(KEYS[2], 5)
+local refusals = overQuota(KEYS[2], 8)
 if #refusals > 0 then
   return refusals
 end
@@ -92,7 +109,8 @@ if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[1], 'status', ARGV[4])
   redis.call('HINCRBY', KEYS[1], 'sv', 1)
 end
-applyCharge(KEYS[2], 5)
+applyCharge(KEYS[2], 8)
+appendEvent(KEYS[3], KEYS[1], ARGV[5], 'UPDATED', ARGV[6], ARGV[7], '')
 return {'ok'}
 `)
 
@@ -100,10 +118,12 @@ return {'ok'}
 // it. The generation is not compared: a worker's status may follow a spec the user has changed
 // since, and the status's observedGeneration says which generation it realised.
 //
-// KEYS[1] instance
-// ARGV[1] expected status version, ARGV[2] status JSON
-// Returns 1 when written, 0 when the status version moved on, -1 when the instance is gone.
-var writeStatusScript = redis.NewScript(`
+// KEYS[1] instance, KEYS[2] events
+// ARGV[1] expected status version, ARGV[2] status JSON, ARGV[3] id, ARGV[4] event kind,
+// ARGV[5] changed fields (comma-separated), ARGV[6] now (Unix ms), ARGV[7] event message
+// Returns 1 when written (the event appended), 0 when the status version moved on, -1 when
+// the instance is gone.
+var writeStatusScript = redis.NewScript(eventLua + `
 local sv = redis.call('HGET', KEYS[1], 'sv')
 if not sv then
   return -1
@@ -113,6 +133,7 @@ if sv ~= ARGV[1] then
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'sv', 1)
+appendEvent(KEYS[2], KEYS[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 return 1
 `)
 
@@ -122,15 +143,19 @@ return 1
 // both indexes, all or nothing. A forgotten instance is gone, so a second run changes nothing
 // and the charge is never released twice.
 //
-// KEYS[1] instance, KEYS[2] claim, KEYS[3] org index, KEYS[4] project index, KEYS[5] quota
-// ARGV[1] expected generation, ARGV[2] id, ARGV[3..] the charge to release (negative amounts)
-// Returns 1 when forgotten, 0 when the instance is gone or its generation moved on.
-var forgetScript = redis.NewScript(quotaLua + `
+// KEYS[1] instance, KEYS[2] claim, KEYS[3] org index, KEYS[4] project index, KEYS[5] quota,
+// KEYS[6] events
+// ARGV[1] expected generation, ARGV[2] id, ARGV[3] now (Unix ms),
+// ARGV[4..] the charge to release (negative amounts)
+// Returns 1 when forgotten (a DELETED event appended, carrying the instance as it was), 0
+// when the instance is gone or its generation moved on.
+var forgetScript = redis.NewScript(quotaLua + eventLua + `
 local gen = redis.call('HGET', KEYS[1], 'gen')
 if gen ~= ARGV[1] then
   return 0
 end
-applyCharge(KEYS[5], 3)
+appendEvent(KEYS[6], KEYS[1], ARGV[2], 'DELETED', '', ARGV[3], '')
+applyCharge(KEYS[5], 4)
 if redis.call('GET', KEYS[2]) == ARGV[2] then
   redis.call('DEL', KEYS[2])
 end
@@ -140,4 +165,18 @@ redis.call('ZREM', KEYS[4], ARGV[2])
 return 1
 `)
 
-var scripts = []*redis.Script{createScript, updateSpecScript, writeStatusScript, forgetScript}
+// warnScript records a warning on an instance's history without changing it, e.g. that
+// duplicate servers were found and deleted.
+//
+// KEYS[1] instance, KEYS[2] events
+// ARGV[1] id, ARGV[2] now (Unix ms), ARGV[3] message
+// Returns 1, or 0 when the instance is gone (nothing is recorded).
+var warnScript = redis.NewScript(eventLua + `
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+appendEvent(KEYS[2], KEYS[1], ARGV[1], 'WARNING', '', ARGV[2], ARGV[3])
+return 1
+`)
+
+var scripts = []*redis.Script{createScript, updateSpecScript, writeStatusScript, forgetScript, warnScript}

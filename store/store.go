@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -68,9 +69,9 @@ func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim strin
 	org := inst.OrganizationID
 	keys := []string{
 		claimKey(org, claim), instanceKey(org, inst.ID), orgIndexKey(org),
-		projectIndexKey(org, inst.ProjectID), quotaKey(org),
+		projectIndexKey(org, inst.ProjectID), quotaKey(org), eventsKey(org),
 	}
-	args := chargeArgs([]any{inst.ID, spec, status, inst.ProjectID}, inst.Charge, limits)
+	args := chargeArgs([]any{inst.ID, spec, status, inst.ProjectID, inst.CreatedAt.UnixMilli()}, inst.Charge, limits)
 	reply, err := createScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("create: %w", err)
@@ -79,7 +80,7 @@ func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim strin
 }
 
 // UpdateSpec implements instance.Store with updateSpecScript.
-func (s *Store) UpdateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status) (*instance.Refusal, error) {
+func (s *Store) UpdateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status, changed []string) (*instance.Refusal, error) {
 	spec, err := json.Marshal(&inst.Spec)
 	if err != nil {
 		return nil, fmt.Errorf("update spec: encode spec: %w", err)
@@ -92,8 +93,8 @@ func (s *Store) UpdateSpec(ctx context.Context, inst *instance.Instance, delta, 
 		}
 	}
 	org := inst.OrganizationID
-	keys := []string{instanceKey(org, inst.ID), quotaKey(org)}
-	args := chargeArgs([]any{inst.Generation, spec, expectSV, statusJSON}, delta, limits)
+	keys := []string{instanceKey(org, inst.ID), quotaKey(org), eventsKey(org)}
+	args := chargeArgs([]any{inst.Generation, spec, expectSV, statusJSON, inst.ID, strings.Join(changed, ","), inst.UpdatedAt.UnixMilli()}, delta, limits)
 	reply, err := updateSpecScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("update spec: %w", err)
@@ -118,13 +119,14 @@ func (s *Store) UpdateSpec(ctx context.Context, inst *instance.Instance, delta, 
 // written for an older spec is kept (its ObservedGeneration says which spec it realised).
 // written is false, with no error, when the status version moved on or the instance is gone:
 // a stale writer never overwrites a newer status. inst is not changed.
-func (s *Store) WriteStatus(ctx context.Context, inst *instance.Instance, status instance.Status) (written bool, err error) {
+func (s *Store) WriteStatus(ctx context.Context, inst *instance.Instance, status instance.Status, ev instance.Event) (written bool, err error) {
 	statusJSON, err := json.Marshal(&status)
 	if err != nil {
 		return false, fmt.Errorf("write status: encode status: %w", err)
 	}
-	keys := []string{instanceKey(inst.OrganizationID, inst.ID)}
-	reply, err := writeStatusScript.Run(ctx, s.rdb, keys, inst.StatusVersion, statusJSON).Int()
+	keys := []string{instanceKey(inst.OrganizationID, inst.ID), eventsKey(inst.OrganizationID)}
+	reply, err := writeStatusScript.Run(ctx, s.rdb, keys, inst.StatusVersion, statusJSON, inst.ID,
+		string(ev.Kind), strings.Join(ev.Changed, ","), ev.At.UnixMilli(), ev.Message).Int()
 	if err != nil {
 		return false, fmt.Errorf("write status: %w", err)
 	}
@@ -136,14 +138,14 @@ func (s *Store) WriteStatus(ctx context.Context, inst *instance.Instance, status
 // deletes the instance and removes it from the organization and project indexes, all in one
 // step, if the stored generation is still inst.Generation. It returns false, having changed
 // nothing, when the instance is gone (e.g. already forgotten) or its generation moved on.
-func (s *Store) Forget(ctx context.Context, inst *instance.Instance) (bool, error) {
+func (s *Store) Forget(ctx context.Context, inst *instance.Instance, at time.Time) (bool, error) {
 	org := inst.OrganizationID
 	keys := []string{
 		instanceKey(org, inst.ID), claimKey(org, instance.NameClaim(inst.NetworkID, inst.Name)),
-		orgIndexKey(org), projectIndexKey(org, inst.ProjectID), quotaKey(org),
+		orgIndexKey(org), projectIndexKey(org, inst.ProjectID), quotaKey(org), eventsKey(org),
 	}
 	// Releasing is charging the negated amounts; limits only matter for positive amounts.
-	args := chargeArgs([]any{inst.Generation, inst.ID}, quota.Amounts{}.Sub(inst.Charge), nil)
+	args := chargeArgs([]any{inst.Generation, inst.ID, at.UnixMilli()}, quota.Amounts{}.Sub(inst.Charge), nil)
 	reply, err := forgetScript.Run(ctx, s.rdb, keys, args...).Int()
 	if err != nil {
 		return false, fmt.Errorf("forget: %w", err)
@@ -184,6 +186,16 @@ func (s *Store) NameClaimed(ctx context.Context, org, claim string) (bool, error
 	n, err := s.rdb.Exists(ctx, claimKey(org, claim)).Result()
 	if err != nil {
 		return false, fmt.Errorf("read name claim: %w", err)
+	}
+	return n == 1, nil
+}
+
+// Warn records a warning event on the instance's history; false when the instance is gone.
+func (s *Store) Warn(ctx context.Context, inst *instance.Instance, at time.Time, message string) (bool, error) {
+	keys := []string{instanceKey(inst.OrganizationID, inst.ID), eventsKey(inst.OrganizationID)}
+	n, err := warnScript.Run(ctx, s.rdb, keys, inst.ID, at.UnixMilli(), message).Int()
+	if err != nil {
+		return false, fmt.Errorf("warn: %w", err)
 	}
 	return n == 1, nil
 }

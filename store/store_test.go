@@ -155,7 +155,7 @@ func TestUpdateSpec(t *testing.T) {
 			}
 			inst.Generation, inst.StatusVersion = tt.gen, tt.sv
 			inst.Description = "changed"
-			refusal, err := s.UpdateSpec(ctx, inst, tt.delta, roomy, tt.status)
+			refusal, err := s.UpdateSpec(ctx, inst, tt.delta, roomy, tt.status, []string{"description"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -187,7 +187,7 @@ func TestUpdateSpecOfForgottenInstance(t *testing.T) {
 	rdb := redisServer.Client(t)
 	inst := newInstance("acme", "web", "a")
 	inst.Generation = 1
-	refusal, err := New(rdb).UpdateSpec(ctx, inst, nil, roomy, nil)
+	refusal, err := New(rdb).UpdateSpec(ctx, inst, nil, roomy, nil, nil)
 	if err != nil || refusal == nil || !refusal.Gone {
 		t.Fatalf("refusal = %+v, %v", refusal, err)
 	}
@@ -332,7 +332,7 @@ func BenchmarkUpdateSpec(b *testing.B) {
 	}
 	inst.Generation = 1
 	for b.Loop() {
-		if r, err := s.UpdateSpec(ctx, inst, nil, roomy, nil); err != nil || r != nil {
+		if r, err := s.UpdateSpec(ctx, inst, nil, roomy, nil, nil); err != nil || r != nil {
 			b.Fatal(err, r)
 		}
 		inst.Generation++

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -25,6 +26,8 @@ func snapshot(t *testing.T, rdb *redis.Client) map[string]string {
 			out[key] = fmt.Sprint(hgetall(t, rdb, key))
 		case "zset":
 			out[key] = fmt.Sprint(rdb.ZRange(ctx, key, 0, -1).Val())
+		case "stream":
+			out[key] = fmt.Sprint(rdb.XRange(ctx, key, "-", "+").Val())
 		default:
 			t.Fatalf("%s has unexpected type %s", key, typ)
 		}
@@ -74,7 +77,7 @@ func TestWriteStatus(t *testing.T) {
 				rdb.HSet(ctx, key, tt.init)
 			}
 			inst := &instance.Instance{ID: "i-1", OrganizationID: "acme", ProjectID: "web", Generation: tt.gen, StatusVersion: tt.sv}
-			written, err := New(rdb).WriteStatus(ctx, inst, status)
+			written, err := New(rdb).WriteStatus(ctx, inst, status, statusEvent)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -112,7 +115,7 @@ func TestForgetReleasesAndDeletesEverything(t *testing.T) {
 		}
 	}
 
-	forgotten, err := s.Forget(ctx, gone)
+	forgotten, err := s.Forget(ctx, gone, eventTime)
 	if err != nil || !forgotten {
 		t.Fatalf("forget = %v, %v", forgotten, err)
 	}
@@ -149,7 +152,7 @@ func TestForgetLeavesAClaimOfAnotherInstance(t *testing.T) {
 	inst := create(t, s, newInstance("acme", "web", "a"))
 	claim := claimKey("acme", instance.NameClaim(inst.NetworkID, inst.Name))
 	rdb.Set(ctx, claim, "other-id", 0)
-	if forgotten, err := s.Forget(ctx, inst); err != nil || !forgotten {
+	if forgotten, err := s.Forget(ctx, inst, eventTime); err != nil || !forgotten {
 		t.Fatalf("forget = %v, %v", forgotten, err)
 	}
 	if got := rdb.Get(ctx, claim).Val(); got != "other-id" {
@@ -169,13 +172,13 @@ func TestForgetRefusalsChangeNothing(t *testing.T) {
 		{name: "generation moved on", gen: 1, modify: func(t *testing.T, s *Store, inst *instance.Instance) {
 			changed := *inst
 			changed.Description = "changed"
-			if r, err := s.UpdateSpec(ctx, &changed, nil, roomy, nil); err != nil || r != nil {
+			if r, err := s.UpdateSpec(ctx, &changed, nil, roomy, nil, nil); err != nil || r != nil {
 				t.Fatal(err, r)
 			}
 		}},
 		{name: "generation from the future", gen: 2},
 		{name: "already forgotten", gen: 1, modify: func(t *testing.T, s *Store, inst *instance.Instance) {
-			if forgotten, err := s.Forget(ctx, inst); err != nil || !forgotten {
+			if forgotten, err := s.Forget(ctx, inst, eventTime); err != nil || !forgotten {
 				t.Fatal(forgotten, err)
 			}
 		}},
@@ -191,7 +194,7 @@ func TestForgetRefusalsChangeNothing(t *testing.T) {
 			}
 			before := snapshot(t, rdb)
 			inst.Generation = tt.gen
-			forgotten, err := s.Forget(ctx, inst)
+			forgotten, err := s.Forget(ctx, inst, eventTime)
 			if err != nil || forgotten {
 				t.Fatalf("forget = %v, %v", forgotten, err)
 			}
@@ -207,7 +210,7 @@ func TestForgetIsIdempotentAndFreesTheName(t *testing.T) {
 	s := New(rdb)
 	inst := create(t, s, newInstance("acme", "web", "a"))
 	for i, want := range []bool{true, false, false} {
-		forgotten, err := s.Forget(ctx, inst)
+		forgotten, err := s.Forget(ctx, inst, eventTime)
 		if err != nil || forgotten != want {
 			t.Fatalf("forget #%d = %v, %v; want %v", i+1, forgotten, err, want)
 		}
@@ -230,7 +233,7 @@ func BenchmarkWriteStatus(b *testing.B) {
 	inst := create(b, s, newInstance("acme", "web", "a"))
 	status := instance.Status{ProvisioningStatus: instance.ProvisioningProvisioned, PowerState: instance.PowerRunning, HealthStatus: instance.HealthHealthy}
 	for b.Loop() {
-		if written, err := s.WriteStatus(ctx, inst, status); err != nil || !written {
+		if written, err := s.WriteStatus(ctx, inst, status, statusEvent); err != nil || !written {
 			b.Fatal(written, err)
 		}
 		inst.StatusVersion++
@@ -246,8 +249,13 @@ func BenchmarkForget(b *testing.B) {
 		inst := create(b, s, newInstance("acme", "web", fmt.Sprint("n", i)))
 		i++
 		b.StartTimer()
-		if forgotten, err := s.Forget(ctx, inst); err != nil || !forgotten {
+		if forgotten, err := s.Forget(ctx, inst, eventTime); err != nil || !forgotten {
 			b.Fatal(forgotten, err)
 		}
 	}
 }
+
+var (
+	eventTime   = time.Date(2026, 11, 21, 12, 30, 0, 0, time.UTC)
+	statusEvent = instance.Event{Kind: instance.EventStatusChanged, Changed: []string{"status.powerState"}, At: eventTime}
+)

@@ -61,8 +61,8 @@ type healthChange struct {
 	at     time.Time
 }
 
-func (s *timedStore) WriteStatus(ctx context.Context, inst *instance.Instance, st instance.Status) (bool, error) {
-	ok, err := s.Store.WriteStatus(ctx, inst, st)
+func (s *timedStore) WriteStatus(ctx context.Context, inst *instance.Instance, st instance.Status, ev instance.Event) (bool, error) {
+	ok, err := s.Store.WriteStatus(ctx, inst, st, ev)
 	if !ok || err != nil {
 		return ok, err
 	}

@@ -410,8 +410,8 @@ type recordingStore struct {
 	written []instance.Status
 }
 
-func (s *recordingStore) WriteStatus(ctx context.Context, inst *instance.Instance, st instance.Status) (bool, error) {
-	ok, err := s.Store.WriteStatus(ctx, inst, st)
+func (s *recordingStore) WriteStatus(ctx context.Context, inst *instance.Instance, st instance.Status, ev instance.Event) (bool, error) {
+	ok, err := s.Store.WriteStatus(ctx, inst, st, ev)
 	if ok {
 		s.mu.Lock()
 		s.written = append(s.written, st)

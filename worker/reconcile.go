@@ -24,11 +24,14 @@ type Store interface {
 	// Exists reports whether the instance exists, without reading it.
 	Exists(ctx context.Context, org, id string) (bool, error)
 	List(ctx context.Context, org, project, after string, limit int) ([]*instance.Instance, error)
-	// WriteStatus writes the status if the status version is still the instance's.
-	WriteStatus(ctx context.Context, inst *instance.Instance, status instance.Status) (bool, error)
+	// WriteStatus writes the status if the status version is still the instance's, with the
+	// event for its history.
+	WriteStatus(ctx context.Context, inst *instance.Instance, status instance.Status, ev instance.Event) (bool, error)
 	// Forget releases the quota, frees the name and removes the instance, if its generation
-	// is still the instance's.
-	Forget(ctx context.Context, inst *instance.Instance) (bool, error)
+	// is still the instance's, recording its deletion.
+	Forget(ctx context.Context, inst *instance.Instance, at time.Time) (bool, error)
+	// Warn records a warning on the instance's history.
+	Warn(ctx context.Context, inst *instance.Instance, at time.Time, message string) (bool, error)
 }
 
 // Reconciler reconciles one instance per call; it is the work queue's handler. It is
@@ -75,23 +78,26 @@ func (r *Reconciler) Handle(ctx context.Context, t queue.Task) (time.Duration, e
 	if err != nil {
 		// The user sees that the region is being difficult; the detail goes to the log.
 		r.Logger.WarnContext(ctx, "reconcile failed", "instance", inst.ID, "org", org, "attempt", t.Attempt, "err", err)
-		if _, werr := r.writeStatus(ctx, inst, inst.Failed("The region did not complete a request for this instance; retrying.", false, r.Now())); werr != nil {
+		if _, werr := r.writeStatus(ctx, inst, inst.Failed("The region did not complete a request for this instance; retrying.", false, r.Now()), instance.EventStatusChanged); werr != nil {
 			return 0, errors.Join(err, werr)
 		}
 	}
 	return again, err
 }
 
-// writeStatus writes the status when it differs from the stored one. A stale write (a newer
-// status exists) is not an error: the instance will be reconciled again from the newer state.
-func (r *Reconciler) writeStatus(ctx context.Context, inst *instance.Instance, st instance.Status) (bool, error) {
-	if statusEqual(inst.Status, st) {
+// writeStatus writes the status, with an event of the kind naming what changed, when it
+// differs from the stored one: the history records only changes a user can see. A stale write
+// (a newer status exists) is not an error: the instance will be reconciled again from the
+// newer state.
+func (r *Reconciler) writeStatus(ctx context.Context, inst *instance.Instance, st instance.Status, kind instance.EventKind) (bool, error) {
+	changed := instance.StatusChanges(inst.Status, st)
+	if len(changed) == 0 {
 		return false, nil
 	}
 	// The final write of a reconcile must land even if the worker is shutting down.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	ok, err := r.Store.WriteStatus(ctx, inst, st)
+	ok, err := r.Store.WriteStatus(ctx, inst, st, instance.Event{Kind: kind, Changed: changed, At: r.Now()})
 	if err != nil {
 		return false, fmt.Errorf("write status: %w", err)
 	}
@@ -126,7 +132,7 @@ func (r *Reconciler) reconcile(ctx context.Context, inst *instance.Instance) (ti
 		if inst.RebuildGeneration > inst.Status.ObservedGeneration {
 			reason, msg = instance.ReasonRebuilding, "The server is being rebuilt: its disk, IP addresses and MAC address are new."
 		}
-		_, err := r.writeStatus(ctx, inst, inst.Awaiting(reason, msg, now))
+		_, err := r.writeStatus(ctx, inst, inst.Awaiting(reason, msg, now), instance.EventStatusChanged)
 		return r.Yield, err
 	}
 	srv := &servers[0]
@@ -143,7 +149,7 @@ func (r *Reconciler) reconcile(ctx context.Context, inst *instance.Instance) (ti
 		}
 		srv = &updated
 	}
-	if _, err := r.writeStatus(ctx, inst, inst.Observe(srv, now)); err != nil {
+	if _, err := r.writeStatus(ctx, inst, inst.Observe(srv, now), instance.EventStatusChanged); err != nil {
 		return 0, err
 	}
 	if srv.State.Provisioning() {
@@ -170,6 +176,9 @@ func (r *Reconciler) unique(ctx context.Context, inst *instance.Instance, server
 		}
 		r.Metrics.duplicates.Inc()
 		r.Logger.WarnContext(ctx, "duplicate server deleted", "instance", inst.ID, "kept", live[0].ID, "deleted", extra.ID)
+		if _, err := r.Store.Warn(ctx, inst, r.Now(), "The region had made more than one server for this instance; the extra one was deleted."); err != nil {
+			return nil, err
+		}
 	}
 	return live[:1], nil
 }
@@ -182,7 +191,7 @@ func (r *Reconciler) rebuild(ctx context.Context, inst *instance.Instance, srv *
 	now := r.Now()
 	if inst.RebuildGeneration == 0 {
 		msg := "The server differs from the instance in " + strings.Join(fields, ", ") + ", which needs a rebuild nobody allowed."
-		_, err := r.writeStatus(ctx, inst, inst.Failed(msg, true, now))
+		_, err := r.writeStatus(ctx, inst, inst.Failed(msg, true, now), instance.EventStatusChanged)
 		return 0, err
 	}
 	if err := r.Region.DeleteServer(ctx, srv.ID); err != nil {
@@ -190,7 +199,8 @@ func (r *Reconciler) rebuild(ctx context.Context, inst *instance.Instance, srv *
 	}
 	r.Metrics.rebuilds.Inc()
 	_, err := r.writeStatus(ctx, inst, inst.Awaiting(instance.ReasonRebuilding,
-		"The server is being rebuilt for a new "+strings.Join(fields, ", ")+": its disk, IP addresses and MAC address are lost.", now))
+		"The server is being rebuilt for a new "+strings.Join(fields, ", ")+": its disk, IP addresses and MAC address are lost.", now),
+		instance.EventRebuildStarted)
 	return r.Yield, err
 }
 
@@ -210,7 +220,7 @@ func (r *Reconciler) deprovision(ctx context.Context, inst *instance.Instance, s
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if _, err := r.Store.Forget(ctx, inst); err != nil {
+	if _, err := r.Store.Forget(ctx, inst, r.Now()); err != nil {
 		return 0, fmt.Errorf("forget instance: %w", err)
 	}
 	return 0, nil
@@ -227,18 +237,7 @@ func (r *Reconciler) MarkFailed(ctx context.Context, key, _ string) {
 	if err != nil {
 		return
 	}
-	if _, err := r.writeStatus(ctx, inst, inst.Failed("The instance could not be reconciled after repeated attempts; an operator has been alerted.", true, r.Now())); err != nil {
+	if _, err := r.writeStatus(ctx, inst, inst.Failed("The instance could not be reconciled after repeated attempts; an operator has been alerted.", true, r.Now()), instance.EventStatusChanged); err != nil {
 		r.Logger.ErrorContext(ctx, "mark instance failed", "instance", id, "err", err)
 	}
-}
-
-// statusEqual compares statuses, ignoring nothing: any visible change is a change.
-func statusEqual(a, b instance.Status) bool {
-	return a.ProvisioningStatus == b.ProvisioningStatus && a.HealthStatus == b.HealthStatus &&
-		a.PowerState == b.PowerState && a.PrivateIP == b.PrivateIP && a.PublicIP == b.PublicIP &&
-		a.MACAddress == b.MACAddress && a.ObservedGeneration == b.ObservedGeneration &&
-		slices.EqualFunc(a.Conditions, b.Conditions, func(x, y instance.Condition) bool {
-			return x.Type == y.Type && x.Status == y.Status && x.Reason == y.Reason && x.Message == y.Message &&
-				x.LastTransitionTime.Equal(y.LastTransitionTime)
-		})
 }

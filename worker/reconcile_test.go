@@ -20,7 +20,7 @@ type interfering struct {
 	before func()
 }
 
-func (s *interfering) WriteStatus(ctx context.Context, inst *instance.Instance, st instance.Status) (bool, error) {
+func (s *interfering) WriteStatus(ctx context.Context, inst *instance.Instance, st instance.Status, ev instance.Event) (bool, error) {
 	s.mu.Lock()
 	f := s.before
 	s.before = nil
@@ -28,7 +28,7 @@ func (s *interfering) WriteStatus(ctx context.Context, inst *instance.Instance, 
 	if f != nil {
 		f()
 	}
-	return s.Store.WriteStatus(ctx, inst, st)
+	return s.Store.WriteStatus(ctx, inst, st, ev)
 }
 
 // A reconciler whose status write lost the race to a newer status does not overwrite it; the
@@ -44,7 +44,7 @@ func TestStaleStatusWriteDoesNotOverwrite(t *testing.T) {
 	}}
 	st := &interfering{Store: e.st, before: func() {
 		cur := e.get(t, created.ID)
-		if ok, err := e.st.WriteStatus(bg, cur, slipped); !ok || err != nil {
+		if ok, err := e.st.WriteStatus(bg, cur, slipped, instance.Event{Kind: instance.EventStatusChanged, Changed: instance.StatusChanges(cur.Status, slipped), At: time.Now()}); !ok || err != nil {
 			t.Errorf("slipping a status in: %v, %v", ok, err)
 		}
 	}}

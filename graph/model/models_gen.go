@@ -3,10 +3,6 @@
 package model
 
 import (
-	"bytes"
-	"fmt"
-	"io"
-	"strconv"
 	"time"
 
 	"github.com/99designs/gqlgen/graphql"
@@ -56,12 +52,14 @@ type InstanceEdge struct {
 
 type InstanceEvent struct {
 	// Opaque position in the event log; resume a subscription after it.
-	Cursor string            `json:"cursor"`
-	Kind   InstanceEventKind `json:"kind"`
+	Cursor string             `json:"cursor"`
+	Kind   instance.EventKind `json:"kind"`
 	// The instance as of this event.
 	Instance      *instance.Instance `json:"instance"`
 	ChangedFields []string           `json:"changedFields"`
 	OccurredAt    time.Time          `json:"occurredAt"`
+	// What happened, in words, where the kind alone does not say (e.g. for WARNING).
+	Message *string `json:"message,omitempty"`
 }
 
 type InstanceEventConnection struct {
@@ -162,67 +160,4 @@ type UpdateInstanceInput struct {
 type UpdateInstancePayload struct {
 	Instance   *instance.Instance    `json:"instance,omitempty"`
 	UserErrors []instance.FieldError `json:"userErrors"`
-}
-
-type InstanceEventKind string
-
-const (
-	InstanceEventKindSnapshot       InstanceEventKind = "SNAPSHOT"
-	InstanceEventKindCreated        InstanceEventKind = "CREATED"
-	InstanceEventKindUpdated        InstanceEventKind = "UPDATED"
-	InstanceEventKindStatusChanged  InstanceEventKind = "STATUS_CHANGED"
-	InstanceEventKindRebuildStarted InstanceEventKind = "REBUILD_STARTED"
-	InstanceEventKindDeleted        InstanceEventKind = "DELETED"
-)
-
-var AllInstanceEventKind = []InstanceEventKind{
-	InstanceEventKindSnapshot,
-	InstanceEventKindCreated,
-	InstanceEventKindUpdated,
-	InstanceEventKindStatusChanged,
-	InstanceEventKindRebuildStarted,
-	InstanceEventKindDeleted,
-}
-
-func (e InstanceEventKind) IsValid() bool {
-	switch e {
-	case InstanceEventKindSnapshot, InstanceEventKindCreated, InstanceEventKindUpdated, InstanceEventKindStatusChanged, InstanceEventKindRebuildStarted, InstanceEventKindDeleted:
-		return true
-	}
-	return false
-}
-
-func (e InstanceEventKind) String() string {
-	return string(e)
-}
-
-func (e *InstanceEventKind) UnmarshalGQL(v any) error {
-	str, ok := v.(string)
-	if !ok {
-		return fmt.Errorf("enums must be strings")
-	}
-
-	*e = InstanceEventKind(str)
-	if !e.IsValid() {
-		return fmt.Errorf("%s is not a valid InstanceEventKind", str)
-	}
-	return nil
-}
-
-func (e InstanceEventKind) MarshalGQL(w io.Writer) {
-	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
-}
-
-func (e *InstanceEventKind) UnmarshalJSON(b []byte) error {
-	s, err := strconv.Unquote(string(b))
-	if err != nil {
-		return err
-	}
-	return e.UnmarshalGQL(s)
-}
-
-func (e InstanceEventKind) MarshalJSON() ([]byte, error) {
-	var buf bytes.Buffer
-	e.MarshalGQL(&buf)
-	return buf.Bytes(), nil
 }

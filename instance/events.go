@@ -1,0 +1,76 @@
+package instance
+
+import (
+	"reflect"
+	"slices"
+	"time"
+)
+
+// EventKind says what an event of an instance's history records.
+type EventKind string
+
+// Event kinds. Every committed change appends one, in the store step that commits it.
+const (
+	// EventSnapshot is the current state sent first to a new subscriber; it is never stored.
+	EventSnapshot       EventKind = "SNAPSHOT"
+	EventCreated        EventKind = "CREATED"
+	EventUpdated        EventKind = "UPDATED"
+	EventStatusChanged  EventKind = "STATUS_CHANGED"
+	EventRebuildStarted EventKind = "REBUILD_STARTED"
+	EventDeleted        EventKind = "DELETED"
+	// EventWarning records something the user should know that changed nothing, e.g. that
+	// duplicate servers were found and deleted.
+	EventWarning EventKind = "WARNING"
+)
+
+// Event describes a status change for the history.
+type Event struct {
+	Kind    EventKind
+	Changed []string
+	At      time.Time
+	Message string
+}
+
+// SpecChanges lists the fields (by their API names) in which two specs differ.
+func SpecChanges(a, b Spec) []string {
+	var out []string
+	add := func(name string, differ bool) {
+		if differ {
+			out = append(out, name)
+		}
+	}
+	add("description", a.Description != b.Description)
+	add("tags", !slices.Equal(a.Tags, b.Tags))
+	add("flavorId", a.FlavorID != b.FlavorID)
+	add("imageId", a.ImageID != b.ImageID)
+	add("sshCertificateAuthorityId", a.SSHCertificateAuthorityID != b.SSHCertificateAuthorityID)
+	add("networking", !reflect.DeepEqual(a.Networking, b.Networking))
+	add("userData", string(a.UserData) != string(b.UserData))
+	add("deletedAt", (a.DeletedAt == nil) != (b.DeletedAt == nil))
+	return out
+}
+
+// StatusChanges lists the status fields (by their API names, under "status.") in which two
+// statuses differ; none means there is nothing to write.
+func StatusChanges(a, b Status) []string {
+	var out []string
+	add := func(name string, differ bool) {
+		if differ {
+			out = append(out, "status."+name)
+		}
+	}
+	add("provisioningStatus", a.ProvisioningStatus != b.ProvisioningStatus)
+	add("healthStatus", a.HealthStatus != b.HealthStatus)
+	add("powerState", a.PowerState != b.PowerState)
+	add("privateIP", a.PrivateIP != b.PrivateIP)
+	add("publicIP", a.PublicIP != b.PublicIP)
+	add("macAddress", a.MACAddress != b.MACAddress)
+	add("conditions", !slices.EqualFunc(a.Conditions, b.Conditions, func(x, y Condition) bool {
+		return x.Type == y.Type && x.Status == y.Status && x.Reason == y.Reason && x.Message == y.Message &&
+			x.LastTransitionTime.Equal(y.LastTransitionTime)
+	}))
+	if a.ObservedGeneration != b.ObservedGeneration {
+		out = append(out, "observedGeneration")
+	}
+	return out
+}
