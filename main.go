@@ -159,6 +159,7 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 		wk, err = worker.New(worker.Options{
 			Store: st, Region: sims, Queue: q, Logger: log,
 			Organizations: func() []string { return orgs },
+			NetworkExists: func(id string) bool { _, ok := cat.Network(id); return ok },
 		})
 		if err != nil {
 			return err

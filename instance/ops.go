@@ -403,17 +403,7 @@ func (s *Service) Delete(ctx context.Context, id string) (*Instance, error) {
 		if cur.Deleting() {
 			return cur, nil
 		}
-		now := s.now().UTC()
-		inst := *cur
-		inst.DeletedAt, inst.UpdatedAt, inst.UpdatedBy = &now, now, pr.Subject
-		status := cur.Status
-		status.Conditions = append([]Condition(nil), cur.Status.Conditions...)
-		status.ProvisioningStatus = ProvisioningDeprovisioning
-		status.setCondition(Condition{
-			Type: ConditionAvailable, Status: ConditionFalse, Reason: ReasonDeprovisioning,
-			Message: "The instance's server is being deleted.", LastTransitionTime: now,
-		})
-		changed := append(SpecChanges(cur.Spec, inst.Spec), StatusChanges(cur.Status, status)...)
+		inst, status, changed := cur.MarkDeleting(s.now().UTC(), pr.Subject, "The instance's server is being deleted.")
 		refusal, err := s.store.UpdateSpec(ctx, &inst, nil, nil, &status, changed)
 		if err != nil {
 			return nil, internal("delete instance", err)

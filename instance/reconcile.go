@@ -133,3 +133,16 @@ func (i *Instance) Failed(message string, final bool, now time.Time) Status {
 	st.setCondition(Condition{Type: ConditionAvailable, Status: ConditionFalse, Reason: ReasonErrored, Message: message, LastTransitionTime: now})
 	return st
 }
+
+// MarkDeleting returns the instance with its deletion requested at now by who, the status
+// that shows it deprovisioning with the message, and the fields that change. The store write
+// of both is the deletion request; workers then tear the server down.
+func (i *Instance) MarkDeleting(now time.Time, by, message string) (Instance, Status, []string) {
+	next := *i
+	next.DeletedAt, next.UpdatedAt, next.UpdatedBy = &now, now, by
+	st := i.Status
+	st.Conditions = slices.Clone(i.Status.Conditions)
+	st.ProvisioningStatus = ProvisioningDeprovisioning
+	st.setCondition(Condition{Type: ConditionAvailable, Status: ConditionFalse, Reason: ReasonDeprovisioning, Message: message, LastTransitionTime: now})
+	return next, st, append(SpecChanges(i.Spec, next.Spec), StatusChanges(i.Status, st)...)
+}

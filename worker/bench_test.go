@@ -133,7 +133,8 @@ func convergeAndPropagate(b *testing.B, instances, changes int) (time.Duration, 
 		defer own.Close()
 		wq, _ := queue.New(own, queue.Options{})
 		w, err := worker.New(worker.Options{Store: ts, Region: cloud, Queue: wq, Organizations: func() []string { return []string{"bench"} },
-			Logger: quiet, Consumer: queue.ConsumerOptions{Name: fmt.Sprint("w", i), Block: 100 * time.Millisecond}})
+			NetworkExists: func(id string) bool { _, ok := cat.Network(id); return ok },
+			Logger:        quiet, Consumer: queue.ConsumerOptions{Name: fmt.Sprint("w", i), Block: 100 * time.Millisecond}})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -124,6 +124,9 @@ func newEnv(t *testing.T, edit ...func(s *setup)) *env {
 	}
 	wo.Store, wo.Region, wo.Queue, wo.Logger, wo.Registerer = ws, e.region, e.q, quiet, e.reg
 	wo.Organizations = func() []string { return []string{"acme", "globex"} }
+	if wo.NetworkExists == nil {
+		wo.NetworkExists = func(id string) bool { _, ok := cat.Network(id); return ok }
+	}
 	if e.wk, err = worker.New(wo); err != nil {
 		t.Fatal(err)
 	}

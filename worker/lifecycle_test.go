@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -244,4 +246,45 @@ func TestFailedBuild(t *testing.T) {
 		t.Errorf("condition %+v, want FALSE Errored with the region's message %q", c, srv.Message)
 	}
 	e.waitRunning(t, healthy.ID)
+}
+
+// TestNetworkDeletedCascades: DOMAIN.md §5 — deleting a network in the region deletes its
+// instances the same way as a user's delete: the server goes first, then the quota and the
+// name; an instance on another network is untouched.
+func TestNetworkDeletedCascades(t *testing.T) {
+	var deleted atomic.Bool
+	e := newEnv(t, func(s *setup) {
+		cat := s.sim.Catalog
+		s.worker.NetworkExists = func(id string) bool {
+			_, ok := cat.Network(id)
+			return ok && !(deleted.Load() && id == "net-acme-web-eu")
+		}
+	})
+	doomed := e.waitRunning(t, e.create(t, "web-1").ID)
+	other := e.waitRunning(t, e.create(t, "web-2", func(r *instance.CreateRequest) { r.NetworkID = "net-acme-web-us" }).ID)
+
+	deleted.Store(true)
+	if err := e.q.Enqueue(bg, doomed.Key()); err != nil {
+		t.Fatal(err)
+	}
+	var seen *instance.Instance
+	eventually(t, convergeLimit, func() bool {
+		got, err := e.st.Get(bg, []string{"acme"}, doomed.ID)
+		if err != nil {
+			return false
+		}
+		seen = got
+		return got.Deleting()
+	}, "the instance marked deleting, last %s", last(&seen))
+	if c := available(t, seen); c.Reason != instance.ReasonDeprovisioning || !strings.Contains(c.Message, "network was deleted") {
+		t.Errorf("condition %+v, want Deprovisioning saying the network was deleted", c)
+	}
+	e.waitGone(t, doomed.ID)
+	if srvs := e.servers(t, doomed); len(srvs) != 0 {
+		t.Errorf("servers left: %+v", srvs)
+	}
+	e.wantUsed(t, sum(e.get(t, other.ID)))
+	if got := e.get(t, other.ID); got.Deleting() || got.Status.PowerState != instance.PowerRunning {
+		t.Errorf("the instance on another network changed: %s", statusOf(got))
+	}
 }

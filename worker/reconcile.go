@@ -15,6 +15,7 @@ import (
 
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/queue"
+	"github.com/computeql/computeql/quota"
 	"github.com/computeql/computeql/region"
 )
 
@@ -32,6 +33,9 @@ type Store interface {
 	Forget(ctx context.Context, inst *instance.Instance, at time.Time) (bool, error)
 	// Warn records a warning on the instance's history.
 	Warn(ctx context.Context, inst *instance.Instance, at time.Time, message string) (bool, error)
+	// UpdateSpec writes a spec (and status) change; workers use it only to delete an instance
+	// whose network was deleted.
+	UpdateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status, changed []string) (*instance.Refusal, error)
 }
 
 // Reconciler reconciles one instance per call; it is the work queue's handler. It is
@@ -43,6 +47,9 @@ type Store interface {
 type Reconciler struct {
 	Store  Store
 	Region region.Client
+	// NetworkExists says whether a network is still in the region's catalogue: the instances of
+	// a deleted network are deleted with it.
+	NetworkExists func(id string) bool
 	// Yield is how soon to look again while the region is still working. The region's server
 	// events usually wake the instance earlier. Defaults to 1s.
 	Yield   time.Duration
@@ -112,6 +119,9 @@ func (r *Reconciler) reconcile(ctx context.Context, inst *instance.Instance) (ti
 	servers, err := r.Region.FindServers(ctx, inst.Scope(), region.InstanceTag, inst.ID)
 	if err != nil {
 		return 0, fmt.Errorf("find servers: %w", err)
+	}
+	if !inst.Deleting() && !r.NetworkExists(inst.NetworkID) {
+		return r.networkDeleted(ctx, inst)
 	}
 	if inst.Deleting() {
 		return r.deprovision(ctx, inst, servers)
@@ -202,6 +212,20 @@ func (r *Reconciler) rebuild(ctx context.Context, inst *instance.Instance, srv *
 		"The server is being rebuilt for a new "+strings.Join(fields, ", ")+": its disk, IP addresses and MAC address are lost.", now),
 		instance.EventRebuildStarted)
 	return r.Yield, err
+}
+
+// networkDeleted requests the deletion of an instance whose network the region deleted; the
+// next reconcile deprovisions it like any other.
+func (r *Reconciler) networkDeleted(ctx context.Context, inst *instance.Instance) (time.Duration, error) {
+	next, st, changed := inst.MarkDeleting(r.Now().UTC(), "region", "The instance's network was deleted, and the instance is deleted with it.")
+	refusal, err := r.Store.UpdateSpec(ctx, &next, nil, nil, &st, changed)
+	if err != nil {
+		return 0, fmt.Errorf("delete instance of a deleted network: %w", err)
+	}
+	if refusal != nil {
+		r.Logger.InfoContext(ctx, "instance changed while its network was deleted; looking again", "instance", inst.ID)
+	}
+	return r.Yield, nil
 }
 
 // deprovision is strictly ordered: delete the servers, wait until the region confirms they are

@@ -52,7 +52,7 @@ func TestStaleStatusWriteDoesNotOverwrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &worker.Reconciler{Store: st, Region: e.region, Yield: 50 * time.Millisecond, Logger: quiet, Now: time.Now, Metrics: metrics}
+	r := &worker.Reconciler{Store: st, Region: e.region, NetworkExists: func(string) bool { return true }, Yield: 50 * time.Millisecond, Logger: quiet, Now: time.Now, Metrics: metrics}
 	task := queue.Task{Key: created.Key(), Attempt: 1}
 
 	again, err := r.Handle(bg, task)

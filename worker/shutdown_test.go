@@ -52,6 +52,7 @@ func TestShutdownWhileReconciling(t *testing.T) {
 	next, err := worker.New(worker.Options{
 		Store: e.st, Region: e.probe, Queue: e.q, Logger: quiet, Registerer: prometheus.NewRegistry(),
 		Organizations: func() []string { return []string{"acme"} },
+		NetworkExists: func(string) bool { return true },
 		Concurrency:   4, Yield: 50 * time.Millisecond,
 		Consumer: e.consumerOptions,
 	})

@@ -20,6 +20,8 @@ type Options struct {
 	Queue  *queue.Queue
 	// Organizations lists the organizations the resync walks. Required.
 	Organizations func() []string
+	// NetworkExists says whether a network is still in the region's catalogue. Required.
+	NetworkExists func(id string) bool
 	// Concurrency is how many instances are reconciled at once. Defaults to 8.
 	Concurrency int
 	// Yield is how soon an instance whose server is still building is looked at again.
@@ -47,8 +49,8 @@ type Worker struct {
 
 // New returns a worker with opts' defaults applied; Start runs it.
 func New(opts Options) (*Worker, error) {
-	if opts.Store == nil || opts.Region == nil || opts.Queue == nil || opts.Organizations == nil {
-		return nil, errors.New("worker: Store, Region, Queue and Organizations are required")
+	if opts.Store == nil || opts.Region == nil || opts.Queue == nil || opts.Organizations == nil || opts.NetworkExists == nil {
+		return nil, errors.New("worker: Store, Region, Queue, Organizations and NetworkExists are required")
 	}
 	if opts.Concurrency == 0 {
 		opts.Concurrency = 8
@@ -69,7 +71,7 @@ func New(opts Options) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	rec := &Reconciler{Store: opts.Store, Region: opts.Region, Yield: opts.Yield, Logger: opts.Logger, Now: opts.Now, Metrics: m}
+	rec := &Reconciler{Store: opts.Store, Region: opts.Region, NetworkExists: opts.NetworkExists, Yield: opts.Yield, Logger: opts.Logger, Now: opts.Now, Metrics: m}
 	co := opts.Consumer
 	co.Concurrency, co.OnDeadLetter, co.Logger, co.Registerer = opts.Concurrency, rec.MarkFailed, opts.Logger, opts.Registerer
 	consumer, err := opts.Queue.NewConsumer(rec, co)
