@@ -98,8 +98,6 @@ func (s *Sim) call(ctx context.Context, op string) error {
 		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
-		case <-ctx.Done():
-			return ctx.Err()
 		case <-t.C:
 		}
 	}
@@ -236,7 +234,10 @@ func nextState(st region.ServerState) (region.ServerState, bool) {
 	return st, true
 }
 
-// update changes a server under optimistic locking and records the event.
+// update changes a server under optimistic locking and records the event. A change that
+// returns a zero due time keeps the server's schedule, so that changing networking or health
+// does not cut a build or a deletion short. (The due score changes only together with the
+// server's key, which is watched.)
 func (s *Sim) update(ctx context.Context, id string, change func(*region.Server) (due time.Time, err error)) (region.Server, error) {
 	var out region.Server
 	err := s.retry(ctx, func(tx *redis.Tx) error {
@@ -247,6 +248,17 @@ func (s *Sim) update(ctx context.Context, id string, change func(*region.Server)
 		due, err := change(&srv)
 		if err != nil {
 			return err
+		}
+		if due.IsZero() {
+			ms, err := tx.ZScore(ctx, dueKey, id).Result()
+			switch {
+			case err == nil:
+				due = time.UnixMilli(int64(ms))
+			case errors.Is(err, redis.Nil):
+				due = s.opts.Now() // not scheduled: settled, and write leaves it so
+			default:
+				return err
+			}
 		}
 		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			s.write(ctx, p, srv, region.ServerUpdated, due)
@@ -278,7 +290,7 @@ func (s *Sim) retry(ctx context.Context, fn func(*redis.Tx) error, keys ...strin
 func (s *Sim) SetHealth(ctx context.Context, id string, h region.ServerHealth) error {
 	_, err := s.update(ctx, id, func(srv *region.Server) (time.Time, error) {
 		srv.Health = h
-		return s.opts.Now(), nil
+		return time.Time{}, nil // keep the schedule
 	})
 	if err != nil {
 		return fmt.Errorf("set health: %w", err)
@@ -310,7 +322,7 @@ func (s *Sim) UpdateNetworking(ctx context.Context, id string, n region.ServerNe
 			srv.PublicIP = ""
 		}
 		srv.Networking = n
-		return s.opts.Now(), nil
+		return time.Time{}, nil // keep the schedule
 	})
 	if err != nil {
 		return region.Server{}, fmt.Errorf("update server: %w", err)
@@ -318,16 +330,24 @@ func (s *Sim) UpdateNetworking(ctx context.Context, id string, n region.ServerNe
 	return srv, nil
 }
 
+// errDeleting tells DeleteServer that the server is being deleted already.
+var errDeleting = errors.New("server is being deleted already")
+
 // DeleteServer implements region.Client.
 func (s *Sim) DeleteServer(ctx context.Context, id string) error {
 	if err := s.call(ctx, "delete server"); err != nil {
 		return err
 	}
 	_, err := s.update(ctx, id, func(srv *region.Server) (time.Time, error) {
+		if srv.State == region.ServerDeleting {
+			// Already on its way out: restarting DeleteDelay (and recording an event) on
+			// every repeated delete would put the deletion off indefinitely.
+			return time.Time{}, errDeleting
+		}
 		srv.State = region.ServerDeleting
 		return s.opts.Now().Add(s.opts.DeleteDelay), nil
 	})
-	if errors.Is(err, region.ErrServerNotFound) {
+	if errors.Is(err, region.ErrServerNotFound) || errors.Is(err, errDeleting) {
 		return nil
 	}
 	if err != nil {
@@ -379,8 +399,12 @@ func (s *Sim) transition(ctx context.Context, id string, now time.Time) error {
 		if err != nil {
 			return err
 		}
-		if due, err := tx.ZScore(ctx, dueKey, id).Result(); err != nil || int64(due) > now.UnixMilli() {
-			return err // someone else applied it already
+		due, err := tx.ZScore(ctx, dueKey, id).Result()
+		if errors.Is(err, redis.Nil) || err == nil && int64(due) > now.UnixMilli() {
+			return nil // another clock applied it already (and settled or rescheduled it)
+		}
+		if err != nil {
+			return err
 		}
 		next, settled := nextState(srv.State)
 		if settled {
