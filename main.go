@@ -146,7 +146,7 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 		if err != nil {
 			return err
 		}
-		if sims, err = sim.New(rdb, sim.Options{Catalog: cat, BuildDelay: c.buildDelay, Faults: faults}); err != nil {
+		if sims, err = sim.New(rdb, sim.Options{Catalog: cat, BuildDelay: c.buildDelay, Faults: faults, Logger: log}); err != nil {
 			return err
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	mrand "math/rand/v2"
 	"net/netip"
 	"strings"
@@ -65,6 +66,8 @@ type Options struct {
 	Faults Faults
 	// Now defaults to time.Now.
 	Now func() time.Time
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // Sim is a simulated region. Its methods are safe for concurrent use; Run drives its clock.
@@ -86,6 +89,9 @@ func New(rdb redis.UniversalClient, opts Options) (*Sim, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
 	if opts.BuildDelay < 0 || opts.DeleteDelay < 0 || opts.Tick < 0 || opts.Faults.ErrorRate < 0 || opts.Faults.ErrorRate > 1 {
 		return nil, errors.New("sim: delays must not be negative and ErrorRate must be in [0, 1]")
 	}
@@ -98,6 +104,8 @@ func (s *Sim) call(ctx context.Context, op string) error {
 		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
+		case <-ctx.Done():
+			return ctx.Err()
 		case <-t.C:
 		}
 	}
@@ -356,19 +364,27 @@ func (s *Sim) DeleteServer(ctx context.Context, id string) error {
 	return nil
 }
 
+// runErrorLogInterval is the least time between two logged failures of the clock: while Redis
+// is unreachable every tick fails, and one line a while says it.
+const runErrorLogInterval = 5 * time.Second
+
 // Run applies due transitions every Tick until ctx ends. Several processes may run it at once:
-// each transition is applied by whichever wins its optimistic transaction.
+// each transition is applied by whichever wins its optimistic transaction. A failing tick
+// (e.g. Redis briefly unreachable) is logged and the clock goes on: the due transitions are
+// still due at the next tick.
 func (s *Sim) Run(ctx context.Context) error {
 	t := time.NewTicker(s.opts.Tick)
 	defer t.Stop()
+	var lastLogged time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		}
-		if err := s.advance(ctx); err != nil && ctx.Err() == nil {
-			return err
+		if err := s.advance(ctx); err != nil && ctx.Err() == nil && time.Since(lastLogged) >= runErrorLogInterval {
+			lastLogged = time.Now()
+			s.opts.Logger.ErrorContext(ctx, "simulated region: clock tick failed; retrying", "err", err)
 		}
 	}
 }
