@@ -63,8 +63,11 @@ var powerOf = map[region.ServerState]PowerState{
 	region.ServerRunning:  PowerRunning,
 	region.ServerStopping: PowerStopping,
 	region.ServerStopped:  PowerStopped,
-	region.ServerDeleting: PowerStopping,
-	region.ServerError:    PowerError,
+	// A power change under way: the server is neither up nor settled down.
+	region.ServerStarting:  PowerPending,
+	region.ServerRebooting: PowerPending,
+	region.ServerDeleting:  PowerStopping,
+	region.ServerError:     PowerError,
 }
 
 var healthOf = map[region.ServerHealth]HealthStatus{

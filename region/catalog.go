@@ -130,6 +130,11 @@ type Image struct {
 	OS             *OperatingSystem `json:"os,omitempty"`
 	// Regions lists the regions that offer the image.
 	Regions []string `json:"regions"`
+	// OrganizationID and ProjectID own an image the region made (a snapshot); catalogue
+	// images have none and are public.
+	OrganizationID string            `json:"organizationId,omitempty"`
+	ProjectID      string            `json:"projectId,omitempty"`
+	Tags           map[string]string `json:"tags,omitempty"`
 }
 
 // OfferedIn reports whether the flavor is offered in the region.

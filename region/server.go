@@ -15,13 +15,15 @@ type ServerState string
 
 // Server states. PENDING and BUILDING are provisioning; DELETING is on its way out.
 const (
-	ServerPending  ServerState = "PENDING"
-	ServerBuilding ServerState = "BUILDING"
-	ServerRunning  ServerState = "RUNNING"
-	ServerStopping ServerState = "STOPPING"
-	ServerStopped  ServerState = "STOPPED"
-	ServerDeleting ServerState = "DELETING"
-	ServerError    ServerState = "ERROR"
+	ServerPending   ServerState = "PENDING"
+	ServerBuilding  ServerState = "BUILDING"
+	ServerRunning   ServerState = "RUNNING"
+	ServerStopping  ServerState = "STOPPING"
+	ServerStopped   ServerState = "STOPPED"
+	ServerStarting  ServerState = "STARTING"
+	ServerRebooting ServerState = "REBOOTING"
+	ServerDeleting  ServerState = "DELETING"
+	ServerError     ServerState = "ERROR"
 )
 
 // Provisioning reports whether the region is still bringing the server up.
@@ -107,7 +109,28 @@ var (
 	ErrServerNotFound = errors.New("server not found")
 	// ErrUnavailable: the region failed to answer; retrying may help.
 	ErrUnavailable = errors.New("region unavailable")
+	// ErrRefused: the region will not do this to the server in its state (e.g. stop a stopped
+	// server); the wrapping error says why, in words fit for users.
+	ErrRefused = errors.New("refused by the region")
 )
+
+// ConsoleSession is a short-lived URL to a server's console.
+type ConsoleSession struct {
+	URL       string    `json:"url"`
+	ExpiresAt time.Time `json:"expiresAt"`
+}
+
+// SSHKey is the private key of the project key pair a server without an SSH certificate
+// authority accepts.
+type SSHKey struct {
+	PrivateKey string `json:"privateKey"`
+}
+
+// ImageRequest asks for a snapshot of a server as a new image.
+type ImageRequest struct {
+	Name string            `json:"name"`
+	Tags map[string]string `json:"tags"`
+}
 
 // Client is a cloud region as workers see it. Every call acts at once and returns the state
 // the region accepted; the state then evolves on its own and every change is reported by Watch.
@@ -119,9 +142,26 @@ type Client interface {
 	CreateServer(ctx context.Context, spec ServerSpec) (Server, error)
 	// UpdateNetworking changes a server's networking in place.
 	UpdateNetworking(ctx context.Context, id string, n ServerNetworking) (Server, error)
+	// GetServer returns a server, or ErrServerNotFound.
+	GetServer(ctx context.Context, id string) (Server, error)
 	// DeleteServer starts deleting a server; it is gone once Watch reports it deleted.
 	// Deleting a server that is gone already is not an error.
 	DeleteServer(ctx context.Context, id string) error
+	// StartServer powers a stopped server on; StopServer powers a running one off;
+	// RebootServer restarts a running one (hard: power-cycles it). Each returns at once with
+	// the server in its transitional state; other states are refused (ErrRefused).
+	StartServer(ctx context.Context, id string) (Server, error)
+	StopServer(ctx context.Context, id string) (Server, error)
+	RebootServer(ctx context.Context, id string, hard bool) (Server, error)
+	// ConsoleSession opens a console of a running server.
+	ConsoleSession(ctx context.Context, id string) (ConsoleSession, error)
+	// SSHKey returns the project key pair's private key of a server that uses it; a server
+	// with an SSH certificate authority is refused (ErrRefused).
+	SSHKey(ctx context.Context, id string) (SSHKey, error)
+	// Snapshot starts making an image of a server; the image is CREATING, then READY.
+	Snapshot(ctx context.Context, id string, req ImageRequest) (Image, error)
+	// Images returns the images the region made for an organization's project (snapshots).
+	Images(ctx context.Context, org, project string) ([]Image, error)
 	// Watch calls fn for every server event after the cursor ("" for events from now on), in
 	// order, until ctx ends or fn returns an error.
 	Watch(ctx context.Context, after string, fn func(Event) error) error

@@ -60,6 +60,9 @@ type Options struct {
 	BuildDelay time.Duration
 	// DeleteDelay is how long deletion takes. Defaults to 0: at the next tick.
 	DeleteDelay time.Duration
+	// PowerDelay is how long stopping, starting, rebooting and snapshotting take. Defaults to
+	// 0: at the next tick.
+	PowerDelay time.Duration
 	// Tick is how often due transitions are applied. Defaults to 10ms.
 	Tick time.Duration
 	// Faults to inject. Defaults to none.
@@ -92,7 +95,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Sim, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	if opts.BuildDelay < 0 || opts.DeleteDelay < 0 || opts.Tick < 0 || opts.Faults.ErrorRate < 0 || opts.Faults.ErrorRate > 1 {
+	if opts.BuildDelay < 0 || opts.DeleteDelay < 0 || opts.PowerDelay < 0 || opts.Tick < 0 || opts.Faults.ErrorRate < 0 || opts.Faults.ErrorRate > 1 {
 		return nil, errors.New("sim: delays must not be negative and ErrorRate must be in [0, 1]")
 	}
 	return &Sim{rdb: rdb, opts: opts}, nil
@@ -236,6 +239,8 @@ func nextState(st region.ServerState) (region.ServerState, bool) {
 		return region.ServerRunning, false
 	case region.ServerStopping:
 		return region.ServerStopped, false
+	case region.ServerStarting, region.ServerRebooting:
+		return region.ServerRunning, false
 	case region.ServerDeleting:
 		return "", false
 	}
@@ -397,7 +402,12 @@ func (s *Sim) advance(ctx context.Context) error {
 		return fmt.Errorf("sim: due transitions: %w", err)
 	}
 	for _, id := range ids {
-		err := s.transition(ctx, id, now)
+		var err error
+		if image, ok := strings.CutPrefix(id, imageDuePrefix); ok {
+			err = s.imageReady(ctx, image)
+		} else {
+			err = s.transition(ctx, id, now)
+		}
 		if err != nil && !errors.Is(err, redis.TxFailedErr) && !errors.Is(err, region.ErrServerNotFound) {
 			return fmt.Errorf("sim: transition %s: %w", id, err)
 		}

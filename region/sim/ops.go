@@ -1,0 +1,227 @@
+package sim
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/computeql/computeql/region"
+)
+
+// The operational verbs of DOMAIN.md §8: each acts on one server and returns at once; the
+// state then walks on with the clock and every step is an event.
+
+func imageKey(id string) string                   { return prefix + "img:" + id }
+func projectImagesKey(org, project string) string { return prefix + "imgs:" + org + "/" + project }
+func sshKeyKey(org, project string) string        { return prefix + "sshkey:" + org + "/" + project }
+
+// imageDuePrefix marks images among the due set's members: a snapshot becomes ready on the
+// same clock as servers move on.
+const imageDuePrefix = "img:"
+
+// consoleTTL is how long a console URL is valid.
+const consoleTTL = 10 * time.Minute
+
+// GetServer implements region.Client.
+func (s *Sim) GetServer(ctx context.Context, id string) (region.Server, error) {
+	if err := s.call(ctx, "get server"); err != nil {
+		return region.Server{}, err
+	}
+	return s.read(ctx, s.rdb, id)
+}
+
+// power moves a server from the state it must be in to a transitional one that the clock ends.
+func (s *Sim) power(ctx context.Context, op, id string, from, to region.ServerState) (region.Server, error) {
+	if err := s.call(ctx, op); err != nil {
+		return region.Server{}, err
+	}
+	srv, err := s.update(ctx, id, func(srv *region.Server) (time.Time, error) {
+		if srv.State != from {
+			return time.Time{}, fmt.Errorf("cannot %s a server that is %s: %w", op, srv.State, region.ErrRefused)
+		}
+		srv.State = to
+		return s.opts.Now().Add(s.opts.PowerDelay), nil
+	})
+	if err != nil {
+		return region.Server{}, fmt.Errorf("%s server: %w", op, err)
+	}
+	return srv, nil
+}
+
+// StopServer implements region.Client.
+func (s *Sim) StopServer(ctx context.Context, id string) (region.Server, error) {
+	return s.power(ctx, "stop", id, region.ServerRunning, region.ServerStopping)
+}
+
+// StartServer implements region.Client.
+func (s *Sim) StartServer(ctx context.Context, id string) (region.Server, error) {
+	return s.power(ctx, "start", id, region.ServerStopped, region.ServerStarting)
+}
+
+// RebootServer implements region.Client; a soft and a hard reboot look alike from outside.
+func (s *Sim) RebootServer(ctx context.Context, id string, hard bool) (region.Server, error) {
+	op := "reboot"
+	if hard {
+		op = "hard-reboot"
+	}
+	return s.power(ctx, op, id, region.ServerRunning, region.ServerRebooting)
+}
+
+// runningServer reads a server that must be running for op.
+func (s *Sim) runningServer(ctx context.Context, op, id string) (region.Server, error) {
+	if err := s.call(ctx, op); err != nil {
+		return region.Server{}, err
+	}
+	srv, err := s.read(ctx, s.rdb, id)
+	if err != nil {
+		return region.Server{}, fmt.Errorf("%s: %w", op, err)
+	}
+	if srv.State != region.ServerRunning {
+		return region.Server{}, fmt.Errorf("%s: the server is %s, not RUNNING: %w", op, srv.State, region.ErrRefused)
+	}
+	return srv, nil
+}
+
+// ConsoleSession implements region.Client. The URL's host is under .invalid, which never
+// resolves: the simulator has no console to show.
+func (s *Sim) ConsoleSession(ctx context.Context, id string) (region.ConsoleSession, error) {
+	srv, err := s.runningServer(ctx, "console session", id)
+	if err != nil {
+		return region.ConsoleSession{}, err
+	}
+	token := make([]byte, 16)
+	_, _ = rand.Read(token) // crypto/rand.Read never fails on supported platforms
+	return region.ConsoleSession{
+		URL:       fmt.Sprintf("https://console.%s.sim.invalid/%s?token=%s", srv.RegionID, srv.ID, hex.EncodeToString(token)),
+		ExpiresAt: s.opts.Now().Add(consoleTTL).UTC(),
+	}, nil
+}
+
+// SSHKey implements region.Client: one ed25519 key pair per project, made on first use.
+func (s *Sim) SSHKey(ctx context.Context, id string) (region.SSHKey, error) {
+	if err := s.call(ctx, "ssh key"); err != nil {
+		return region.SSHKey{}, err
+	}
+	srv, err := s.read(ctx, s.rdb, id)
+	if err != nil {
+		return region.SSHKey{}, fmt.Errorf("ssh key: %w", err)
+	}
+	if srv.SSHCertificateAuthorityID != "" {
+		return region.SSHKey{}, fmt.Errorf("ssh key: the server accepts certificates of SSH certificate authority %s, not the project key pair: %w", srv.SSHCertificateAuthorityID, region.ErrRefused)
+	}
+	key := sshKeyKey(srv.OrganizationID, srv.ProjectID)
+	_, private, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return region.SSHKey{}, fmt.Errorf("ssh key: %w", err)
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(private)
+	if err != nil {
+		return region.SSHKey{}, fmt.Errorf("ssh key: %w", err)
+	}
+	// SETNX keeps the first key of the project when two requests race.
+	s.rdb.SetNX(ctx, key, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0)
+	stored, err := s.rdb.Get(ctx, key).Result()
+	if err != nil {
+		return region.SSHKey{}, fmt.Errorf("ssh key: %w", err)
+	}
+	return region.SSHKey{PrivateKey: stored}, nil
+}
+
+// Snapshot implements region.Client: the image copies the server's image's shape and belongs
+// to the server's project.
+func (s *Sim) Snapshot(ctx context.Context, id string, req region.ImageRequest) (region.Image, error) {
+	if err := s.call(ctx, "snapshot"); err != nil {
+		return region.Image{}, err
+	}
+	srv, err := s.read(ctx, s.rdb, id)
+	if err != nil {
+		return region.Image{}, fmt.Errorf("snapshot: %w", err)
+	}
+	if srv.State != region.ServerRunning && srv.State != region.ServerStopped {
+		return region.Image{}, fmt.Errorf("snapshot: the server is %s: %w", srv.State, region.ErrRefused)
+	}
+	base, ok := s.opts.Catalog.Image(srv.ImageID)
+	if !ok {
+		return region.Image{}, fmt.Errorf("snapshot: the server's image %s is gone: %w", srv.ImageID, region.ErrRefused)
+	}
+	img := region.Image{
+		ID: uuid.NewString(), Name: req.Name, Architecture: base.Architecture, SizeGiB: base.SizeGiB,
+		Virtualization: base.Virtualization, State: region.ImageStateCreating, OS: base.OS,
+		Regions: []string{srv.RegionID}, OrganizationID: srv.OrganizationID, ProjectID: srv.ProjectID, Tags: req.Tags,
+	}
+	data, _ := json.Marshal(img) // an Image always encodes
+	due := s.opts.Now().Add(s.opts.PowerDelay)
+	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, imageKey(img.ID), data, 0)
+		p.SAdd(ctx, projectImagesKey(img.OrganizationID, img.ProjectID), img.ID)
+		p.ZAdd(ctx, dueKey, redis.Z{Score: float64(due.UnixMilli()), Member: imageDuePrefix + img.ID})
+		return nil
+	})
+	if err != nil {
+		return region.Image{}, fmt.Errorf("snapshot: %w", err)
+	}
+	return img, nil
+}
+
+// imageReady is the clock's step that finishes a snapshot.
+func (s *Sim) imageReady(ctx context.Context, id string) error {
+	return s.retry(ctx, func(tx *redis.Tx) error {
+		data, err := tx.Get(ctx, imageKey(id)).Bytes()
+		if errors.Is(err, redis.Nil) {
+			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error { p.ZRem(ctx, dueKey, imageDuePrefix+id); return nil })
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		var img region.Image
+		if err := json.Unmarshal(data, &img); err != nil {
+			return fmt.Errorf("decode image %s: %w", id, err)
+		}
+		img.State = region.ImageStateReady
+		data, _ = json.Marshal(img)
+		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Set(ctx, imageKey(id), data, 0)
+			p.ZRem(ctx, dueKey, imageDuePrefix+id)
+			return nil
+		})
+		return err
+	}, imageKey(id))
+}
+
+// Images implements region.Client.
+func (s *Sim) Images(ctx context.Context, org, project string) ([]region.Image, error) {
+	if err := s.call(ctx, "images"); err != nil {
+		return nil, err
+	}
+	ids, err := s.rdb.SMembers(ctx, projectImagesKey(org, project)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("images: %w", err)
+	}
+	out := []region.Image{}
+	for _, id := range ids {
+		data, err := s.rdb.Get(ctx, imageKey(id)).Bytes()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("images: %w", err)
+		}
+		var img region.Image
+		if err := json.Unmarshal(data, &img); err != nil {
+			return nil, fmt.Errorf("decode image %s: %w", id, err)
+		}
+		out = append(out, img)
+	}
+	return out, nil
+}
