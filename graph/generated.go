@@ -1603,7 +1603,7 @@ type Query {
   quota(organizationId: ID!): Quota!
   "The private key of the project key pair an instance's server uses (not for instances with an SSH CA)."
   instanceSSHKey(id: ID!): SSHKey!
-  "The history of an instance, oldest first."
+  "The history of an instance, oldest first, as long as its organization's event log keeps it (about 10,000 events). ` + "`" + `first` + "`" + ` is 1 to 100 (default 20)."
   instanceEvents(id: ID!, first: Int, after: String): InstanceEventConnection!
 }
 
@@ -1641,6 +1641,8 @@ enum ErrorCode {
   CONSISTENCY
   UNAVAILABLE
   INTERNAL
+  "A cursor older than the event log keeps: read again from the start."
+  CURSOR_EXPIRED
 }
 
 "A validation or business-rule failure of a mutation's input."
@@ -12400,6 +12402,7 @@ var (
 		"CONSISTENCY":     instance.CodeConsistency,
 		"UNAVAILABLE":     instance.CodeUnavailable,
 		"INTERNAL":        instance.CodeInternal,
+		"CURSOR_EXPIRED":  instance.CodeCursorExpired,
 	}
 	marshalNErrorCode2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐCode = map[instance.Code]string{
 		instance.CodeUnauthenticated: "UNAUTHENTICATED",
@@ -12412,6 +12415,7 @@ var (
 		instance.CodeConsistency:     "CONSISTENCY",
 		instance.CodeUnavailable:     "UNAVAILABLE",
 		instance.CodeInternal:        "INTERNAL",
+		instance.CodeCursorExpired:   "CURSOR_EXPIRED",
 	}
 )
 

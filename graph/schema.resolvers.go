@@ -260,7 +260,28 @@ func (r *queryResolver) InstanceSSHKey(ctx context.Context, id string) (*model.S
 
 // InstanceEvents is the resolver for the instanceEvents field.
 func (r *queryResolver) InstanceEvents(ctx context.Context, id string, first *int, after *string) (*model.InstanceEventConnection, error) {
-	return nil, notYet("instanceEvents")
+	page, err := r.Service.History(ctx, id, first, after)
+	if err != nil {
+		return nil, err
+	}
+	conn := &model.InstanceEventConnection{
+		Edges:    make([]model.InstanceEventEdge, len(page.Events)),
+		PageInfo: &model.PageInfo{HasNextPage: page.HasNextPage, HasPreviousPage: after != nil && *after != ""},
+	}
+	for i, ev := range page.Events {
+		node := &model.InstanceEvent{
+			Cursor: instance.EventCursor(ev), Kind: ev.Kind, Instance: ev.Instance,
+			ChangedFields: ev.Changed, OccurredAt: ev.At, Message: ptrIfSet(ev.Message),
+		}
+		if node.ChangedFields == nil {
+			node.ChangedFields = []string{}
+		}
+		conn.Edges[i] = model.InstanceEventEdge{Cursor: node.Cursor, Node: node}
+	}
+	if n := len(conn.Edges); n > 0 {
+		conn.PageInfo.StartCursor, conn.PageInfo.EndCursor = &conn.Edges[0].Cursor, &conn.Edges[n-1].Cursor
+	}
+	return conn, nil
 }
 
 // Kind is the resolver for the kind field.

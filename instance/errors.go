@@ -21,6 +21,8 @@ const (
 	CodeConsistency     Code = "CONSISTENCY"
 	CodeUnavailable     Code = "UNAVAILABLE"
 	CodeInternal        Code = "INTERNAL"
+	// CodeCursorExpired: the position is older than the event log keeps; refetch.
+	CodeCursorExpired Code = "CURSOR_EXPIRED"
 )
 
 // Error is a failure of a whole operation (not of one input field), with a code and a

@@ -1,6 +1,7 @@
 package instance
 
 import (
+	"errors"
 	"reflect"
 	"slices"
 	"time"
@@ -22,6 +23,20 @@ const (
 	// duplicate servers were found and deleted.
 	EventWarning EventKind = "WARNING"
 )
+
+// Record is one event of an instance's history, as stored.
+type Record struct {
+	// Cursor is the event's position in its organization's log.
+	Cursor   string
+	Kind     EventKind
+	Instance *Instance
+	Changed  []string
+	At       time.Time
+	Message  string
+}
+
+// ErrCursorExpired is returned by stores for a position older than the log keeps.
+var ErrCursorExpired = errors.New("cursor expired")
 
 // Event describes a status change for the history.
 type Event struct {

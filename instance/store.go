@@ -31,6 +31,10 @@ type Store interface {
 	Quota(ctx context.Context, org string) (limits, used quota.Amounts, err error)
 	// SetLimits sets limits for the given kinds.
 	SetLimits(ctx context.Context, org string, limits quota.Amounts) error
+	// History returns up to limit events of the instance after the cursor ("" for the
+	// oldest kept), oldest first, and whether more follow; ErrCursorExpired when the cursor is
+	// older than the log keeps.
+	History(ctx context.Context, org, id, after string, limit int) ([]Record, bool, error)
 }
 
 // Refusal says why a store refused a write.

@@ -2,6 +2,7 @@ package store
 
 import (
 	"encoding/json"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
@@ -98,5 +99,58 @@ func TestEveryCommitAppendsItsEvent(t *testing.T) {
 	// Events are per organization.
 	if n := len(events(t, rdb, "globex")); n != 0 {
 		t.Errorf("globex has %d events", n)
+	}
+}
+
+// TestHistoryPicksOneInstanceOutOfTheLog: History pages through one instance's events among
+// others', oldest first, resumes after a cursor, and refuses a cursor the log was trimmed past.
+func TestHistoryPicksOneInstanceOutOfTheLog(t *testing.T) {
+	rdb := redisServer.Client(t)
+	s := New(rdb)
+	a := create(t, s, newInstance("acme", "web", "a"))
+	b := create(t, s, newInstance("acme", "web", "b"))
+	for i := range 3 {
+		for _, inst := range []*instance.Instance{a, b} {
+			inst.Description = strconv.Itoa(i)
+			if r, err := s.UpdateSpec(ctx, inst, nil, roomy, nil, []string{"description"}); err != nil || r != nil {
+				t.Fatal(err, r)
+			}
+			inst.Generation++
+		}
+	}
+	all, more, err := s.History(ctx, "acme", a.ID, "", 100)
+	if err != nil || more || len(all) != 4 {
+		t.Fatalf("history: %d events, more %v, %v", len(all), more, err)
+	}
+	if all[0].Kind != instance.EventCreated || all[1].Kind != instance.EventUpdated || all[3].Instance.Description != "2" ||
+		all[3].Instance.Generation != 4 || all[1].Changed[0] != "description" || all[0].Instance.ID != a.ID {
+		t.Errorf("history %+v", all)
+	}
+	page, more, err := s.History(ctx, "acme", a.ID, "", 3)
+	if err != nil || !more || len(page) != 3 {
+		t.Fatalf("first page: %d, more %v, %v", len(page), more, err)
+	}
+	rest, more, err := s.History(ctx, "acme", a.ID, page[2].Cursor, 3)
+	if err != nil || more || len(rest) != 1 || rest[0].Cursor != all[3].Cursor {
+		t.Fatalf("after the page: %+v, more %v, %v", rest, more, err)
+	}
+	// Trim the log past the first page's cursor: resuming there could miss events.
+	rdb.XTrimMaxLen(ctx, eventsKey("acme"), 2)
+	if _, _, err := s.History(ctx, "acme", a.ID, page[0].Cursor, 3); !errors.Is(err, instance.ErrCursorExpired) {
+		t.Errorf("after a trimmed cursor: %v, want ErrCursorExpired", err)
+	}
+	if got, _, err := s.History(ctx, "acme", a.ID, "", 10); err != nil || len(got) != 1 {
+		t.Errorf("from the start after trimming: %d events, %v", len(got), err)
+	}
+}
+
+func TestStreamIDLess(t *testing.T) {
+	for _, tt := range []struct {
+		a, b string
+		want bool
+	}{{"1-0", "2-0", true}, {"2-0", "1-9", false}, {"5-1", "5-2", true}, {"5-2", "5-2", false}, {"9-0", "10-0", true}} {
+		if got := streamIDLess(tt.a, tt.b); got != tt.want {
+			t.Errorf("streamIDLess(%s, %s) = %v", tt.a, tt.b, got)
+		}
 	}
 }

@@ -200,6 +200,85 @@ func (s *Store) Warn(ctx context.Context, inst *instance.Instance, at time.Time,
 	return n == 1, nil
 }
 
+// historyBatch is how many log entries History reads per round trip: the log holds every
+// instance of the organization, and one instance's events are picked out of it.
+const historyBatch = 500
+
+// History implements instance.Store from the organization's event log.
+func (s *Store) History(ctx context.Context, org, id, after string, limit int) ([]instance.Record, bool, error) {
+	start := "-"
+	if after != "" {
+		first, err := s.rdb.XRangeN(ctx, eventsKey(org), "-", "+", 1).Result()
+		if err != nil {
+			return nil, false, fmt.Errorf("history: %w", err)
+		}
+		// The cursor named an entry that existed; if the oldest kept is later, the log was
+		// trimmed past it and events may be missing.
+		if len(first) == 1 && streamIDLess(after, first[0].ID) {
+			return nil, false, instance.ErrCursorExpired
+		}
+		start = "(" + after
+	}
+	var out []instance.Record
+	for {
+		msgs, err := s.rdb.XRangeN(ctx, eventsKey(org), start, "+", historyBatch).Result()
+		if err != nil {
+			return nil, false, fmt.Errorf("history: %w", err)
+		}
+		for _, m := range msgs {
+			if m.Values["id"] != id {
+				continue
+			}
+			if len(out) == limit {
+				return out, true, nil
+			}
+			r, err := decodeRecord(org, m)
+			if err != nil {
+				return nil, false, err
+			}
+			out = append(out, r)
+		}
+		if len(msgs) < historyBatch {
+			return out, false, nil
+		}
+		start = "(" + msgs[len(msgs)-1].ID
+	}
+}
+
+// decodeRecord reads an event entry appended by eventLua.
+func decodeRecord(org string, m redis.XMessage) (instance.Record, error) {
+	str := func(k string) string { s, _ := m.Values[k].(string); return s }
+	inst, err := decode(org, str("id"), []any{m.Values["spec"], m.Values["status"], m.Values["gen"], m.Values["sv"], m.Values["proj"]})
+	if err != nil {
+		return instance.Record{}, fmt.Errorf("decode event %s: %w", m.ID, err)
+	}
+	if inst == nil {
+		return instance.Record{}, fmt.Errorf("decode event %s: it carries no instance", m.ID)
+	}
+	ms, err := strconv.ParseInt(str("at"), 10, 64)
+	if err != nil {
+		return instance.Record{}, fmt.Errorf("decode event %s: %w", m.ID, err)
+	}
+	r := instance.Record{Cursor: m.ID, Kind: instance.EventKind(str("kind")), Instance: inst, At: time.UnixMilli(ms).UTC(), Message: str("msg")}
+	if c := str("changed"); c != "" {
+		r.Changed = strings.Split(c, ",")
+	}
+	return r, nil
+}
+
+// streamIDLess compares Redis stream ids ("<ms>-<seq>") numerically.
+func streamIDLess(a, b string) bool {
+	parse := func(id string) (uint64, uint64) {
+		ms, seq, _ := strings.Cut(id, "-")
+		x, _ := strconv.ParseUint(ms, 10, 64)
+		y, _ := strconv.ParseUint(seq, 10, 64)
+		return x, y
+	}
+	am, as := parse(a)
+	bm, bs := parse(b)
+	return am < bm || am == bm && as < bs
+}
+
 // Exists reports whether the instance exists, reading nothing of it.
 func (s *Store) Exists(ctx context.Context, org, id string) (bool, error) {
 	n, err := s.rdb.Exists(ctx, instanceKey(org, id)).Result()

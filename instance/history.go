@@ -1,0 +1,81 @@
+package instance
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"strings"
+
+	"github.com/computeql/computeql/auth"
+)
+
+// HistoryPage is one page of an instance's history.
+type HistoryPage struct {
+	Events      []Record
+	HasNextPage bool
+}
+
+// EventCursor returns the opaque cursor of a history event.
+func EventCursor(r Record) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("e1:" + r.Cursor))
+}
+
+func decodeEventCursor(c string) (string, error) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	pos, ok := strings.CutPrefix(string(b), "e1:")
+	if err != nil || !ok || !validStreamID(pos) {
+		return "", Errorf(CodeBadUserInput, "after: %q is not a cursor of this history", truncate(c, 64))
+	}
+	return pos, nil
+}
+
+// validStreamID accepts "<ms>-<seq>" with both parts decimal, as Redis stream ids are.
+func validStreamID(s string) bool {
+	ms, seq, ok := strings.Cut(s, "-")
+	isNum := func(p string) bool {
+		if p == "" || len(p) > 20 {
+			return false
+		}
+		for _, c := range p {
+			if c < '0' || c > '9' {
+				return false
+			}
+		}
+		return true
+	}
+	return ok && isNum(ms) && isNum(seq)
+}
+
+// History returns a page of an instance's history, oldest first, to anyone who may read the
+// instance. The history is kept as long as the organization's event log keeps it.
+func (s *Service) History(ctx context.Context, id string, first *int, after *string) (*HistoryPage, error) {
+	pr, err := Principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	inst, err := s.get(ctx, pr, id, auth.RoleViewer)
+	if err != nil {
+		return nil, err
+	}
+	n := DefaultPageSize
+	if first != nil {
+		n = *first
+	}
+	if n < 1 || n > MaxPageSize {
+		return nil, Errorf(CodeBadUserInput, "first must be between 1 and %d", MaxPageSize)
+	}
+	pos := ""
+	if after != nil && *after != "" {
+		if pos, err = decodeEventCursor(*after); err != nil {
+			return nil, err
+		}
+	}
+	events, more, err := s.store.History(ctx, inst.OrganizationID, inst.ID, pos, n)
+	switch {
+	case errors.Is(err, ErrCursorExpired):
+		return nil, Errorf(CodeCursorExpired, "the history no longer reaches back to that cursor: read it again from the start")
+	case err != nil:
+		return nil, internal("instance history", err)
+	}
+	return &HistoryPage{Events: events, HasNextPage: more}, nil
+}
