@@ -30,6 +30,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/feed"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/queue"
 	"github.com/computeql/computeql/region"
@@ -221,8 +222,9 @@ func apiServer(ctx context.Context, c config, cat *region.Catalog, st *store.Sto
 	if err != nil {
 		return nil, nil, err
 	}
+	events := feed.New(ctx, st, feed.Options{Logger: log})
 	h, err := server.New(server.Options{
-		Service: svc, Keys: keys, Logger: log,
+		Service: svc, Feed: events, Keys: keys, Logger: log,
 		Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
 	})
 	if err != nil {

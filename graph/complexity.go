@@ -3,6 +3,7 @@ package graph
 import (
 	"github.com/99designs/gqlgen/graphql"
 
+	"github.com/computeql/computeql/feed"
 	"github.com/computeql/computeql/instance"
 )
 
@@ -28,9 +29,9 @@ func Complexity() ComplexityRoot {
 }
 
 // NewSchema returns the executable schema with its resolvers and complexity weights.
-func NewSchema(svc *instance.Service) graphql.ExecutableSchema {
+func NewSchema(svc *instance.Service, events *feed.Feed) graphql.ExecutableSchema {
 	return NewExecutableSchema(Config{
-		Resolvers:  &Resolver{Service: svc},
+		Resolvers:  &Resolver{Service: svc, Feed: events},
 		Complexity: Complexity(),
 	})
 }

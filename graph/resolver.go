@@ -7,6 +7,7 @@ import (
 
 	"github.com/99designs/gqlgen/graphql"
 
+	"github.com/computeql/computeql/feed"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/region"
 )
@@ -14,6 +15,8 @@ import (
 // Resolver holds what the resolvers need; it is built once by the server.
 type Resolver struct {
 	Service *instance.Service
+	// Feed delivers the event logs live to subscriptions.
+	Feed *feed.Feed
 }
 
 func (r *Resolver) catalog() *region.Catalog { return r.Service.Catalog() }

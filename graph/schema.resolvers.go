@@ -269,13 +269,7 @@ func (r *queryResolver) InstanceEvents(ctx context.Context, id string, first *in
 		PageInfo: &model.PageInfo{HasNextPage: page.HasNextPage, HasPreviousPage: after != nil && *after != ""},
 	}
 	for i, ev := range page.Events {
-		node := &model.InstanceEvent{
-			Cursor: instance.EventCursor(ev), Kind: ev.Kind, Instance: ev.Instance,
-			ChangedFields: ev.Changed, OccurredAt: ev.At, Message: ptrIfSet(ev.Message),
-		}
-		if node.ChangedFields == nil {
-			node.ChangedFields = []string{}
-		}
+		node := toEvent(ev)
 		conn.Edges[i] = model.InstanceEventEdge{Cursor: node.Cursor, Node: node}
 	}
 	if n := len(conn.Edges); n > 0 {
@@ -291,7 +285,7 @@ func (r *quotaLimitResolver) Kind(ctx context.Context, obj *instance.QuotaLimit)
 
 // InstanceEvents is the resolver for the instanceEvents field.
 func (r *subscriptionResolver) InstanceEvents(ctx context.Context, organizationID string, projectID *string, instanceID *string, after *string) (<-chan *model.InstanceEvent, error) {
-	return nil, notYet("the instanceEvents subscription")
+	return r.subscribe(ctx, organizationID, deref(projectID), deref(instanceID), deref(after))
 }
 
 // Grant returns GrantResolver implementation.

@@ -20,7 +20,8 @@ func EventCursor(r Record) string {
 	return base64.RawURLEncoding.EncodeToString([]byte("e1:" + r.Cursor))
 }
 
-func decodeEventCursor(c string) (string, error) {
+// DecodeEventCursor returns the log position an event cursor names.
+func DecodeEventCursor(c string) (string, error) {
 	b, err := base64.RawURLEncoding.DecodeString(c)
 	pos, ok := strings.CutPrefix(string(b), "e1:")
 	if err != nil || !ok || !validStreamID(pos) {
@@ -66,7 +67,7 @@ func (s *Service) History(ctx context.Context, id string, first *int, after *str
 	}
 	pos := ""
 	if after != nil && *after != "" {
-		if pos, err = decodeEventCursor(*after); err != nil {
+		if pos, err = DecodeEventCursor(*after); err != nil {
 			return nil, err
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/feed"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/queue"
 	"github.com/computeql/computeql/redistest"
@@ -53,7 +54,11 @@ func newAPI(tb testing.TB, mutate ...func(*Options)) *api {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	opts := Options{Service: svc, Keys: keys, Logger: quiet, Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }}
+	// The feed's readers stop with the test.
+	feedCtx, stopFeed := context.WithCancel(context.Background())
+	events := feed.New(feedCtx, store.New(rdb), feed.Options{Logger: quiet, Block: 50 * time.Millisecond})
+	tb.Cleanup(func() { stopFeed(); events.Wait() })
+	opts := Options{Service: svc, Feed: events, Keys: keys, Logger: quiet, Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }}
 	for _, m := range mutate {
 		m(&opts)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/vektah/gqlparser/v2/ast"
 
 	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/feed"
 	"github.com/computeql/computeql/graph"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/server/graphiql"
@@ -35,6 +36,8 @@ import (
 type Options struct {
 	// Service applies the instance rules. Required.
 	Service *instance.Service
+	// Feed delivers instance events to subscriptions. Required.
+	Feed *feed.Feed
 	// Keys verify bearer tokens. Required.
 	Keys *auth.Keys
 	// Ready reports whether the process can serve (e.g. Redis answers). Defaults to always ready.
@@ -62,8 +65,8 @@ type Options struct {
 }
 
 func (o *Options) applyDefaults() error {
-	if o.Service == nil || o.Keys == nil {
-		return errors.New("server: Service and Keys are required")
+	if o.Service == nil || o.Feed == nil || o.Keys == nil {
+		return errors.New("server: Service, Feed and Keys are required")
 	}
 	if o.Ready == nil {
 		o.Ready = func(context.Context) error { return nil }
@@ -101,7 +104,7 @@ func New(opts Options) (http.Handler, error) {
 	if err := opts.applyDefaults(); err != nil {
 		return nil, err
 	}
-	gql := handler.New(graph.NewSchema(opts.Service))
+	gql := handler.New(graph.NewSchema(opts.Service, opts.Feed))
 	gql.AddTransport(transport.GET{})
 	gql.AddTransport(transport.POST{})
 	gql.SetQueryCache(lru.New[*ast.QueryDocument](1000))

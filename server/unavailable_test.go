@@ -30,7 +30,6 @@ func TestNotYetImplementedOperationsAreUnavailable(t *testing.T) {
 		{"createConsoleSession", `mutation($id: ID!) { createConsoleSession(input: {id: $id}) { consoleSession { url expiresAt } userErrors { code } } }`, true},
 		{"snapshotInstance", `mutation($id: ID!) { snapshotInstance(input: {id: $id, name: "snap", tags: [{name: "a", value: "b"}]}) { image { id } userErrors { code } } }`, true},
 		{"instanceSSHKey", `query($id: ID!) { instanceSSHKey(id: $id) { privateKey } }`, true},
-		{"instanceEvents subscription", `subscription($id: ID!) { instanceEvents(organizationId: "acme", instanceId: $id) { cursor kind instance { id } changedFields occurredAt } }`, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.op, func(t *testing.T) {

@@ -245,6 +245,64 @@ func (s *Store) History(ctx context.Context, org, id, after string, limit int) (
 	}
 }
 
+// LastEvent returns the position of the organization's newest event, "0-0" when it has none:
+// where a live reader starts.
+func (s *Store) LastEvent(ctx context.Context, org string) (string, error) {
+	msgs, err := s.rdb.XRevRangeN(ctx, eventsKey(org), "+", "-", 1).Result()
+	if err != nil {
+		return "", fmt.Errorf("last event: %w", err)
+	}
+	if len(msgs) == 0 {
+		return "0-0", nil
+	}
+	return msgs[0].ID, nil
+}
+
+// ReadEvents waits up to block for events of the organization after the position and returns
+// them (none when the wait ends), oldest first.
+func (s *Store) ReadEvents(ctx context.Context, org, after string, block time.Duration) ([]instance.Record, error) {
+	streams, err := s.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{eventsKey(org), after}, Count: historyBatch, Block: block}).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read events: %w", err)
+	}
+	return decodeRecords(org, streams[0].Messages)
+}
+
+// EventsBetween returns the organization's events after one position up to another, oldest
+// first; ErrCursorExpired when the log was trimmed past the first.
+func (s *Store) EventsBetween(ctx context.Context, org, after, upTo string) ([]instance.Record, error) {
+	first, err := s.rdb.XRangeN(ctx, eventsKey(org), "-", "+", 1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("events between: %w", err)
+	}
+	if len(first) == 1 && streamIDLess(after, first[0].ID) {
+		return nil, instance.ErrCursorExpired
+	}
+	if !streamIDLess(after, upTo) {
+		return nil, nil
+	}
+	msgs, err := s.rdb.XRange(ctx, eventsKey(org), "("+after, upTo).Result()
+	if err != nil {
+		return nil, fmt.Errorf("events between: %w", err)
+	}
+	return decodeRecords(org, msgs)
+}
+
+func decodeRecords(org string, msgs []redis.XMessage) ([]instance.Record, error) {
+	out := make([]instance.Record, 0, len(msgs))
+	for _, m := range msgs {
+		r, err := decodeRecord(org, m)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
 // decodeRecord reads an event entry appended by eventLua.
 func decodeRecord(org string, m redis.XMessage) (instance.Record, error) {
 	str := func(k string) string { s, _ := m.Values[k].(string); return s }

@@ -1,0 +1,239 @@
+// Package feed delivers organizations' event logs live to the subscribers of one process. One
+// reader per organization with subscribers follows its log and fans each event out in
+// process, so subscribers never cost a Redis connection each. Subscribers have bounded
+// buffers: one that does not keep up is cut off, and never slows the others.
+package feed
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/computeql/computeql/instance"
+)
+
+// Log is the event log the feed follows.
+type Log interface {
+	// LastEvent is the position of the newest event ("0-0" when none).
+	LastEvent(ctx context.Context, org string) (string, error)
+	// ReadEvents waits up to block for events after the position.
+	ReadEvents(ctx context.Context, org, after string, block time.Duration) ([]instance.Record, error)
+	// EventsBetween returns the events after one position up to another, or
+	// instance.ErrCursorExpired.
+	EventsBetween(ctx context.Context, org, after, upTo string) ([]instance.Record, error)
+}
+
+// ErrSlowConsumer ends a subscription whose buffer filled up.
+var ErrSlowConsumer = errors.New("the subscriber did not keep up with its events; resubscribe after the last cursor received")
+
+// Options configure a Feed.
+type Options struct {
+	// Buffer is how many events may wait for one subscriber. Defaults to 256.
+	Buffer int
+	// Block is how long one read of the log waits; it bounds how long a reader lingers after
+	// its last subscriber left. Defaults to 1s.
+	Block time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Feed fans event logs out to subscribers. It is safe for concurrent use.
+type Feed struct {
+	log  Log
+	opts Options
+	ctx  context.Context
+
+	mu   sync.Mutex
+	orgs map[string]*orgFeed
+	wg   sync.WaitGroup
+}
+
+// New returns a feed of the log whose readers live until ctx ends.
+func New(ctx context.Context, log Log, opts Options) *Feed {
+	if opts.Buffer == 0 {
+		opts.Buffer = 256
+	}
+	if opts.Block == 0 {
+		opts.Block = time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Feed{log: log, opts: opts, ctx: ctx, orgs: map[string]*orgFeed{}}
+}
+
+// Wait returns once every reader has stopped (after the feed's context ended).
+func (f *Feed) Wait() { f.wg.Wait() }
+
+// orgFeed is one organization's reader and its subscribers.
+type orgFeed struct {
+	org    string
+	mu     sync.Mutex
+	last   string // position of the last event fanned out
+	subs   map[*Subscription]struct{}
+	cancel context.CancelFunc
+}
+
+// Subscription receives the events of one organization that match its filter.
+type Subscription struct {
+	// Start is the position the subscription goes live from: events after it are delivered.
+	Start string
+	c     chan instance.Record
+	match func(instance.Record) bool
+
+	mu     sync.Mutex
+	err    error
+	closed bool
+	of     *orgFeed
+	feed   *Feed
+}
+
+// C delivers the events; it is closed when the subscription ends (see Err).
+func (s *Subscription) C() <-chan instance.Record { return s.c }
+
+// Err says why the subscription ended: nil after Close, ErrSlowConsumer when it was cut off.
+func (s *Subscription) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Subscribe starts a subscription to the organization's events matching match: live from
+// Start on. With after, it also returns the matching events after that position up to Start
+// (instance.ErrCursorExpired when the log no longer reaches back to it); a caller that hands
+// out the replay before reading C gets every event once, in the log's order. The caller must
+// Close the subscription.
+func (f *Feed) Subscribe(ctx context.Context, org, after string, match func(instance.Record) bool) (*Subscription, []instance.Record, error) {
+	of, err := f.join(ctx, org)
+	if err != nil {
+		return nil, nil, err
+	}
+	s := &Subscription{c: make(chan instance.Record, f.opts.Buffer), match: match, of: of, feed: f}
+	of.mu.Lock()
+	s.Start = of.last
+	of.subs[s] = struct{}{}
+	of.mu.Unlock()
+	if after == "" {
+		return s, nil, nil
+	}
+	all, err := f.log.EventsBetween(ctx, org, after, s.Start)
+	if err != nil {
+		s.Close()
+		return nil, nil, err
+	}
+	replay := all[:0]
+	for _, r := range all {
+		if match(r) {
+			replay = append(replay, r)
+		}
+	}
+	return s, replay, nil
+}
+
+// join returns the organization's feed, starting its reader for the first subscriber.
+func (f *Feed) join(ctx context.Context, org string) (*orgFeed, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if of, ok := f.orgs[org]; ok {
+		return of, nil
+	}
+	last, err := f.log.LastEvent(ctx, org)
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(f.ctx)
+	of := &orgFeed{org: org, last: last, subs: map[*Subscription]struct{}{}, cancel: cancel}
+	f.orgs[org] = of
+	f.wg.Go(func() { f.read(rctx, of) })
+	return of, nil
+}
+
+// read follows one organization's log. A failed read is retried from the last position fanned
+// out, so a reader that loses Redis catches up without losing events.
+func (f *Feed) read(ctx context.Context, of *orgFeed) {
+	for ctx.Err() == nil {
+		of.mu.Lock()
+		after := of.last
+		of.mu.Unlock()
+		records, err := f.log.ReadEvents(ctx, of.org, after, f.opts.Block)
+		if err != nil {
+			if ctx.Err() == nil {
+				f.opts.Logger.WarnContext(ctx, "feed: read events; retrying", "org", of.org, "err", err)
+				sleep(ctx, time.Second)
+			}
+			continue
+		}
+		of.mu.Lock()
+		for _, r := range records {
+			for s := range of.subs {
+				if s.match(r) {
+					s.deliver(r)
+				}
+			}
+			of.last = r.Cursor
+		}
+		of.mu.Unlock()
+	}
+}
+
+// deliver hands a live event over without ever blocking the reader: a full buffer ends the
+// subscription instead.
+func (s *Subscription) deliver(r instance.Record) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	select {
+	case s.c <- r:
+	default:
+		s.failLocked(ErrSlowConsumer)
+	}
+}
+
+func (s *Subscription) failLocked(err error) {
+	if s.closed {
+		return
+	}
+	s.err, s.closed = err, true
+	close(s.c)
+	go s.leave() // the reader holds the org lock; leave takes it
+}
+
+// Close ends the subscription.
+func (s *Subscription) Close() {
+	s.mu.Lock()
+	if !s.closed {
+		s.closed = true
+		close(s.c)
+	}
+	s.mu.Unlock()
+	s.leave()
+}
+
+// leave removes the subscription from its organization's feed, stopping the reader with the
+// last subscriber.
+func (s *Subscription) leave() {
+	f, of := s.feed, s.of
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	of.mu.Lock()
+	delete(of.subs, s)
+	empty := len(of.subs) == 0
+	of.mu.Unlock()
+	if empty && f.orgs[of.org] == of {
+		delete(f.orgs, of.org)
+		of.cancel()
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

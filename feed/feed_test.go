@@ -1,0 +1,221 @@
+package feed_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/computeql/computeql/feed"
+	"github.com/computeql/computeql/instance"
+	"github.com/computeql/computeql/quota"
+	"github.com/computeql/computeql/redistest"
+	"github.com/computeql/computeql/store"
+)
+
+var redisServer *redistest.Server
+
+func TestMain(m *testing.M) { redistest.Main(m, &redisServer) }
+
+var quiet = slog.New(slog.DiscardHandler)
+
+type env struct {
+	rdb  *redis.Client
+	st   *store.Store
+	feed *feed.Feed
+	n    int
+}
+
+func newEnv(t *testing.T, opts feed.Options) *env {
+	t.Helper()
+	rdb := redisServer.Client(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	opts.Logger, opts.Block = quiet, 20*time.Millisecond
+	e := &env{rdb: rdb, st: store.New(rdb)}
+	e.feed = feed.New(ctx, e.st, opts)
+	t.Cleanup(func() { cancel(); e.feed.Wait() })
+	return e
+}
+
+// commit creates an instance in the project: one CREATED event in the log.
+func (e *env) commit(t *testing.T, project string) string {
+	t.Helper()
+	id, _ := uuid.NewV7()
+	e.n++
+	now := time.Now()
+	inst := &instance.Instance{ID: id.String(), OrganizationID: "acme", ProjectID: project,
+		Spec: instance.Spec{Name: fmt.Sprint("n", e.n), NetworkID: "net", CreatedAt: now, UpdatedAt: now, Charge: quota.Amounts{}}}
+	big := quota.Amounts{quota.Servers: 1 << 40}
+	if r, err := e.st.Create(context.Background(), inst, inst.Name, big); err != nil || r != nil {
+		t.Fatal(err, r)
+	}
+	return inst.ID
+}
+
+func receive(t *testing.T, s *feed.Subscription, n int) []string {
+	t.Helper()
+	var ids []string
+	timeout := time.After(10 * time.Second)
+	for len(ids) < n {
+		select {
+		case r, ok := <-s.C():
+			if !ok {
+				t.Fatalf("subscription ended after %d of %d events: %v", len(ids), n, s.Err())
+			}
+			ids = append(ids, r.Instance.ID)
+		case <-timeout:
+			t.Fatalf("only %d of %d events", len(ids), n)
+		}
+	}
+	return ids
+}
+
+func all(instance.Record) bool { return true }
+
+func TestLiveEventsInOrderAndFiltered(t *testing.T) {
+	e := newEnv(t, feed.Options{})
+	sub, replay, err := e.feed.Subscribe(context.Background(), "acme", "", func(r instance.Record) bool { return r.Instance.ProjectID == "web" })
+	if err != nil || replay != nil {
+		t.Fatal(err, replay)
+	}
+	defer sub.Close()
+	var want []string
+	for i := range 20 {
+		project := "web"
+		if i%2 == 1 {
+			project = "data"
+		}
+		id := e.commit(t, project)
+		if project == "web" {
+			want = append(want, id)
+		}
+	}
+	if got := receive(t, sub, len(want)); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("got %v\nwant %v", got, want)
+	}
+}
+
+// TestReplayThenLiveHasNoGapAndNoDuplicate: events after the cursor are replayed, events
+// committed meanwhile follow live, and each arrives once, in the log's order.
+func TestReplayThenLiveHasNoGapAndNoDuplicate(t *testing.T) {
+	e := newEnv(t, feed.Options{Buffer: 1000})
+	var want []string
+	first := e.commit(t, "web")
+	for range 5 {
+		want = append(want, e.commit(t, "web"))
+	}
+	hist, _, err := e.st.History(context.Background(), "acme", first, "", 1)
+	if err != nil || len(hist) != 1 {
+		t.Fatal(err, hist)
+	}
+	var wg sync.WaitGroup
+	var live []string
+	wg.Go(func() {
+		for range 50 {
+			live = append(live, e.commit(t, "web"))
+		}
+	})
+	sub, replay, err := e.feed.Subscribe(context.Background(), "acme", hist[0].Cursor, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	wg.Wait()
+	want = append(want, live...)
+	var got []string
+	for _, r := range replay {
+		got = append(got, r.Instance.ID)
+	}
+	got = append(got, receive(t, sub, len(want)-len(got))...)
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("got %d events, want %d, in order:\n%v\n%v", len(got), len(want), got, want)
+	}
+}
+
+func TestExpiredCursor(t *testing.T) {
+	e := newEnv(t, feed.Options{})
+	first := e.commit(t, "web")
+	hist, _, _ := e.st.History(context.Background(), "acme", first, "", 1)
+	for range 3 {
+		e.commit(t, "web")
+	}
+	e.rdb.XTrimMaxLen(context.Background(), "cq:{o:acme}:events", 1)
+	if _, _, err := e.feed.Subscribe(context.Background(), "acme", hist[0].Cursor, all); err != instance.ErrCursorExpired {
+		t.Errorf("err = %v, want ErrCursorExpired", err)
+	}
+}
+
+// TestSlowSubscriberIsCutOffAndOthersAreNot: a subscriber that does not read is ended with
+// ErrSlowConsumer; another on the same reader receives every event.
+func TestSlowSubscriberIsCutOffAndOthersAreNot(t *testing.T) {
+	e := newEnv(t, feed.Options{Buffer: 4})
+	slow, _, _ := e.feed.Subscribe(context.Background(), "acme", "", all)
+	defer slow.Close()
+	fast, _, _ := e.feed.Subscribe(context.Background(), "acme", "", all)
+	defer fast.Close()
+	var got []string
+	for range 20 {
+		e.commit(t, "web")
+		got = append(got, receive(t, fast, 1)...)
+	}
+	if len(got) != 20 {
+		t.Errorf("fast subscriber got %d events", len(got))
+	}
+	n := 0
+	for range slow.C() {
+		n++
+	}
+	if slow.Err() != feed.ErrSlowConsumer || n != 4 {
+		t.Errorf("slow subscriber: %d events buffered, err %v; want 4 and ErrSlowConsumer", n, slow.Err())
+	}
+}
+
+// TestReaderCatchesUpAfterLosingRedis: killing the reader's connection loses no event.
+func TestReaderCatchesUpAfterLosingRedis(t *testing.T) {
+	e := newEnv(t, feed.Options{})
+	sub, _, _ := e.feed.Subscribe(context.Background(), "acme", "", all)
+	defer sub.Close()
+	var want []string
+	for i := range 10 {
+		if i == 5 {
+			if err := e.rdb.ClientKillByFilter(context.Background(), "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want = append(want, e.commit(t, "web"))
+	}
+	if got := receive(t, sub, 10); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("after a lost connection got %v\nwant %v", got, want)
+	}
+}
+
+// TestThousandSubscriptionsLeaveNoGoroutines: readers start and stop with their subscribers.
+func TestThousandSubscriptionsLeaveNoGoroutines(t *testing.T) {
+	e := newEnv(t, feed.Options{})
+	before := runtime.NumGoroutine()
+	subs := make([]*feed.Subscription, 1000)
+	for i := range subs {
+		s, _, err := e.feed.Subscribe(context.Background(), fmt.Sprint("org", i%10), "", all)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs[i] = s
+	}
+	for _, s := range subs {
+		s.Close()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		runtime.Gosched()
+		time.Sleep(10 * time.Millisecond) // lets the stopped readers' final blocking reads return
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		t.Errorf("%d goroutines after closing 1,000 subscriptions, %d before", n, before)
+	}
+}
