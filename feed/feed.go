@@ -80,8 +80,10 @@ type orgFeed struct {
 type Subscription struct {
 	// Start is the position the subscription goes live from: events after it are delivered.
 	Start string
-	c     chan instance.Record
-	match func(instance.Record) bool
+	// c carries pointers: one event is shared by every subscriber, and an idle subscriber's
+	// buffer costs a pointer per slot, not a record.
+	c     chan *instance.Record
+	match func(*instance.Record) bool
 
 	mu     sync.Mutex
 	err    error
@@ -90,8 +92,9 @@ type Subscription struct {
 	feed   *Feed
 }
 
-// C delivers the events; it is closed when the subscription ends (see Err).
-func (s *Subscription) C() <-chan instance.Record { return s.c }
+// C delivers the events; it is closed when the subscription ends (see Err). Events are shared
+// and must not be modified.
+func (s *Subscription) C() <-chan *instance.Record { return s.c }
 
 // Err says why the subscription ended: nil after Close, ErrSlowConsumer when it was cut off.
 func (s *Subscription) Err() error {
@@ -105,12 +108,12 @@ func (s *Subscription) Err() error {
 // (instance.ErrCursorExpired when the log no longer reaches back to it); a caller that hands
 // out the replay before reading C gets every event once, in the log's order. The caller must
 // Close the subscription.
-func (f *Feed) Subscribe(ctx context.Context, org, after string, match func(instance.Record) bool) (*Subscription, []instance.Record, error) {
+func (f *Feed) Subscribe(ctx context.Context, org, after string, match func(*instance.Record) bool) (*Subscription, []instance.Record, error) {
 	of, err := f.join(ctx, org)
 	if err != nil {
 		return nil, nil, err
 	}
-	s := &Subscription{c: make(chan instance.Record, f.opts.Buffer), match: match, of: of, feed: f}
+	s := &Subscription{c: make(chan *instance.Record, f.opts.Buffer), match: match, of: of, feed: f}
 	of.mu.Lock()
 	s.Start = of.last
 	of.subs[s] = struct{}{}
@@ -125,7 +128,7 @@ func (f *Feed) Subscribe(ctx context.Context, org, after string, match func(inst
 	}
 	replay := all[:0]
 	for _, r := range all {
-		if match(r) {
+		if match(&r) {
 			replay = append(replay, r)
 		}
 	}
@@ -166,7 +169,8 @@ func (f *Feed) read(ctx context.Context, of *orgFeed) {
 			continue
 		}
 		of.mu.Lock()
-		for _, r := range records {
+		for i := range records {
+			r := &records[i]
 			for s := range of.subs {
 				if s.match(r) {
 					s.deliver(r)
@@ -180,7 +184,7 @@ func (f *Feed) read(ctx context.Context, of *orgFeed) {
 
 // deliver hands a live event over without ever blocking the reader: a full buffer ends the
 // subscription instead.
-func (s *Subscription) deliver(r instance.Record) {
+func (s *Subscription) deliver(r *instance.Record) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {

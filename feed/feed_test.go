@@ -43,6 +43,22 @@ func newEnv(t *testing.T, opts feed.Options) *env {
 	return e
 }
 
+func storeOn(rdb *redis.Client) *store.Store { return store.New(rdb) }
+
+// createIn stores an instance directly (one CREATED event) and returns it as stored.
+func createIn(tb testing.TB, st *store.Store, org, project string, n int) *instance.Instance {
+	tb.Helper()
+	id, _ := uuid.NewV7()
+	now := time.Now()
+	inst := &instance.Instance{ID: id.String(), OrganizationID: org, ProjectID: project,
+		Spec: instance.Spec{Name: fmt.Sprint("b", n), NetworkID: "net", CreatedAt: now, UpdatedAt: now, Charge: quota.Amounts{}}}
+	if r, err := st.Create(context.Background(), inst, inst.Name, quota.Amounts{quota.Servers: 1 << 40}); err != nil || r != nil {
+		tb.Fatal(err, r)
+	}
+	inst.Generation, inst.StatusVersion = 1, 1
+	return inst
+}
+
 // commit creates an instance in the project: one CREATED event in the log.
 func (e *env) commit(t *testing.T, project string) string {
 	t.Helper()
@@ -76,11 +92,11 @@ func receive(t *testing.T, s *feed.Subscription, n int) []string {
 	return ids
 }
 
-func all(instance.Record) bool { return true }
+func all(*instance.Record) bool { return true }
 
 func TestLiveEventsInOrderAndFiltered(t *testing.T) {
 	e := newEnv(t, feed.Options{})
-	sub, replay, err := e.feed.Subscribe(context.Background(), "acme", "", func(r instance.Record) bool { return r.Instance.ProjectID == "web" })
+	sub, replay, err := e.feed.Subscribe(context.Background(), "acme", "", func(r *instance.Record) bool { return r.Instance.ProjectID == "web" })
 	if err != nil || replay != nil {
 		t.Fatal(err, replay)
 	}

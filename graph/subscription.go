@@ -37,7 +37,7 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 			return nil, err
 		}
 	}
-	match := func(rec instance.Record) bool {
+	match := func(rec *instance.Record) bool {
 		i := rec.Instance
 		return (project == "" || i.ProjectID == project) && (instanceID == "" || i.ID == instanceID) &&
 			pr.Allows(org, i.ProjectID, auth.RoleViewer)
@@ -98,7 +98,7 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 				if v, ok := seen[rec.Instance.ID]; ok && versioned(rec.Kind) && rec.Instance.Generation <= v.gen && rec.Instance.StatusVersion <= v.sv {
 					continue
 				}
-				if !send(toEvent(rec)) {
+				if !send(toEvent(*rec)) {
 					return
 				}
 			}
