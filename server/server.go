@@ -20,6 +20,7 @@ import (
 	"github.com/99designs/gqlgen/graphql/handler/extension"
 	"github.com/99designs/gqlgen/graphql/handler/lru"
 	"github.com/99designs/gqlgen/graphql/handler/transport"
+	"github.com/gorilla/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -44,7 +45,8 @@ type Options struct {
 	Ready func(context.Context) error
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// MaxBodyBytes caps a request body. Defaults to 1 MiB.
+	// MaxBodyBytes caps a request body, and one WebSocket message (a larger one closes the
+	// socket with 1009). Defaults to 1 MiB.
 	MaxBodyBytes int64
 	// MaxTokens caps the tokens the parser reads from one document. Defaults to 10,000.
 	MaxTokens int
@@ -62,6 +64,21 @@ type Options struct {
 	// DisableIntrospection turns introspection off. It is on by default: GraphiQL and clients'
 	// code generators need it, and the schema is public.
 	DisableIntrospection bool
+
+	// AllowedOrigins lists the browser origins ("https://dash.example.com", scheme://host[:port])
+	// besides the API's own that may open a WebSocket to /graphql; "*" allows any. Empty means
+	// same-origin only: the handshake is refused (403) when it carries an Origin header whose
+	// host differs from the request's Host. Requests without an Origin (scripts, CLIs) are always
+	// allowed. Behind a proxy that rewrites Host, list the public origin.
+	AllowedOrigins []string
+	// KeepAliveInterval is how often WebSocket and SSE streams send keep-alives: "ka" messages
+	// (graphql-ws), "ping" messages (graphql-transport-ws; a client that does not answer with
+	// "pong" within twice the interval is dropped), WebSocket ping frames (a peer silent for twice
+	// the interval is dropped), and SSE comments. Defaults to 15s; negative turns them all off.
+	KeepAliveInterval time.Duration
+	// StreamWriteTimeout bounds every write to a WebSocket (message, ping, close frame) or an SSE
+	// stream; a client that does not take one within it is disconnected. Defaults to 10s.
+	StreamWriteTimeout time.Duration
 }
 
 func (o *Options) applyDefaults() error {
@@ -96,6 +113,18 @@ func (o *Options) applyDefaults() error {
 	if o.MaxWidth == 0 {
 		o.MaxWidth = 200
 	}
+	if o.KeepAliveInterval == 0 {
+		o.KeepAliveInterval = 15 * time.Second
+	}
+	if o.KeepAliveInterval < 0 {
+		o.KeepAliveInterval = 0
+	}
+	if o.StreamWriteTimeout == 0 {
+		o.StreamWriteTimeout = 10 * time.Second
+	}
+	if o.StreamWriteTimeout < 0 {
+		return errors.New("server: StreamWriteTimeout must not be negative")
+	}
 	return nil
 }
 
@@ -104,7 +133,36 @@ func New(opts Options) (http.Handler, error) {
 	if err := opts.applyDefaults(); err != nil {
 		return nil, err
 	}
+	origins, err := newOriginPolicy(opts.AllowedOrigins)
+	if err != nil {
+		return nil, err
+	}
+	wsMetrics, err := newWebsocketMetrics(opts.Registry)
+	if err != nil {
+		return nil, fmt.Errorf("server: metrics: %w", err)
+	}
 	gql := handler.New(graph.NewSchema(opts.Service, opts.Feed))
+	// The first transport that supports a request serves it: WebSocket (any Upgrade header)
+	// first, and SSE before POST, whose check ignores Accept.
+	wsReadLimit := opts.MaxBodyBytes
+	gql.AddTransport(websocketTransport{
+		Websocket: transport.Websocket{
+			Implementation: newGorillaWebsocket(origins, opts.StreamWriteTimeout, opts.KeepAliveInterval, wsMetrics),
+			InitFunc:       websocketInit(opts.Keys, opts.Logger),
+			InitTimeout:    10 * time.Second,
+			// graphql-ws: a "ka" message every interval.
+			KeepAlivePingInterval: opts.KeepAliveInterval,
+			// graphql-transport-ws: a "ping" every interval, and a "pong" expected back.
+			PingPongInterval: opts.KeepAliveInterval,
+			// One message is capped like a request body.
+			PayloadReadLimit: &wsReadLimit,
+			ErrorFunc: func(ctx context.Context, err error) {
+				opts.Logger.DebugContext(ctx, "websocket", "err", err)
+			},
+		},
+		grace: opts.StreamWriteTimeout + time.Second,
+	})
+	gql.AddTransport(transport.SSE{KeepAlivePingInterval: opts.KeepAliveInterval})
 	gql.AddTransport(transport.GET{})
 	gql.AddTransport(transport.POST{})
 	gql.SetQueryCache(lru.New[*ast.QueryDocument](1000))
@@ -125,7 +183,7 @@ func New(opts Options) (http.Handler, error) {
 	gql.Use(metrics)
 
 	mux := http.NewServeMux()
-	mux.Handle("/graphql", limitBody(opts.MaxBodyBytes, authenticate(opts.Keys, gql)))
+	mux.Handle("/graphql", checkOrigin(origins, limitBody(opts.MaxBodyBytes, authenticate(opts.Keys, streamDeadlines(opts.StreamWriteTimeout, gql)))))
 	gi := graphiql.Handler("/graphiql", "/graphql")
 	mux.Handle("/graphiql", gi)
 	mux.Handle("/graphiql/", gi)
@@ -150,9 +208,17 @@ func New(opts Options) (http.Handler, error) {
 }
 
 // authenticate admits only requests with a valid bearer token and puts the principal in the
-// request context. Every GraphQL request needs one: the API is never open.
+// request context. Every GraphQL request needs one: the API is never open. The exception is a
+// WebSocket handshake without an Authorization header, since browsers cannot set headers on
+// one: it is let through, and the connection authenticates in its connection_init message
+// (websocketInit) before any operation runs. A handshake that does carry the header is checked
+// here like any request.
 func authenticate(keys *auth.Keys, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.Header.Get("Authorization") == "" && websocket.IsWebSocketUpgrade(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
 		// The scheme is case-insensitive (RFC 7235).
 		scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 		if !strings.EqualFold(scheme, "Bearer") || token == "" {
