@@ -98,6 +98,11 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 				if v, ok := seen[rec.Instance.ID]; ok && versioned(rec.Kind) && rec.Instance.Generation <= v.gen && rec.Instance.StatusVersion <= v.sv {
 					continue
 				}
+				// Resuming on a process whose reader is behind the cursor: what the client has
+				// already seen is not sent again.
+				if pos != "" && !instance.PositionLess(pos, rec.Cursor) {
+					continue
+				}
 				if !send(toEvent(*rec)) {
 					return
 				}

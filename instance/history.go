@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"strconv"
 	"strings"
 
 	"github.com/computeql/computeql/auth"
@@ -45,6 +46,20 @@ func validStreamID(s string) bool {
 		return true
 	}
 	return ok && isNum(ms) && isNum(seq)
+}
+
+// PositionLess reports whether log position a ("<ms>-<seq>", as Redis stream ids are) comes
+// before b.
+func PositionLess(a, b string) bool {
+	parse := func(id string) (uint64, uint64) {
+		ms, seq, _ := strings.Cut(id, "-")
+		x, _ := strconv.ParseUint(ms, 10, 64)
+		y, _ := strconv.ParseUint(seq, 10, 64)
+		return x, y
+	}
+	am, as := parse(a)
+	bm, bs := parse(b)
+	return am < bm || am == bm && as < bs
 }
 
 // History returns a page of an instance's history, oldest first, to anyone who may read the

@@ -143,14 +143,3 @@ func TestHistoryPicksOneInstanceOutOfTheLog(t *testing.T) {
 		t.Errorf("from the start after trimming: %d events, %v", len(got), err)
 	}
 }
-
-func TestStreamIDLess(t *testing.T) {
-	for _, tt := range []struct {
-		a, b string
-		want bool
-	}{{"1-0", "2-0", true}, {"2-0", "1-9", false}, {"5-1", "5-2", true}, {"5-2", "5-2", false}, {"9-0", "10-0", true}} {
-		if got := streamIDLess(tt.a, tt.b); got != tt.want {
-			t.Errorf("streamIDLess(%s, %s) = %v", tt.a, tt.b, got)
-		}
-	}
-}

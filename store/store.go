@@ -214,7 +214,7 @@ func (s *Store) History(ctx context.Context, org, id, after string, limit int) (
 		}
 		// The cursor named an entry that existed; if the oldest kept is later, the log was
 		// trimmed past it and events may be missing.
-		if len(first) == 1 && streamIDLess(after, first[0].ID) {
+		if len(first) == 1 && instance.PositionLess(after, first[0].ID) {
 			return nil, false, instance.ErrCursorExpired
 		}
 		start = "(" + after
@@ -278,10 +278,10 @@ func (s *Store) EventsBetween(ctx context.Context, org, after, upTo string) ([]i
 	if err != nil {
 		return nil, fmt.Errorf("events between: %w", err)
 	}
-	if len(first) == 1 && streamIDLess(after, first[0].ID) {
+	if len(first) == 1 && instance.PositionLess(after, first[0].ID) {
 		return nil, instance.ErrCursorExpired
 	}
-	if !streamIDLess(after, upTo) {
+	if !instance.PositionLess(after, upTo) {
 		return nil, nil
 	}
 	msgs, err := s.rdb.XRange(ctx, eventsKey(org), "("+after, upTo).Result()
@@ -322,19 +322,6 @@ func decodeRecord(org string, m redis.XMessage) (instance.Record, error) {
 		r.Changed = strings.Split(c, ",")
 	}
 	return r, nil
-}
-
-// streamIDLess compares Redis stream ids ("<ms>-<seq>") numerically.
-func streamIDLess(a, b string) bool {
-	parse := func(id string) (uint64, uint64) {
-		ms, seq, _ := strings.Cut(id, "-")
-		x, _ := strconv.ParseUint(ms, 10, 64)
-		y, _ := strconv.ParseUint(seq, 10, 64)
-		return x, y
-	}
-	am, as := parse(a)
-	bm, bs := parse(b)
-	return am < bm || am == bm && as < bs
 }
 
 // Exists reports whether the instance exists, reading nothing of it.
