@@ -39,7 +39,14 @@ type api struct {
 
 func newAPI(tb testing.TB, mutate ...func(*Options)) *api {
 	tb.Helper()
-	rdb := redisServer.Client(tb)
+	return apiOn(tb, redisServer.Client(tb), feed.Options{}, mutate...)
+}
+
+// apiOn builds an API process on an existing Redis without flushing it, with its own service
+// and feed (fopts; its Block and Logger are set when zero): several on one Redis are several
+// API processes.
+func apiOn(tb testing.TB, rdb *redis.Client, fopts feed.Options, mutate ...func(*Options)) *api {
+	tb.Helper()
 	q, err := queue.New(rdb, queue.Options{})
 	if err != nil {
 		tb.Fatal(err)
@@ -54,9 +61,15 @@ func newAPI(tb testing.TB, mutate ...func(*Options)) *api {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	if fopts.Block == 0 {
+		fopts.Block = 50 * time.Millisecond
+	}
+	if fopts.Logger == nil {
+		fopts.Logger = quiet
+	}
 	// The feed's readers stop with the test.
 	feedCtx, stopFeed := context.WithCancel(context.Background())
-	events := feed.New(feedCtx, store.New(rdb), feed.Options{Logger: quiet, Block: 50 * time.Millisecond})
+	events := feed.New(feedCtx, store.New(rdb), fopts)
 	tb.Cleanup(func() { stopFeed(); events.Wait() })
 	opts := Options{Service: svc, Feed: events, Keys: keys, Logger: quiet, Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }}
 	for _, m := range mutate {

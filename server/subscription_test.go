@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -16,14 +15,9 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/feed"
-	"github.com/computeql/computeql/instance"
-	"github.com/computeql/computeql/queue"
-	"github.com/computeql/computeql/region"
-	"github.com/computeql/computeql/store"
 )
 
 // silence is how long a subscriber must stay quiet for "nothing else arrives".
@@ -157,39 +151,6 @@ func (a *api) mustDelete(tb testing.TB, token, id string) {
 	if res.Status != 200 || len(res.Errors) > 0 || len(p.UserErrors) > 0 {
 		tb.Fatalf("delete %s: %s", id, res.Raw)
 	}
-}
-
-// apiOn builds a second API process on an existing Redis without flushing it, with its own
-// service and feed (fopts; its Block and Logger are set when zero).
-func apiOn(tb testing.TB, rdb *redis.Client, fopts feed.Options) *api {
-	tb.Helper()
-	q, err := queue.New(rdb, queue.Options{})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	quiet := slog.New(slog.DiscardHandler)
-	svc, err := instance.NewService(instance.Options{Catalog: region.Demo(), Store: store.New(rdb), Queue: q, Logger: quiet})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	keys, err := auth.NewKeys(testSecret)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if fopts.Block == 0 {
-		fopts.Block = 50 * time.Millisecond
-	}
-	if fopts.Logger == nil {
-		fopts.Logger = quiet
-	}
-	feedCtx, stopFeed := context.WithCancel(context.Background())
-	events := feed.New(feedCtx, store.New(rdb), fopts)
-	tb.Cleanup(func() { stopFeed(); events.Wait() })
-	h, err := New(Options{Service: svc, Feed: events, Keys: keys, Logger: quiet, Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return &api{handler: h, keys: keys, rdb: rdb}
 }
 
 func serveAPI(tb testing.TB, a *api) *httptest.Server {
