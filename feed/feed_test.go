@@ -2,6 +2,7 @@ package feed_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -162,7 +163,7 @@ func TestExpiredCursor(t *testing.T) {
 		e.commit(t, "web")
 	}
 	e.rdb.XTrimMaxLen(context.Background(), "cq:{o:acme}:events", 1)
-	if _, _, err := e.feed.Subscribe(context.Background(), "acme", hist[0].Cursor, all); err != instance.ErrCursorExpired {
+	if _, _, err := e.feed.Subscribe(context.Background(), "acme", hist[0].Cursor, all); !errors.Is(err, instance.ErrCursorExpired) {
 		t.Errorf("err = %v, want ErrCursorExpired", err)
 	}
 }

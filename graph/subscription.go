@@ -22,12 +22,12 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 	if !pr.SeesOrganization(org) || project != "" && !pr.Allows(org, project, auth.RoleViewer) {
 		return nil, instance.Errorf(instance.CodeNotFound, "organization %q or project %q not found", org, project)
 	}
+	var only *instance.Instance
 	if instanceID != "" {
-		inst, err := r.Service.Get(ctx, instanceID)
-		if err != nil {
+		if only, err = r.Service.Get(ctx, instanceID); err != nil {
 			return nil, err
 		}
-		if inst.OrganizationID != org {
+		if only.OrganizationID != org {
 			return nil, instance.Errorf(instance.CodeNotFound, "instance %q not found", instanceID)
 		}
 	}
@@ -51,7 +51,7 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 	}
 	var snapshot []*instance.Instance
 	if after == "" {
-		if snapshot, err = r.snapshot(ctx, org, project, instanceID); err != nil {
+		if snapshot, err = r.snapshot(ctx, org, project, only); err != nil {
 			sub.Close()
 			return nil, err
 		}
@@ -118,10 +118,11 @@ func versioned(k instance.EventKind) bool {
 	return k == instance.EventCreated || k == instance.EventUpdated || k == instance.EventStatusChanged || k == instance.EventRebuildStarted
 }
 
-// snapshot lists every instance the subscription starts with.
-func (r *Resolver) snapshot(ctx context.Context, org, project, instanceID string) ([]*instance.Instance, error) {
-	if instanceID != "" {
-		inst, err := r.Service.Get(ctx, instanceID)
+// snapshot lists every instance the subscription starts with: the one it watches (read after
+// the subscription went live), or those of the organization or project.
+func (r *Resolver) snapshot(ctx context.Context, org, project string, only *instance.Instance) ([]*instance.Instance, error) {
+	if only != nil {
+		inst, err := r.Service.Get(ctx, only.ID)
 		if err != nil {
 			return nil, err
 		}

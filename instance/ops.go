@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -431,9 +432,14 @@ func deref(s *string) string {
 	return *s
 }
 
+// truncate shortens input echoed in messages to about n bytes, cutting at a character
+// boundary so the message stays valid UTF-8.
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "…"
 }

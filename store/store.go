@@ -208,14 +208,8 @@ const historyBatch = 500
 func (s *Store) History(ctx context.Context, org, id, after string, limit int) ([]instance.Record, bool, error) {
 	start := "-"
 	if after != "" {
-		first, err := s.rdb.XRangeN(ctx, eventsKey(org), "-", "+", 1).Result()
-		if err != nil {
+		if err := s.checkKept(ctx, org, after); err != nil {
 			return nil, false, fmt.Errorf("history: %w", err)
-		}
-		// The cursor named an entry that existed; if the oldest kept is later, the log was
-		// trimmed past it and events may be missing.
-		if len(first) == 1 && instance.PositionLess(after, first[0].ID) {
-			return nil, false, instance.ErrCursorExpired
 		}
 		start = "(" + after
 	}
@@ -274,12 +268,8 @@ func (s *Store) ReadEvents(ctx context.Context, org, after string, block time.Du
 // EventsBetween returns the organization's events after one position up to another, oldest
 // first; ErrCursorExpired when the log was trimmed past the first.
 func (s *Store) EventsBetween(ctx context.Context, org, after, upTo string) ([]instance.Record, error) {
-	first, err := s.rdb.XRangeN(ctx, eventsKey(org), "-", "+", 1).Result()
-	if err != nil {
+	if err := s.checkKept(ctx, org, after); err != nil {
 		return nil, fmt.Errorf("events between: %w", err)
-	}
-	if len(first) == 1 && instance.PositionLess(after, first[0].ID) {
-		return nil, instance.ErrCursorExpired
 	}
 	if !instance.PositionLess(after, upTo) {
 		return nil, nil
@@ -289,6 +279,20 @@ func (s *Store) EventsBetween(ctx context.Context, org, after, upTo string) ([]i
 		return nil, fmt.Errorf("events between: %w", err)
 	}
 	return decodeRecords(org, msgs)
+}
+
+// checkKept returns instance.ErrCursorExpired when the organization's log no longer reaches
+// back to the position: the cursor named an entry that existed, so if the oldest kept is
+// later, the log was trimmed past it and events may be missing.
+func (s *Store) checkKept(ctx context.Context, org, pos string) error {
+	first, err := s.rdb.XRangeN(ctx, eventsKey(org), "-", "+", 1).Result()
+	if err != nil {
+		return err
+	}
+	if len(first) == 1 && instance.PositionLess(pos, first[0].ID) {
+		return instance.ErrCursorExpired
+	}
+	return nil
 }
 
 func decodeRecords(org string, msgs []redis.XMessage) ([]instance.Record, error) {
