@@ -116,6 +116,7 @@ type ComplexityRoot struct {
 		CreatedBy                 func(childComplexity int) int
 		DeletedAt                 func(childComplexity int) int
 		Description               func(childComplexity int) int
+		DesiredPowerState         func(childComplexity int) int
 		Flavor                    func(childComplexity int) int
 		FlavorID                  func(childComplexity int) int
 		Generation                func(childComplexity int) int
@@ -151,12 +152,15 @@ type ComplexityRoot struct {
 	}
 
 	InstanceEvent struct {
+		Action        func(childComplexity int) int
+		Actor         func(childComplexity int) int
 		ChangedFields func(childComplexity int) int
 		Cursor        func(childComplexity int) int
 		Instance      func(childComplexity int) int
 		Kind          func(childComplexity int) int
 		Message       func(childComplexity int) int
 		OccurredAt    func(childComplexity int) int
+		Outcome       func(childComplexity int) int
 	}
 
 	InstanceEventConnection struct {
@@ -328,6 +332,7 @@ type InstanceResolver interface {
 	SSHCertificateAuthority(ctx context.Context, obj *instance.Instance) (*region.SSHCertificateAuthority, error)
 
 	UserData(ctx context.Context, obj *instance.Instance) (*string, error)
+	DesiredPowerState(ctx context.Context, obj *instance.Instance) (instance.PowerIntent, error)
 
 	ObservedGeneration(ctx context.Context, obj *instance.Instance) (int, error)
 }
@@ -647,6 +652,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Instance.Description(childComplexity), true
+	case "Instance.desiredPowerState":
+		if e.ComplexityRoot.Instance.DesiredPowerState == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Instance.DesiredPowerState(childComplexity), true
 	case "Instance.flavor":
 		if e.ComplexityRoot.Instance.Flavor == nil {
 			break
@@ -806,6 +817,18 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.InstanceEdge.Node(childComplexity), true
 
+	case "InstanceEvent.action":
+		if e.ComplexityRoot.InstanceEvent.Action == nil {
+			break
+		}
+
+		return e.ComplexityRoot.InstanceEvent.Action(childComplexity), true
+	case "InstanceEvent.actor":
+		if e.ComplexityRoot.InstanceEvent.Actor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.InstanceEvent.Actor(childComplexity), true
 	case "InstanceEvent.changedFields":
 		if e.ComplexityRoot.InstanceEvent.ChangedFields == nil {
 			break
@@ -842,6 +865,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.InstanceEvent.OccurredAt(childComplexity), true
+	case "InstanceEvent.outcome":
+		if e.ComplexityRoot.InstanceEvent.Outcome == nil {
+			break
+		}
+
+		return e.ComplexityRoot.InstanceEvent.Outcome(childComplexity), true
 
 	case "InstanceEventConnection.edges":
 		if e.ComplexityRoot.InstanceEventConnection.Edges == nil {
@@ -1643,6 +1672,8 @@ enum ErrorCode {
   INTERNAL
   "A cursor older than the event log keeps: read again from the start."
   CURSOR_EXPIRED
+  "Too many requests from this principal: retry after ` + "`" + `extensions.retryAfter` + "`" + ` seconds (HTTP: the Retry-After header)."
+  RATE_LIMITED
 }
 
 "A validation or business-rule failure of a mutation's input."
@@ -1789,6 +1820,11 @@ enum PowerState {
   ERROR
 }
 
+enum DesiredPowerState {
+  RUNNING
+  STOPPED
+}
+
 enum ConditionStatus {
   TRUE
   FALSE
@@ -1851,6 +1887,12 @@ type Instance {
   networking: Networking!
   "Cloud-init user data, base64."
   userData: String
+  """
+  The power state asked for with startInstance and stopInstance. It outlives the server: a
+  server rebuilt or recreated for a STOPPED instance is stopped as soon as it is built, and a
+  stop issued while the server is still building takes effect when the build completes.
+  """
+  desiredPowerState: DesiredPowerState!
   "Increases on every change of the desired state."
   generation: Int!
   "The generation the last successful reconcile realised; equal to generation when the change is live."
@@ -2062,6 +2104,19 @@ enum InstanceEventKind {
   DELETED
   "Something the user should know that changed nothing, e.g. duplicate servers deleted."
   WARNING
+  "An operational verb was called on the instance: see actor, action and outcome."
+  ACTION
+}
+
+"The operational verbs, as recorded in an instance's history."
+enum InstanceAction {
+  START
+  STOP
+  REBOOT
+  HARD_REBOOT
+  CONSOLE
+  SSH_KEY
+  SNAPSHOT
 }
 
 type InstanceEvent {
@@ -2072,8 +2127,14 @@ type InstanceEvent {
   instance: Instance!
   changedFields: [String!]!
   occurredAt: Time!
-  "What happened, in words, where the kind alone does not say (e.g. for WARNING)."
+  "What happened, in words, where the kind alone does not say (e.g. for WARNING and ACTION)."
   message: String
+  "Who caused the event: the subject of the principal for CREATED, UPDATED and ACTION; null for the system's own changes."
+  actor: String
+  "For ACTION: the verb called."
+  action: InstanceAction
+  "For ACTION: null when the verb succeeded, else the code of the error it returned."
+  outcome: ErrorCode
 }
 
 type InstanceEventEdge {
@@ -2264,6 +2325,8 @@ func (ec *executionContext) childFields_Instance(ctx context.Context, field grap
 		return ec.fieldContext_Instance_networking(ctx, field)
 	case "userData":
 		return ec.fieldContext_Instance_userData(ctx, field)
+	case "desiredPowerState":
+		return ec.fieldContext_Instance_desiredPowerState(ctx, field)
 	case "generation":
 		return ec.fieldContext_Instance_generation(ctx, field)
 	case "observedGeneration":
@@ -2320,6 +2383,12 @@ func (ec *executionContext) childFields_InstanceEvent(ctx context.Context, field
 		return ec.fieldContext_InstanceEvent_occurredAt(ctx, field)
 	case "message":
 		return ec.fieldContext_InstanceEvent_message(ctx, field)
+	case "actor":
+		return ec.fieldContext_InstanceEvent_actor(ctx, field)
+	case "action":
+		return ec.fieldContext_InstanceEvent_action(ctx, field)
+	case "outcome":
+		return ec.fieldContext_InstanceEvent_outcome(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type InstanceEvent", field.Name)
 }
@@ -4487,6 +4556,29 @@ func (ec *executionContext) fieldContext_Instance_userData(_ context.Context, fi
 	return graphql.NewScalarFieldContext("Instance", field, true, true, errors.New("field of type String does not have child fields"))
 }
 
+func (ec *executionContext) _Instance_desiredPowerState(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Instance_desiredPowerState(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Instance().DesiredPowerState(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v instance.PowerIntent) graphql.Marshaler {
+			return ec.marshalNDesiredPowerState2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐPowerIntent(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Instance_desiredPowerState(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Instance", field, true, true, errors.New("field of type DesiredPowerState does not have child fields"))
+}
+
 func (ec *executionContext) _Instance_generation(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -4967,6 +5059,75 @@ func (ec *executionContext) _InstanceEvent_message(ctx context.Context, field gr
 }
 func (ec *executionContext) fieldContext_InstanceEvent_message(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, errors.New("field of type String does not have child fields"))
+}
+
+func (ec *executionContext) _InstanceEvent_actor(ctx context.Context, field graphql.CollectedField, obj *model.InstanceEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_InstanceEvent_actor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Actor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_InstanceEvent_actor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, errors.New("field of type String does not have child fields"))
+}
+
+func (ec *executionContext) _InstanceEvent_action(ctx context.Context, field graphql.CollectedField, obj *model.InstanceEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_InstanceEvent_action(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Action, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *instance.Action) graphql.Marshaler {
+			return ec.marshalOInstanceAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐAction(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_InstanceEvent_action(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, errors.New("field of type InstanceAction does not have child fields"))
+}
+
+func (ec *executionContext) _InstanceEvent_outcome(ctx context.Context, field graphql.CollectedField, obj *model.InstanceEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_InstanceEvent_outcome(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Outcome, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *instance.Code) graphql.Marshaler {
+			return ec.marshalOErrorCode2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐCode(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_InstanceEvent_outcome(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, errors.New("field of type ErrorCode does not have child fields"))
 }
 
 func (ec *executionContext) _InstanceEventConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.InstanceEventConnection) (ret graphql.Marshaler) {
@@ -10003,6 +10164,44 @@ func (ec *executionContext) _Instance(ctx context.Context, sel ast.SelectionSet,
 			}
 
 			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
+		case "desiredPowerState":
+			field := field
+
+			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
+				defer func() {
+					if r := recover(); r != nil {
+						ec.Error(ctx, ec.Recover(ctx, r))
+					}
+				}()
+				res = ec._Instance_desiredPowerState(ctx, field, obj)
+				if res == graphql.Null {
+					atomic.AddUint32(&fs.Invalids, 1)
+				}
+				return res
+			}
+
+			if field.IsDeferred() {
+				deferredFieldSet.AddField(field)
+				fieldIndex := len(deferredFieldSet.Values) - 1
+				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
+					return innerFunc(ctx, deferredFieldSet)
+				})
+
+				for _, deferrable := range field.Deferrables {
+					view, ok := deferLabelToView[deferrable.Label]
+					if !ok {
+						view = deferredFieldSet.NewView()
+						deferLabelToView[deferrable.Label] = view
+					}
+					view.AddIndices(fieldIndex)
+				}
+
+				// don't run the out.Concurrently() call below
+				out.Values[i] = graphql.Null
+				continue
+			}
+
+			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "generation":
 			out.Values[i] = ec._Instance_generation(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
@@ -10227,6 +10426,21 @@ func (ec *executionContext) _InstanceEvent(ctx context.Context, sel ast.Selectio
 			}
 		case "message":
 			out.Values[i] = ec._InstanceEvent_message(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "actor":
+			out.Values[i] = ec._InstanceEvent_actor(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "action":
+			out.Values[i] = ec._InstanceEvent_action(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "outcome":
+			out.Values[i] = ec._InstanceEvent_outcome(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
@@ -12373,6 +12587,34 @@ func (ec *executionContext) marshalNDeleteInstancePayload2ᚖgithubᚗcomᚋcomp
 	return ec._DeleteInstancePayload(ctx, sel, v)
 }
 
+func (ec *executionContext) unmarshalNDesiredPowerState2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐPowerIntent(ctx context.Context, v any) (instance.PowerIntent, error) {
+	tmp, err := graphql.UnmarshalString(v)
+	res := unmarshalNDesiredPowerState2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐPowerIntent[tmp]
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNDesiredPowerState2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐPowerIntent(ctx context.Context, sel ast.SelectionSet, v instance.PowerIntent) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalString(marshalNDesiredPowerState2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐPowerIntent[v])
+	if res == graphql.Null {
+		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
+			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
+		}
+	}
+	return res
+}
+
+var (
+	unmarshalNDesiredPowerState2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐPowerIntent = map[string]instance.PowerIntent{
+		"RUNNING": instance.IntentRunning,
+		"STOPPED": instance.IntentStopped,
+	}
+	marshalNDesiredPowerState2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐPowerIntent = map[instance.PowerIntent]string{
+		instance.IntentRunning: "RUNNING",
+		instance.IntentStopped: "STOPPED",
+	}
+)
+
 func (ec *executionContext) unmarshalNErrorCode2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐCode(ctx context.Context, v any) (instance.Code, error) {
 	tmp, err := graphql.UnmarshalString(v)
 	res := unmarshalNErrorCode2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐCode[tmp]
@@ -12403,6 +12645,7 @@ var (
 		"UNAVAILABLE":     instance.CodeUnavailable,
 		"INTERNAL":        instance.CodeInternal,
 		"CURSOR_EXPIRED":  instance.CodeCursorExpired,
+		"RATE_LIMITED":    instance.CodeRateLimited,
 	}
 	marshalNErrorCode2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐCode = map[instance.Code]string{
 		instance.CodeUnauthenticated: "UNAUTHENTICATED",
@@ -12416,6 +12659,7 @@ var (
 		instance.CodeUnavailable:     "UNAVAILABLE",
 		instance.CodeInternal:        "INTERNAL",
 		instance.CodeCursorExpired:   "CURSOR_EXPIRED",
+		instance.CodeRateLimited:     "RATE_LIMITED",
 	}
 )
 
@@ -12694,6 +12938,7 @@ var (
 		"REBUILD_STARTED": instance.EventRebuildStarted,
 		"DELETED":         instance.EventDeleted,
 		"WARNING":         instance.EventWarning,
+		"ACTION":          instance.EventAction,
 	}
 	marshalNInstanceEventKind2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐEventKind = map[instance.EventKind]string{
 		instance.EventSnapshot:       "SNAPSHOT",
@@ -12703,6 +12948,7 @@ var (
 		instance.EventRebuildStarted: "REBUILD_STARTED",
 		instance.EventDeleted:        "DELETED",
 		instance.EventWarning:        "WARNING",
+		instance.EventAction:         "ACTION",
 	}
 )
 
@@ -13392,6 +13638,56 @@ func (ec *executionContext) marshalOConsoleSession2ᚖgithubᚗcomᚋcomputeql�
 	return ec._ConsoleSession(ctx, sel, v)
 }
 
+func (ec *executionContext) unmarshalOErrorCode2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐCode(ctx context.Context, v any) (*instance.Code, error) {
+	if v == nil {
+		return nil, nil
+	}
+	tmp, err := graphql.UnmarshalString(v)
+	res := unmarshalOErrorCode2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐCode[tmp]
+	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOErrorCode2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐCode(ctx context.Context, sel ast.SelectionSet, v *instance.Code) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	_ = sel
+	_ = ctx
+	res := graphql.MarshalString(marshalOErrorCode2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐCode[*v])
+	return res
+}
+
+var (
+	unmarshalOErrorCode2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐCode = map[string]instance.Code{
+		"UNAUTHENTICATED": instance.CodeUnauthenticated,
+		"FORBIDDEN":       instance.CodeForbidden,
+		"NOT_FOUND":       instance.CodeNotFound,
+		"BAD_USER_INPUT":  instance.CodeBadUserInput,
+		"CONFLICT":        instance.CodeConflict,
+		"UNPROCESSABLE":   instance.CodeUnprocessable,
+		"QUOTA_EXCEEDED":  instance.CodeQuotaExceeded,
+		"CONSISTENCY":     instance.CodeConsistency,
+		"UNAVAILABLE":     instance.CodeUnavailable,
+		"INTERNAL":        instance.CodeInternal,
+		"CURSOR_EXPIRED":  instance.CodeCursorExpired,
+		"RATE_LIMITED":    instance.CodeRateLimited,
+	}
+	marshalOErrorCode2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐCode = map[instance.Code]string{
+		instance.CodeUnauthenticated: "UNAUTHENTICATED",
+		instance.CodeForbidden:       "FORBIDDEN",
+		instance.CodeNotFound:        "NOT_FOUND",
+		instance.CodeBadUserInput:    "BAD_USER_INPUT",
+		instance.CodeConflict:        "CONFLICT",
+		instance.CodeUnprocessable:   "UNPROCESSABLE",
+		instance.CodeQuotaExceeded:   "QUOTA_EXCEEDED",
+		instance.CodeConsistency:     "CONSISTENCY",
+		instance.CodeUnavailable:     "UNAVAILABLE",
+		instance.CodeInternal:        "INTERNAL",
+		instance.CodeCursorExpired:   "CURSOR_EXPIRED",
+		instance.CodeRateLimited:     "RATE_LIMITED",
+	}
+)
+
 func (ec *executionContext) marshalOFlavor2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐFlavor(ctx context.Context, sel ast.SelectionSet, v *region.Flavor) graphql.Marshaler {
 	if v == nil {
 		return graphql.Null
@@ -13472,6 +13768,46 @@ func (ec *executionContext) marshalOInstance2ᚖgithubᚗcomᚋcomputeqlᚋcompu
 	}
 	return ec._Instance(ctx, sel, v)
 }
+
+func (ec *executionContext) unmarshalOInstanceAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐAction(ctx context.Context, v any) (*instance.Action, error) {
+	if v == nil {
+		return nil, nil
+	}
+	tmp, err := graphql.UnmarshalString(v)
+	res := unmarshalOInstanceAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐAction[tmp]
+	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOInstanceAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐAction(ctx context.Context, sel ast.SelectionSet, v *instance.Action) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	_ = sel
+	_ = ctx
+	res := graphql.MarshalString(marshalOInstanceAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐAction[*v])
+	return res
+}
+
+var (
+	unmarshalOInstanceAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐAction = map[string]instance.Action{
+		"START":       instance.ActionStart,
+		"STOP":        instance.ActionStop,
+		"REBOOT":      instance.ActionReboot,
+		"HARD_REBOOT": instance.ActionHardReboot,
+		"CONSOLE":     instance.ActionConsole,
+		"SSH_KEY":     instance.ActionSSHKey,
+		"SNAPSHOT":    instance.ActionSnapshot,
+	}
+	marshalOInstanceAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐAction = map[instance.Action]string{
+		instance.ActionStart:      "START",
+		instance.ActionStop:       "STOP",
+		instance.ActionReboot:     "REBOOT",
+		instance.ActionHardReboot: "HARD_REBOOT",
+		instance.ActionConsole:    "CONSOLE",
+		instance.ActionSSHKey:     "SSH_KEY",
+		instance.ActionSnapshot:   "SNAPSHOT",
+	}
+)
 
 func (ec *executionContext) unmarshalOInstanceFilter2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐFilter(ctx context.Context, v any) (*instance.Filter, error) {
 	if v == nil {

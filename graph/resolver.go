@@ -37,7 +37,7 @@ func notYet(op string) error {
 	return instance.Errorf(instance.CodeUnavailable, "%s is not available yet in this version of computeql", op)
 }
 
-func ptrIfSet(s string) *string {
+func ptrIfSet[S ~string](s S) *S {
 	if s == "" {
 		return nil
 	}

@@ -63,6 +63,11 @@ func (r *instanceResolver) UserData(ctx context.Context, obj *instance.Instance)
 	return &s, nil
 }
 
+// DesiredPowerState is the resolver for the desiredPowerState field.
+func (r *instanceResolver) DesiredPowerState(ctx context.Context, obj *instance.Instance) (instance.PowerIntent, error) {
+	return obj.DesiredPower(), nil
+}
+
 // ObservedGeneration is the resolver for the observedGeneration field.
 func (r *instanceResolver) ObservedGeneration(ctx context.Context, obj *instance.Instance) (int, error) {
 	return int(obj.Status.ObservedGeneration), nil

@@ -157,5 +157,6 @@ func toEvent(rec instance.Record) *model.InstanceEvent {
 	return &model.InstanceEvent{
 		Cursor: instance.EventCursor(rec), Kind: rec.Kind, Instance: rec.Instance,
 		ChangedFields: changed, OccurredAt: rec.At, Message: ptrIfSet(rec.Message),
+		Actor: ptrIfSet(rec.Caller()), Action: ptrIfSet(rec.Action), Outcome: ptrIfSet(rec.Outcome),
 	}
 }

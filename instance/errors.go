@@ -23,6 +23,8 @@ const (
 	CodeInternal        Code = "INTERNAL"
 	// CodeCursorExpired: the position is older than the event log keeps; refetch.
 	CodeCursorExpired Code = "CURSOR_EXPIRED"
+	// CodeRateLimited: the principal sent more requests than its rate allows; retry later.
+	CodeRateLimited Code = "RATE_LIMITED"
 )
 
 // Error is a failure of a whole operation (not of one input field), with a code and a

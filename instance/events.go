@@ -22,6 +22,22 @@ const (
 	// EventWarning records something the user should know that changed nothing, e.g. that
 	// duplicate servers were found and deleted.
 	EventWarning EventKind = "WARNING"
+	// EventAction records an operational verb: who called it, which, and its outcome.
+	EventAction EventKind = "ACTION"
+)
+
+// Action is an operational verb, as an instance's history records it.
+type Action string
+
+// Actions.
+const (
+	ActionStart      Action = "START"
+	ActionStop       Action = "STOP"
+	ActionReboot     Action = "REBOOT"
+	ActionHardReboot Action = "HARD_REBOOT"
+	ActionConsole    Action = "CONSOLE"
+	ActionSSHKey     Action = "SSH_KEY"
+	ActionSnapshot   Action = "SNAPSHOT"
 )
 
 // Record is one event of an instance's history, as stored.
@@ -33,6 +49,24 @@ type Record struct {
 	Changed  []string
 	At       time.Time
 	Message  string
+	// Actor, Action and Outcome are set on ACTION events: who called the verb, which verb,
+	// and the code of its error ("" when it succeeded).
+	Actor   string
+	Action  Action
+	Outcome Code
+}
+
+// Caller returns who caused the event: the actor of an ACTION, the principal whose change a
+// CREATED or UPDATED event records (the spec keeps who changed it last), or "" for the
+// system's own changes.
+func (r *Record) Caller() string {
+	switch r.Kind {
+	case EventAction:
+		return r.Actor
+	case EventCreated, EventUpdated:
+		return r.Instance.UpdatedBy
+	}
+	return ""
 }
 
 // ErrCursorExpired is returned by stores for a position older than the log keeps.

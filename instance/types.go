@@ -65,6 +65,15 @@ func (s PowerState) Valid() bool {
 	return false
 }
 
+// PowerIntent is the power state a user asked for with the start and stop verbs.
+type PowerIntent string
+
+// Power intents. A spec stored before intents existed has none, which means running.
+const (
+	IntentRunning PowerIntent = "RUNNING"
+	IntentStopped PowerIntent = "STOPPED"
+)
+
 // ConditionStatus is whether a condition holds.
 type ConditionStatus string
 
@@ -128,6 +137,9 @@ type Spec struct {
 	// RebuildGeneration is the latest generation whose change the user allowed to rebuild the
 	// server; workers rebuild only for a destructive difference at or before it.
 	RebuildGeneration int64 `json:"rebuildGeneration,omitempty"`
+	// Power is the power state the user asked for; "" is running. It outlives the server:
+	// workers stop a server that finished building for an instance meant to be stopped.
+	Power PowerIntent `json:"power,omitempty"`
 	// Charge is what the instance holds of its organization's quota; it is released after the
 	// backing server is gone.
 	Charge    quota.Amounts `json:"charge"`
@@ -164,6 +176,14 @@ type Instance struct {
 	StatusVersion int64
 	Spec
 	Status Status
+}
+
+// DesiredPower is the power state the user asked for.
+func (i *Instance) DesiredPower() PowerIntent {
+	if i.Power == "" {
+		return IntentRunning
+	}
+	return i.Power
 }
 
 // Deleting reports whether deletion was requested.

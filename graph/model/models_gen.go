@@ -58,8 +58,14 @@ type InstanceEvent struct {
 	Instance      *instance.Instance `json:"instance"`
 	ChangedFields []string           `json:"changedFields"`
 	OccurredAt    time.Time          `json:"occurredAt"`
-	// What happened, in words, where the kind alone does not say (e.g. for WARNING).
+	// What happened, in words, where the kind alone does not say (e.g. for WARNING and ACTION).
 	Message *string `json:"message,omitempty"`
+	// Who caused the event: the subject of the principal for CREATED, UPDATED and ACTION; null for the system's own changes.
+	Actor *string `json:"actor,omitempty"`
+	// For ACTION: the verb called.
+	Action *instance.Action `json:"action,omitempty"`
+	// For ACTION: null when the verb succeeded, else the code of the error it returned.
+	Outcome *instance.Code `json:"outcome,omitempty"`
 }
 
 type InstanceEventConnection struct {
