@@ -33,6 +33,7 @@ type Config = graphql.Config[ResolverRoot, DirectiveRoot, ComplexityRoot]
 
 type ResolverRoot interface {
 	Grant() GrantResolver
+	Image() ImageResolver
 	Instance() InstanceResolver
 	InstanceStatus() InstanceStatusResolver
 	Mutation() MutationResolver
@@ -105,9 +106,12 @@ type ComplexityRoot struct {
 		ID             func(childComplexity int) int
 		Name           func(childComplexity int) int
 		OS             func(childComplexity int) int
+		OrganizationID func(childComplexity int) int
+		ProjectID      func(childComplexity int) int
 		Regions        func(childComplexity int) int
 		SizeGiB        func(childComplexity int) int
 		State          func(childComplexity int) int
+		Tags           func(childComplexity int) int
 		Virtualization func(childComplexity int) int
 	}
 
@@ -319,6 +323,11 @@ type ComplexityRoot struct {
 
 type GrantResolver interface {
 	ProjectID(ctx context.Context, obj *auth.Grant) (*string, error)
+}
+type ImageResolver interface {
+	OrganizationID(ctx context.Context, obj *region.Image) (*string, error)
+	ProjectID(ctx context.Context, obj *region.Image) (*string, error)
+	Tags(ctx context.Context, obj *region.Image) ([]instance.Tag, error)
 }
 type InstanceResolver interface {
 	Region(ctx context.Context, obj *instance.Instance) (*region.Region, error)
@@ -603,6 +612,18 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Image.OS(childComplexity), true
+	case "Image.organizationId":
+		if e.ComplexityRoot.Image.OrganizationID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Image.OrganizationID(childComplexity), true
+	case "Image.projectId":
+		if e.ComplexityRoot.Image.ProjectID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Image.ProjectID(childComplexity), true
 	case "Image.regions":
 		if e.ComplexityRoot.Image.Regions == nil {
 			break
@@ -621,6 +642,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Image.State(childComplexity), true
+	case "Image.tags":
+		if e.ComplexityRoot.Image.Tags == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Image.Tags(childComplexity), true
 	case "Image.virtualization":
 		if e.ComplexityRoot.Image.Virtualization == nil {
 			break
@@ -1617,7 +1644,7 @@ type Query {
   networks(organizationId: ID, projectId: ID): [Network!]!
   "Flavors (machine shapes), optionally only those offered in one region."
   flavors(region: ID): [Flavor!]!
-  "Images, optionally only those offered in one region."
+  "Images, optionally only those offered in one region: the public ones and the snapshots of projects the caller can read."
   images(region: ID): [Image!]!
   "Security groups the caller can see, optionally only those on one network."
   securityGroups(networkId: ID): [SecurityGroup!]!
@@ -1791,6 +1818,12 @@ type Image {
   os: OperatingSystem
   "Regions the image is offered in."
   regions: [ID!]!
+  "For an image made with snapshotInstance, the organization that owns it; null for public images."
+  organizationId: ID
+  "For an image made with snapshotInstance, the project that owns it (only it sees the image)."
+  projectId: ID
+  "The image's tags; a snapshot carries compute/source-instance-id, the instance it was made from."
+  tags: [Tag!]!
 }
 
 # --- Instances --------------------------------------------------------------
@@ -2285,6 +2318,12 @@ func (ec *executionContext) childFields_Image(ctx context.Context, field graphql
 		return ec.fieldContext_Image_os(ctx, field)
 	case "regions":
 		return ec.fieldContext_Image_regions(ctx, field)
+	case "organizationId":
+		return ec.fieldContext_Image_organizationId(ctx, field)
+	case "projectId":
+		return ec.fieldContext_Image_projectId(ctx, field)
+	case "tags":
+		return ec.fieldContext_Image_tags(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Image", field.Name)
 }
@@ -4100,6 +4139,84 @@ func (ec *executionContext) _Image_regions(ctx context.Context, field graphql.Co
 }
 func (ec *executionContext) fieldContext_Image_regions(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Image", field, false, false, errors.New("field of type ID does not have child fields"))
+}
+
+func (ec *executionContext) _Image_organizationId(ctx context.Context, field graphql.CollectedField, obj *region.Image) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Image_organizationId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Image().OrganizationID(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Image_organizationId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Image", field, true, true, errors.New("field of type ID does not have child fields"))
+}
+
+func (ec *executionContext) _Image_projectId(ctx context.Context, field graphql.CollectedField, obj *region.Image) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Image_projectId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Image().ProjectID(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Image_projectId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Image", field, true, true, errors.New("field of type ID does not have child fields"))
+}
+
+func (ec *executionContext) _Image_tags(ctx context.Context, field graphql.CollectedField, obj *region.Image) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Image_tags(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Image().Tags(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []instance.Tag) graphql.Marshaler {
+			return ec.marshalNTag2ᚕgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐTagᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Image_tags(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Image",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Tag(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
 func (ec *executionContext) _Instance_id(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -9778,43 +9895,157 @@ func (ec *executionContext) _Image(ctx context.Context, sel ast.SelectionSet, ob
 		case "id":
 			out.Values[i] = ec._Image_id(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "name":
 			out.Values[i] = ec._Image_name(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "architecture":
 			out.Values[i] = ec._Image_architecture(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "sizeGiB":
 			out.Values[i] = ec._Image_sizeGiB(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "virtualization":
 			out.Values[i] = ec._Image_virtualization(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "state":
 			out.Values[i] = ec._Image_state(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "os":
 			out.Values[i] = ec._Image_os(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "regions":
 			out.Values[i] = ec._Image_regions(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
+		case "organizationId":
+			field := field
+
+			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
+				defer func() {
+					if r := recover(); r != nil {
+						ec.Error(ctx, ec.Recover(ctx, r))
+					}
+				}()
+				res = ec._Image_organizationId(ctx, field, obj)
+				if res == graphql.RequiredNull {
+					atomic.AddUint32(&fs.Invalids, 1)
+				}
+				return res
+			}
+
+			if field.IsDeferred() {
+				deferredFieldSet.AddField(field)
+				fieldIndex := len(deferredFieldSet.Values) - 1
+				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
+					return innerFunc(ctx, deferredFieldSet)
+				})
+
+				for _, deferrable := range field.Deferrables {
+					view, ok := deferLabelToView[deferrable.Label]
+					if !ok {
+						view = deferredFieldSet.NewView()
+						deferLabelToView[deferrable.Label] = view
+					}
+					view.AddIndices(fieldIndex)
+				}
+
+				// don't run the out.Concurrently() call below
+				out.Values[i] = graphql.Null
+				continue
+			}
+
+			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
+		case "projectId":
+			field := field
+
+			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
+				defer func() {
+					if r := recover(); r != nil {
+						ec.Error(ctx, ec.Recover(ctx, r))
+					}
+				}()
+				res = ec._Image_projectId(ctx, field, obj)
+				if res == graphql.RequiredNull {
+					atomic.AddUint32(&fs.Invalids, 1)
+				}
+				return res
+			}
+
+			if field.IsDeferred() {
+				deferredFieldSet.AddField(field)
+				fieldIndex := len(deferredFieldSet.Values) - 1
+				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
+					return innerFunc(ctx, deferredFieldSet)
+				})
+
+				for _, deferrable := range field.Deferrables {
+					view, ok := deferLabelToView[deferrable.Label]
+					if !ok {
+						view = deferredFieldSet.NewView()
+						deferLabelToView[deferrable.Label] = view
+					}
+					view.AddIndices(fieldIndex)
+				}
+
+				// don't run the out.Concurrently() call below
+				out.Values[i] = graphql.Null
+				continue
+			}
+
+			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
+		case "tags":
+			field := field
+
+			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
+				defer func() {
+					if r := recover(); r != nil {
+						ec.Error(ctx, ec.Recover(ctx, r))
+					}
+				}()
+				res = ec._Image_tags(ctx, field, obj)
+				if res == graphql.Null {
+					atomic.AddUint32(&fs.Invalids, 1)
+				}
+				return res
+			}
+
+			if field.IsDeferred() {
+				deferredFieldSet.AddField(field)
+				fieldIndex := len(deferredFieldSet.Values) - 1
+				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
+					return innerFunc(ctx, deferredFieldSet)
+				})
+
+				for _, deferrable := range field.Deferrables {
+					view, ok := deferLabelToView[deferrable.Label]
+					if !ok {
+						view = deferredFieldSet.NewView()
+						deferLabelToView[deferrable.Label] = view
+					}
+					view.AddIndices(fieldIndex)
+				}
+
+				// don't run the out.Concurrently() call below
+				out.Values[i] = graphql.Null
+				continue
+			}
+
+			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}

@@ -8,6 +8,7 @@ import (
 	"github.com/99designs/gqlgen/graphql"
 
 	"github.com/computeql/computeql/feed"
+	"github.com/computeql/computeql/graph/model"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/region"
 )
@@ -32,9 +33,24 @@ func splitUserErrors(err error) ([]instance.FieldError, error) {
 	return []instance.FieldError{}, err
 }
 
-// notYet is the answer of operations a later part of the system implements.
-func notYet(op string) error {
-	return instance.Errorf(instance.CodeUnavailable, "%s is not available yet in this version of computeql", op)
+// splitVerbErrors is splitUserErrors for the operational verbs: besides invalid input, what
+// the instance's state refuses (UNPROCESSABLE: e.g. stopping a stopped server) and a server
+// count other than one (CONSISTENCY) are the payload's userErrors, about the instance named
+// by input.id. Authorisation, not-found and faults stay top-level errors.
+func splitVerbErrors(err error) ([]instance.FieldError, error) {
+	var e *instance.Error
+	if errors.As(err, &e) && (e.Code == instance.CodeUnprocessable || e.Code == instance.CodeConsistency) {
+		return []instance.FieldError{{Field: []string{"input", "id"}, Code: e.Code, Message: e.Message}}, nil
+	}
+	return splitUserErrors(err)
+}
+
+func powerPayload(inst *instance.Instance, err error) (*model.InstancePowerPayload, error) {
+	problems, err := splitVerbErrors(err)
+	if err != nil {
+		return nil, err
+	}
+	return &model.InstancePowerPayload{Instance: inst, UserErrors: problems}, nil
 }
 
 func ptrIfSet[S ~string](s S) *S {

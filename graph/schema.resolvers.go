@@ -21,6 +21,21 @@ func (r *grantResolver) ProjectID(ctx context.Context, obj *auth.Grant) (*string
 	return ptrIfSet(obj.ProjectID), nil
 }
 
+// OrganizationID is the resolver for the organizationId field.
+func (r *imageResolver) OrganizationID(ctx context.Context, obj *region.Image) (*string, error) {
+	return ptrIfSet(obj.OrganizationID), nil
+}
+
+// ProjectID is the resolver for the projectId field.
+func (r *imageResolver) ProjectID(ctx context.Context, obj *region.Image) (*string, error) {
+	return ptrIfSet(obj.ProjectID), nil
+}
+
+// Tags is the resolver for the tags field.
+func (r *imageResolver) Tags(ctx context.Context, obj *region.Image) ([]instance.Tag, error) {
+	return instance.TagsOf(obj.Tags), nil
+}
+
 // Region is the resolver for the region field.
 func (r *instanceResolver) Region(ctx context.Context, obj *instance.Instance) (*region.Region, error) {
 	return found(r.catalog().Region(obj.RegionID)), nil
@@ -134,27 +149,40 @@ func (r *mutationResolver) DeleteInstance(ctx context.Context, input model.Delet
 
 // StartInstance is the resolver for the startInstance field.
 func (r *mutationResolver) StartInstance(ctx context.Context, input model.StartInstanceInput) (*model.InstancePowerPayload, error) {
-	return nil, notYet("startInstance")
+	return powerPayload(r.Service.Start(ctx, input.ID))
 }
 
 // StopInstance is the resolver for the stopInstance field.
 func (r *mutationResolver) StopInstance(ctx context.Context, input model.StopInstanceInput) (*model.InstancePowerPayload, error) {
-	return nil, notYet("stopInstance")
+	return powerPayload(r.Service.Stop(ctx, input.ID))
 }
 
 // RebootInstance is the resolver for the rebootInstance field.
 func (r *mutationResolver) RebootInstance(ctx context.Context, input model.RebootInstanceInput) (*model.InstancePowerPayload, error) {
-	return nil, notYet("rebootInstance")
+	return powerPayload(r.Service.Reboot(ctx, input.ID, input.Hard != nil && *input.Hard))
 }
 
 // CreateConsoleSession is the resolver for the createConsoleSession field.
 func (r *mutationResolver) CreateConsoleSession(ctx context.Context, input model.CreateConsoleSessionInput) (*model.CreateConsoleSessionPayload, error) {
-	return nil, notYet("createConsoleSession")
+	session, err := r.Service.Console(ctx, input.ID)
+	problems, err := splitVerbErrors(err)
+	if err != nil {
+		return nil, err
+	}
+	if len(problems) > 0 {
+		return &model.CreateConsoleSessionPayload{UserErrors: problems}, nil
+	}
+	return &model.CreateConsoleSessionPayload{ConsoleSession: &model.ConsoleSession{URL: session.URL, ExpiresAt: session.ExpiresAt}, UserErrors: problems}, nil
 }
 
 // SnapshotInstance is the resolver for the snapshotInstance field.
 func (r *mutationResolver) SnapshotInstance(ctx context.Context, input model.SnapshotInstanceInput) (*model.SnapshotInstancePayload, error) {
-	return nil, notYet("snapshotInstance")
+	img, err := r.Service.Snapshot(ctx, instance.SnapshotRequest{ID: input.ID, Name: input.Name, Tags: input.Tags})
+	problems, err := splitVerbErrors(err)
+	if err != nil {
+		return nil, err
+	}
+	return &model.SnapshotInstancePayload{Image: img, UserErrors: problems}, nil
 }
 
 // SetQuota is the resolver for the setQuota field.
@@ -260,7 +288,11 @@ func (r *queryResolver) Quota(ctx context.Context, organizationID string) (*inst
 
 // InstanceSSHKey is the resolver for the instanceSSHKey field.
 func (r *queryResolver) InstanceSSHKey(ctx context.Context, id string) (*model.SSHKey, error) {
-	return nil, notYet("instanceSSHKey")
+	key, err := r.Service.SSHKey(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return &model.SSHKey{PrivateKey: key.PrivateKey}, nil
 }
 
 // InstanceEvents is the resolver for the instanceEvents field.
@@ -296,6 +328,9 @@ func (r *subscriptionResolver) InstanceEvents(ctx context.Context, organizationI
 // Grant returns GrantResolver implementation.
 func (r *Resolver) Grant() GrantResolver { return &grantResolver{r} }
 
+// Image returns ImageResolver implementation.
+func (r *Resolver) Image() ImageResolver { return &imageResolver{r} }
+
 // Instance returns InstanceResolver implementation.
 func (r *Resolver) Instance() InstanceResolver { return &instanceResolver{r} }
 
@@ -322,6 +357,7 @@ func (r *Resolver) Subscription() SubscriptionResolver { return &subscriptionRes
 
 type (
 	grantResolver          struct{ *Resolver }
+	imageResolver          struct{ *Resolver }
 	instanceResolver       struct{ *Resolver }
 	instanceStatusResolver struct{ *Resolver }
 	mutationResolver       struct{ *Resolver }

@@ -1,15 +1,18 @@
 package instance
 
 import (
+	"cmp"
 	"context"
+	"slices"
+	"strings"
 
 	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/region"
 )
 
-// Catalogue reads. Regions, flavors and images are public to every authenticated caller;
-// networks, their security groups and SSH certificate authorities belong to a project and are
-// shown only to callers who may read it.
+// Catalogue reads. Regions, flavors and the catalogue's images are public to every
+// authenticated caller; networks, their security groups, SSH certificate authorities and
+// snapshot images belong to a project and are shown only to callers who may read it.
 
 // Regions lists the regions.
 func (s *Service) Regions(ctx context.Context) ([]region.Region, error) {
@@ -27,12 +30,29 @@ func (s *Service) Flavors(ctx context.Context, regionID string) ([]region.Flavor
 	return keep(s.cat.Flavors, func(f *region.Flavor) bool { return regionID == "" || f.OfferedIn(regionID) }), nil
 }
 
-// Images lists images, of one region when regionID is not "".
+// Images lists the public images and the snapshots of every project the caller may read, of
+// one region when regionID is not "".
 func (s *Service) Images(ctx context.Context, regionID string) ([]region.Image, error) {
-	if _, err := Principal(ctx); err != nil {
+	pr, err := Principal(ctx)
+	if err != nil {
 		return nil, err
 	}
-	return keep(s.cat.Images, func(i *region.Image) bool { return regionID == "" || i.OfferedIn(regionID) }), nil
+	offered := func(i *region.Image) bool { return regionID == "" || i.OfferedIn(regionID) }
+	out := keep(s.cat.Images, offered)
+	for _, o := range s.cat.Organizations {
+		for _, p := range o.Projects {
+			if !pr.Allows(o.ID, p.ID, auth.RoleViewer) {
+				continue
+			}
+			snapshots, err := s.region.Images(ctx, o.ID, p.ID)
+			if err != nil {
+				return nil, regionError(err, "the images")
+			}
+			slices.SortFunc(snapshots, func(a, b region.Image) int { return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(a.ID, b.ID)) })
+			out = append(out, keep(snapshots, offered)...)
+		}
+	}
+	return out, nil
 }
 
 // Networks lists the networks the caller may read, narrowed to an organization and project

@@ -72,6 +72,17 @@ func (r *Record) Caller() string {
 // ErrCursorExpired is returned by stores for a position older than the log keeps.
 var ErrCursorExpired = errors.New("cursor expired")
 
+// ActionEvent is what the history records of an operational verb: who called which verb,
+// when, and the code of its error ("" when it succeeded), with a message in words. Warnings
+// are recorded in the same shape with only At and Message.
+type ActionEvent struct {
+	Actor   string
+	Action  Action
+	Outcome Code
+	Message string
+	At      time.Time
+}
+
 // Event describes a status change for the history.
 type Event struct {
 	Kind    EventKind

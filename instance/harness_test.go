@@ -22,6 +22,7 @@ import (
 	"github.com/computeql/computeql/queue"
 	"github.com/computeql/computeql/quota"
 	"github.com/computeql/computeql/region"
+	"github.com/computeql/computeql/region/sim"
 	"github.com/computeql/computeql/store"
 )
 
@@ -31,6 +32,8 @@ type env struct {
 	rdb *redis.Client
 	q   *countingQueue
 	now time.Time
+	// region is the simulated region the service's verbs act on.
+	region *sim.Sim
 }
 
 // countingQueue is the real queue, counting the service's Enqueue calls per key: the queue
@@ -75,8 +78,12 @@ func serviceOn(t testing.TB, rdb *redis.Client, cat *region.Catalog) *env {
 	}
 	q := &countingQueue{Queue: real, calls: map[string]int{}}
 	e := &env{rdb: rdb, q: q, now: time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)}
+	// The region is never clocked here: these tests cover the rules before any server exists.
+	if e.region, err = sim.New(rdb, sim.Options{Catalog: cat}); err != nil {
+		t.Fatal(err)
+	}
 	e.svc, err = instance.NewService(instance.Options{
-		Catalog: cat, Store: store.New(rdb), Queue: q, Now: func() time.Time { return e.now },
+		Catalog: cat, Store: store.New(rdb), Queue: q, Region: e.region, Now: func() time.Time { return e.now },
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -351,7 +358,7 @@ func (s *interfering) UpdateSpec(ctx context.Context, inst *instance.Instance, d
 func (e *env) interfered(t testing.TB, before func()) *instance.Service {
 	t.Helper()
 	svc, err := instance.NewService(instance.Options{
-		Catalog: e.svc.Catalog(), Store: &interfering{Store: store.New(e.rdb), before: before}, Queue: e.q,
+		Catalog: e.svc.Catalog(), Store: &interfering{Store: store.New(e.rdb), before: before}, Queue: e.q, Region: e.region,
 		Now: func() time.Time { return e.now }, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {

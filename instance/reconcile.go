@@ -113,6 +113,21 @@ func (i *Instance) Observe(s *region.Server, now time.Time) Status {
 	return st
 }
 
+// StopWhenBuilt reports whether workers must stop the running server of an instance the user
+// wants stopped. That is so when the server has just been built (the stored status still
+// shows the instance provisioning: a new server, a rebuild or a recreate), or when the stop
+// was asked for after the last reconcile (the generation is not yet observed), which covers a
+// stop asked for while the build was completing. A server started later is left running:
+// startInstance records its intent a moment after the region accepted the start, and a worker
+// that looks in between must not undo it.
+func (i *Instance) StopWhenBuilt(s *region.Server) bool {
+	if i.DesiredPower() != IntentStopped || s.State != region.ServerRunning {
+		return false
+	}
+	building := i.Status.ProvisioningStatus == ProvisioningPending || i.Status.ProvisioningStatus == ProvisioningProvisioning
+	return building || i.Generation > i.Status.ObservedGeneration
+}
+
 // Awaiting returns the status while the instance waits for a server being created or
 // rebuilt: provisioning, with the reason saying which.
 func (i *Instance) Awaiting(reason, message string, now time.Time) Status {

@@ -36,6 +36,8 @@ type Options struct {
 	Store Store
 	// Queue receives the keys of instances to reconcile. Required.
 	Queue Queue
+	// Region carries out the operational verbs on backing servers. Required.
+	Region region.Client
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Now defaults to time.Now.
@@ -44,17 +46,18 @@ type Options struct {
 
 // Service applies the instance rules on behalf of the principal in each call's context.
 type Service struct {
-	cat   *region.Catalog
-	store Store
-	queue Queue
-	log   *slog.Logger
-	now   func() time.Time
+	cat    *region.Catalog
+	store  Store
+	queue  Queue
+	region region.Client
+	log    *slog.Logger
+	now    func() time.Time
 }
 
 // NewService returns a service with opts' defaults applied.
 func NewService(opts Options) (*Service, error) {
-	if opts.Catalog == nil || opts.Store == nil || opts.Queue == nil {
-		return nil, errors.New("instance: Catalog, Store and Queue are required")
+	if opts.Catalog == nil || opts.Store == nil || opts.Queue == nil || opts.Region == nil {
+		return nil, errors.New("instance: Catalog, Store, Queue and Region are required")
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -62,7 +65,7 @@ func NewService(opts Options) (*Service, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Service{cat: opts.Catalog, store: opts.Store, queue: opts.Queue, log: opts.Logger, now: opts.Now}, nil
+	return &Service{cat: opts.Catalog, store: opts.Store, queue: opts.Queue, region: opts.Region, log: opts.Logger, now: opts.Now}, nil
 }
 
 // Catalog returns the catalogue the service validates against.

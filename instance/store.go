@@ -22,6 +22,11 @@ type Store interface {
 	// is not nil it is written too, if the stored status version is still inst.StatusVersion.
 	// The same step appends an UPDATED event naming the changed fields.
 	UpdateSpec(ctx context.Context, inst *Instance, delta, limits quota.Amounts, status *Status, changed []string) (*Refusal, error)
+	// Act records an operational verb as an ACTION event. With changed fields (the verb
+	// changed the desired state, e.g. the power), inst's spec is written in the same step,
+	// compare-and-set on inst.Generation like UpdateSpec, and the event names the fields.
+	// Refusal.Gone when the instance no longer exists, Refusal.Stale when it changed.
+	Act(ctx context.Context, inst *Instance, changed []string, ev ActionEvent) (*Refusal, error)
 	// List returns up to limit instances of the organization (of one project when project is
 	// not ""), oldest first, starting after the instance with id after ("" for the start).
 	List(ctx context.Context, org, project, after string, limit int) ([]*Instance, error)

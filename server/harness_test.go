@@ -10,9 +10,11 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/computeql/computeql/auth"
@@ -21,7 +23,9 @@ import (
 	"github.com/computeql/computeql/queue"
 	"github.com/computeql/computeql/redistest"
 	"github.com/computeql/computeql/region"
+	"github.com/computeql/computeql/region/sim"
 	"github.com/computeql/computeql/store"
+	"github.com/computeql/computeql/worker"
 )
 
 var redisServer *redistest.Server
@@ -35,6 +39,8 @@ type api struct {
 	handler http.Handler
 	keys    *auth.Keys
 	rdb     *redis.Client
+	// region is the simulated region the verbs act on; its clock runs only after runWorkers.
+	region *sim.Sim
 }
 
 func newAPI(tb testing.TB, mutate ...func(*Options)) *api {
@@ -53,7 +59,11 @@ func apiOn(tb testing.TB, rdb *redis.Client, fopts feed.Options, mutate ...func(
 	}
 	// Tests provoke internal errors and warnings on purpose; their logs would only be noise.
 	quiet := slog.New(slog.DiscardHandler)
-	svc, err := instance.NewService(instance.Options{Catalog: region.Demo(), Store: store.New(rdb), Queue: q, Logger: quiet})
+	cloud, err := sim.New(rdb, sim.Options{Catalog: region.Demo(), Logger: quiet})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	svc, err := instance.NewService(instance.Options{Catalog: region.Demo(), Store: store.New(rdb), Queue: q, Region: cloud, Logger: quiet})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -79,7 +89,32 @@ func apiOn(tb testing.TB, rdb *redis.Client, fopts feed.Options, mutate ...func(
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return &api{handler: h, keys: keys, rdb: rdb}
+	return &api{handler: h, keys: keys, rdb: rdb, region: cloud}
+}
+
+// runWorkers starts what realises instances behind the API: a worker and the simulated
+// region's clock, both stopped when the test ends.
+func (a *api) runWorkers(tb testing.TB) {
+	tb.Helper()
+	quiet := slog.New(slog.DiscardHandler)
+	q, err := queue.New(a.rdb, queue.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cat := region.Demo()
+	wk, err := worker.New(worker.Options{
+		Store: store.New(a.rdb), Region: a.region, Queue: q, Logger: quiet, Registerer: prometheus.NewRegistry(),
+		Organizations: func() []string { return []string{"acme", "globex"} },
+		NetworkExists: func(id string) bool { _, ok := cat.Network(id); return ok },
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = wk.Start(ctx) })
+	wg.Go(func() { _ = a.region.Run(ctx) })
+	tb.Cleanup(func() { cancel(); wg.Wait() })
 }
 
 // token mints a token for a principal with the grants.

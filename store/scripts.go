@@ -43,12 +43,19 @@ end
 // eventLua appends an event to the organization's event stream from inside the script that
 // commits the change, so there is no event without a change and no change without an event.
 // The event carries the instance as stored after the change (or, for a deletion, before it).
-// The stream keeps about eventsKept entries per organization.
+// An ACTION event also carries who called which verb and its outcome. The stream keeps about
+// eventsKept entries per organization.
 const eventLua = `
-local function appendEvent(eventsKey, instKey, id, kind, changed, at, msg)
+local function appendEvent(eventsKey, instKey, id, kind, changed, at, msg, actor, action, outcome)
   local f = redis.call('HMGET', instKey, 'spec', 'status', 'gen', 'sv', 'proj')
-  redis.call('XADD', eventsKey, 'MAXLEN', '~', 10000, '*', 'kind', kind, 'id', id, 'proj', f[5],
-    'spec', f[1], 'status', f[2], 'gen', f[3], 'sv', f[4], 'changed', changed, 'at', at, 'msg', msg)
+  local entry = {'kind', kind, 'id', id, 'proj', f[5], 'spec', f[1], 'status', f[2], 'gen', f[3], 'sv', f[4],
+    'changed', changed, 'at', at, 'msg', msg}
+  if action and action ~= '' then
+    for _, v in ipairs({'actor', actor, 'action', action, 'outcome', outcome}) do
+      table.insert(entry, v)
+    end
+  end
+  redis.call('XADD', eventsKey, 'MAXLEN', '~', 10000, '*', unpack(entry))
 end
 `
 
@@ -85,9 +92,11 @@ return refusals
 // ARGV[1] expected generation, ARGV[2] spec JSON,
 // ARGV[3] expected status version ("" leaves the status alone), ARGV[4] status JSON,
 // ARGV[5] id, ARGV[6] changed fields (comma-separated), ARGV[7] now (Unix ms),
-// ARGV[8..] the quota delta (negative amounts release)
-// Returns {"ok"} (an UPDATED event appended), {"gone"}, {"stale"}, {"statusstale"}, or the
-// quota refusals of overQuota.
+// ARGV[8] event kind (UPDATED, or ACTION for a verb that changed the desired power),
+// ARGV[9] actor, ARGV[10] action, ARGV[11] outcome, ARGV[12] event message,
+// ARGV[13..] the quota delta (negative amounts release)
+// Returns {"ok"} (the event appended), {"gone"}, {"stale"}, {"statusstale"}, or the quota
+// refusals of overQuota.
 var updateSpecScript = redis.NewScript(quotaLua + eventLua + `
 local cur = redis.call('HMGET', KEYS[1], 'gen', 'sv')
 if not cur[1] then
@@ -99,7 +108,7 @@ end
 if ARGV[3] ~= '' and cur[2] ~= ARGV[3] then
   return {'statusstale'}
 end
-local refusals = overQuota(KEYS[2], 8)
+local refusals = overQuota(KEYS[2], 13)
 if #refusals > 0 then
   return refusals
 end
@@ -109,8 +118,8 @@ if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[1], 'status', ARGV[4])
   redis.call('HINCRBY', KEYS[1], 'sv', 1)
 end
-applyCharge(KEYS[2], 8)
-appendEvent(KEYS[3], KEYS[1], ARGV[5], 'UPDATED', ARGV[6], ARGV[7], '')
+applyCharge(KEYS[2], 13)
+appendEvent(KEYS[3], KEYS[1], ARGV[5], ARGV[8], ARGV[6], ARGV[7], ARGV[12], ARGV[9], ARGV[10], ARGV[11])
 return {'ok'}
 `)
 
@@ -165,18 +174,20 @@ redis.call('ZREM', KEYS[4], ARGV[2])
 return 1
 `)
 
-// warnScript records a warning on an instance's history without changing it, e.g. that
-// duplicate servers were found and deleted.
+// noteScript records an event on an instance's history without changing the instance: a
+// warning (e.g. that duplicate servers were found and deleted), or a verb that changed no
+// desired state (a reboot, a console session).
 //
 // KEYS[1] instance, KEYS[2] events
-// ARGV[1] id, ARGV[2] now (Unix ms), ARGV[3] message
+// ARGV[1] id, ARGV[2] now (Unix ms), ARGV[3] kind, ARGV[4] message, ARGV[5] actor,
+// ARGV[6] action, ARGV[7] outcome
 // Returns 1, or 0 when the instance is gone (nothing is recorded).
-var warnScript = redis.NewScript(eventLua + `
+var noteScript = redis.NewScript(eventLua + `
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
-appendEvent(KEYS[2], KEYS[1], ARGV[1], 'WARNING', '', ARGV[2], ARGV[3])
+appendEvent(KEYS[2], KEYS[1], ARGV[1], ARGV[3], '', ARGV[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 return 1
 `)
 
-var scripts = []*redis.Script{createScript, updateSpecScript, writeStatusScript, forgetScript, warnScript}
+var scripts = []*redis.Script{createScript, updateSpecScript, writeStatusScript, forgetScript, noteScript}

@@ -81,6 +81,23 @@ func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim strin
 
 // UpdateSpec implements instance.Store with updateSpecScript.
 func (s *Store) UpdateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status, changed []string) (*instance.Refusal, error) {
+	return s.updateSpec(ctx, inst, delta, limits, status, changed, instance.EventUpdated, instance.ActionEvent{})
+}
+
+// Act implements instance.Store: with changed fields it writes the spec like UpdateSpec, with
+// an ACTION event instead of UPDATED; without, it only records the event.
+func (s *Store) Act(ctx context.Context, inst *instance.Instance, changed []string, ev instance.ActionEvent) (*instance.Refusal, error) {
+	if len(changed) > 0 {
+		return s.updateSpec(ctx, inst, nil, nil, nil, changed, instance.EventAction, ev)
+	}
+	ok, err := s.note(ctx, inst, instance.EventAction, ev)
+	if err != nil || ok {
+		return nil, err
+	}
+	return &instance.Refusal{Gone: true}, nil
+}
+
+func (s *Store) updateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status, changed []string, kind instance.EventKind, ev instance.ActionEvent) (*instance.Refusal, error) {
 	spec, err := json.Marshal(&inst.Spec)
 	if err != nil {
 		return nil, fmt.Errorf("update spec: encode spec: %w", err)
@@ -92,9 +109,14 @@ func (s *Store) UpdateSpec(ctx context.Context, inst *instance.Instance, delta, 
 			return nil, fmt.Errorf("update spec: encode status: %w", err)
 		}
 	}
+	at := inst.UpdatedAt
+	if kind == instance.EventAction {
+		at = ev.At
+	}
 	org := inst.OrganizationID
 	keys := []string{instanceKey(org, inst.ID), quotaKey(org), eventsKey(org)}
-	args := chargeArgs([]any{inst.Generation, spec, expectSV, statusJSON, inst.ID, strings.Join(changed, ","), inst.UpdatedAt.UnixMilli()}, delta, limits)
+	args := chargeArgs([]any{inst.Generation, spec, expectSV, statusJSON, inst.ID, strings.Join(changed, ","), at.UnixMilli(),
+		string(kind), ev.Actor, string(ev.Action), string(ev.Outcome), ev.Message}, delta, limits)
 	reply, err := updateSpecScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("update spec: %w", err)
@@ -192,10 +214,16 @@ func (s *Store) NameClaimed(ctx context.Context, org, claim string) (bool, error
 
 // Warn records a warning event on the instance's history; false when the instance is gone.
 func (s *Store) Warn(ctx context.Context, inst *instance.Instance, at time.Time, message string) (bool, error) {
+	return s.note(ctx, inst, instance.EventWarning, instance.ActionEvent{At: at, Message: message})
+}
+
+// note records an event that changes nothing with noteScript; false when the instance is gone.
+func (s *Store) note(ctx context.Context, inst *instance.Instance, kind instance.EventKind, ev instance.ActionEvent) (bool, error) {
 	keys := []string{instanceKey(inst.OrganizationID, inst.ID), eventsKey(inst.OrganizationID)}
-	n, err := warnScript.Run(ctx, s.rdb, keys, inst.ID, at.UnixMilli(), message).Int()
+	n, err := noteScript.Run(ctx, s.rdb, keys, inst.ID, ev.At.UnixMilli(), string(kind), ev.Message,
+		ev.Actor, string(ev.Action), string(ev.Outcome)).Int()
 	if err != nil {
-		return false, fmt.Errorf("warn: %w", err)
+		return false, fmt.Errorf("record %s event: %w", strings.ToLower(string(kind)), err)
 	}
 	return n == 1, nil
 }
@@ -321,7 +349,10 @@ func decodeRecord(org string, m redis.XMessage) (instance.Record, error) {
 	if err != nil {
 		return instance.Record{}, fmt.Errorf("decode event %s: %w", m.ID, err)
 	}
-	r := instance.Record{Cursor: m.ID, Kind: instance.EventKind(str("kind")), Instance: inst, At: time.UnixMilli(ms).UTC(), Message: str("msg")}
+	r := instance.Record{
+		Cursor: m.ID, Kind: instance.EventKind(str("kind")), Instance: inst, At: time.UnixMilli(ms).UTC(), Message: str("msg"),
+		Actor: str("actor"), Action: instance.Action(str("action")), Outcome: instance.Code(str("outcome")),
+	}
 	if c := str("changed"); c != "" {
 		r.Changed = strings.Split(c, ",")
 	}

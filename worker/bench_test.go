@@ -121,7 +121,7 @@ func convergeAndPropagate(b *testing.B, instances, changes int) (time.Duration, 
 	ts := &timedStore{Store: store.New(rdb), running: map[string]time.Time{}, health: map[string]instance.HealthStatus{},
 		allUp: make(chan struct{}), want: instances, healthChanged: make(chan healthChange, 8192)}
 	quiet := slog.New(slog.DiscardHandler)
-	svc, err := instance.NewService(instance.Options{Catalog: cat, Store: ts.Store, Queue: q, Logger: quiet})
+	svc, err := instance.NewService(instance.Options{Catalog: cat, Store: ts.Store, Queue: q, Region: cloud, Logger: quiet})
 	if err != nil {
 		b.Fatal(err)
 	}

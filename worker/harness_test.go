@@ -114,7 +114,7 @@ func newEnv(t *testing.T, edit ...func(s *setup)) *env {
 	if s.serviceQueue != nil {
 		svcQueue = s.serviceQueue
 	}
-	if e.svc, err = instance.NewService(instance.Options{Catalog: cat, Store: e.st, Queue: svcQueue, Logger: quiet}); err != nil {
+	if e.svc, err = instance.NewService(instance.Options{Catalog: cat, Store: e.st, Queue: svcQueue, Region: e.region, Logger: quiet}); err != nil {
 		t.Fatal(err)
 	}
 	wo := s.worker

@@ -159,6 +159,17 @@ func (r *Reconciler) reconcile(ctx context.Context, inst *instance.Instance) (ti
 		}
 		srv = &updated
 	}
+	if inst.StopWhenBuilt(srv) {
+		// Before the status is written: a failed stop is retried while the status still
+		// shows the build that just completed.
+		stopped, err := r.Region.StopServer(ctx, srv.ID)
+		switch {
+		case err == nil:
+			srv = &stopped
+		case !errors.Is(err, region.ErrRefused): // refused: someone stopped it already
+			return 0, fmt.Errorf("stop server built for a stopped instance: %w", err)
+		}
+	}
 	if _, err := r.writeStatus(ctx, inst, inst.Observe(srv, now), instance.EventStatusChanged); err != nil {
 		return 0, err
 	}

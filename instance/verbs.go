@@ -1,0 +1,332 @@
+package instance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/region"
+)
+
+// The operational verbs (DOMAIN.md §8) act on the instance's one backing server through the
+// region and return as soon as the region accepted; the power change then shows through the
+// status the workers observe. Each needs operator, and each is recorded on the instance's
+// history with its caller and outcome once the caller is allowed to act on the instance.
+
+// Start powers the instance on. On a server that is still being built it only records the
+// intent: the server runs when the build completes.
+func (s *Service) Start(ctx context.Context, id string) (*Instance, error) {
+	return s.power(ctx, id, ActionStart, IntentRunning, s.region.StartServer)
+}
+
+// Stop powers the instance off. On a server that is still being built it records the intent,
+// and the workers stop the server as soon as the build completes. The instance stays stopped
+// across a rebuild or a recreated server.
+func (s *Service) Stop(ctx context.Context, id string) (*Instance, error) {
+	return s.power(ctx, id, ActionStop, IntentStopped, s.region.StopServer)
+}
+
+// Reboot restarts a running instance; hard power-cycles it instead of asking the guest.
+func (s *Service) Reboot(ctx context.Context, id string, hard bool) (*Instance, error) {
+	action := ActionReboot
+	if hard {
+		action = ActionHardReboot
+	}
+	var inst *Instance
+	err := s.act(ctx, id, action, func(cur *Instance, srv *region.Server) (string, error) {
+		inst = cur
+		if _, err := s.region.RebootServer(ctx, srv.ID, hard); err != nil {
+			return "", err
+		}
+		return "The server is rebooting.", nil
+	})
+	return inst, err
+}
+
+// Console opens a short-lived console session on the instance's running server.
+func (s *Service) Console(ctx context.Context, id string) (region.ConsoleSession, error) {
+	var session region.ConsoleSession
+	err := s.act(ctx, id, ActionConsole, func(_ *Instance, srv *region.Server) (string, error) {
+		var err error
+		if session, err = s.region.ConsoleSession(ctx, srv.ID); err != nil {
+			return "", err
+		}
+		return "A console session valid until " + session.ExpiresAt.UTC().Format("15:04:05 MST") + " was opened.", nil
+	})
+	return session, err
+}
+
+// SSHKey returns the private key of the project key pair the instance's server accepts. An
+// instance with an SSH certificate authority has no key to give: its users log in with
+// certificates the authority signed.
+func (s *Service) SSHKey(ctx context.Context, id string) (region.SSHKey, error) {
+	var key region.SSHKey
+	err := s.act(ctx, id, ActionSSHKey, func(inst *Instance, srv *region.Server) (string, error) {
+		if inst.SSHCertificateAuthorityID != "" {
+			return "", Errorf(CodeUnprocessable, "instance %q accepts certificates of SSH certificate authority %q instead of a key pair: log in with a certificate it signed",
+				inst.ID, inst.SSHCertificateAuthorityID)
+		}
+		var err error
+		if key, err = s.region.SSHKey(ctx, srv.ID); err != nil {
+			return "", err
+		}
+		return "The project key pair's private key was read.", nil
+	})
+	return key, err
+}
+
+// SnapshotRequest is what snapshotInstance asks for.
+type SnapshotRequest struct {
+	ID   string
+	Name string
+	Tags []Tag
+}
+
+// ProvenanceTag names, on a snapshot image, the instance it was made from.
+const ProvenanceTag = ReservedTagPrefix + "source-instance-id"
+
+// Snapshot makes an image of the instance's server. Caller tags under the reserved prefix are
+// dropped, so an image cannot pretend to come from another instance; the provenance tag is
+// added. The image is CREATING until the region has finished it.
+func (s *Service) Snapshot(ctx context.Context, req SnapshotRequest) (*region.Image, error) {
+	var p problems
+	checkName(&p, req.Name)
+	tags := make([]Tag, 0, len(req.Tags))
+	for _, t := range req.Tags {
+		if !strings.HasPrefix(t.Name, ReservedTagPrefix) {
+			tags = append(tags, t)
+		}
+	}
+	checkTags(&p, tags)
+	if p.any() {
+		// Fail before touching the instance: a malformed request is not an action taken.
+		if _, err := s.authorized(ctx, req.ID); err != nil {
+			return nil, err
+		}
+		return nil, p.err()
+	}
+	var img region.Image
+	err := s.act(ctx, req.ID, ActionSnapshot, func(inst *Instance, srv *region.Server) (string, error) {
+		m := make(map[string]string, len(tags)+1)
+		for _, t := range tags {
+			m[t.Name] = t.Value
+		}
+		m[ProvenanceTag] = inst.ID
+		var err error
+		if img, err = s.region.Snapshot(ctx, srv.ID, region.ImageRequest{Name: req.Name, Tags: m}); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("Image %q (%s) is being made.", img.Name, img.ID), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &img, nil
+}
+
+// TagsOf lists a region resource's tags ordered by name.
+func TagsOf(m map[string]string) []Tag {
+	out := make([]Tag, 0, len(m))
+	for name, value := range m {
+		out = append(out, Tag{Name: name, Value: value})
+	}
+	slices.SortFunc(out, func(a, b Tag) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// power is Start and Stop: the region changes the server's power, then the instance records
+// the intent, so the workers keep it across new servers. Recording after the region accepted
+// means the intent never claims a change the region refused; a server still being built gets
+// only the intent, which the workers apply when the build completes.
+func (s *Service) power(ctx context.Context, id string, action Action, want PowerIntent, call func(context.Context, string) (region.Server, error)) (*Instance, error) {
+	pr, err := Principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cur, err := s.get(ctx, pr, id, auth.RoleOperator)
+	if err != nil {
+		return nil, err
+	}
+	msg, err := s.perform(ctx, cur, action, func(srv *region.Server) (string, error) {
+		if srv == nil || srv.State.Provisioning() {
+			if cur.DesiredPower() == want {
+				return "", Errorf(CodeUnprocessable, "instance %q is already to be %s once its server is built", id, strings.ToLower(string(want)))
+			}
+			return "The server is still being built; it will be " + strings.ToLower(string(want)) + " when the build completes.", nil
+		}
+		after, err := call(ctx, srv.ID)
+		if err != nil {
+			return "", err
+		}
+		return "The server is " + strings.ToLower(string(after.State)) + ".", nil
+	})
+	ev := ActionEvent{Actor: pr.Subject, Action: action, Outcome: outcome(err), Message: msg, At: s.now().UTC()}
+	if err != nil {
+		return nil, s.record(ctx, cur, ev, err)
+	}
+	// The intent is written compare-and-set; a concurrent change of the instance means
+	// writing it again on the newer spec, which the region's action does not depend on.
+	for range maxStatusRetries {
+		next := *cur
+		next.Power = want
+		var changed []string
+		if cur.DesiredPower() != want {
+			changed = []string{"desiredPowerState"}
+		}
+		refusal, err := s.store.Act(ctx, &next, changed, ev)
+		switch {
+		case err != nil:
+			return nil, internal("record "+strings.ToLower(string(action)), err)
+		case refusal == nil:
+			if len(changed) > 0 {
+				next.Generation++
+				s.enqueue(ctx, &next)
+			}
+			return &next, nil
+		case refusal.Gone:
+			return nil, Errorf(CodeNotFound, "instance %q not found", id)
+		}
+		if cur, err = s.get(ctx, pr, id, auth.RoleOperator); err != nil {
+			return nil, err
+		}
+	}
+	return nil, Errorf(CodeConflict, "instance %q keeps changing; its server accepted the %s, retry to record it", id, strings.ToLower(string(action)))
+}
+
+// act runs a verb that changes nothing of the instance itself and records it.
+func (s *Service) act(ctx context.Context, id string, action Action, fn func(*Instance, *region.Server) (string, error)) error {
+	pr, err := Principal(ctx)
+	if err != nil {
+		return err
+	}
+	inst, err := s.get(ctx, pr, id, auth.RoleOperator)
+	if err != nil {
+		return err
+	}
+	msg, err := s.perform(ctx, inst, action, func(srv *region.Server) (string, error) {
+		if srv == nil || srv.State.Provisioning() {
+			return "", Errorf(CodeUnprocessable, "the server of instance %q is still being built", inst.ID)
+		}
+		return fn(inst, srv)
+	})
+	return s.record(ctx, inst, ActionEvent{Actor: pr.Subject, Action: action, Outcome: outcome(err), Message: msg, At: s.now().UTC()}, err)
+}
+
+// authorized checks that the caller may act on the instance, for refusals that come before
+// any action.
+func (s *Service) authorized(ctx context.Context, id string) (*Instance, error) {
+	pr, err := Principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.get(ctx, pr, id, auth.RoleOperator)
+}
+
+// perform finds the instance's one server and calls fn with it, or with nil while the server
+// is yet to be made (the instance is pending or being rebuilt); it returns what fn says
+// happened, or the error, mapped to its code. Zero servers for an instance that had one, or
+// several, are a consistency error: the workers will repair it, and acting now could hit the
+// wrong server.
+func (s *Service) perform(ctx context.Context, inst *Instance, action Action, fn func(*region.Server) (string, error)) (string, error) {
+	if inst.Deleting() {
+		return "", Errorf(CodeUnprocessable, "instance %q is being deleted", inst.ID)
+	}
+	servers, err := s.region.FindServers(ctx, inst.Scope(), region.InstanceTag, inst.ID)
+	if err != nil {
+		return "", regionError(err, "instance "+strconv.Quote(inst.ID))
+	}
+	live := servers[:0:0]
+	for _, srv := range servers {
+		if srv.State != region.ServerDeleting {
+			live = append(live, srv)
+		}
+	}
+	var msg string
+	switch {
+	case len(live) > 1:
+		ids := make([]string, len(live))
+		for i, srv := range live {
+			ids[i] = srv.ID
+		}
+		return "", Errorf(CodeConsistency, "instance %q is backed by %d servers (%s) instead of one; the workers will delete the extra ones, retry then",
+			inst.ID, len(live), strings.Join(ids, ", "))
+	case len(live) == 0 && inst.Status.ProvisioningStatus != ProvisioningPending && inst.Status.ProvisioningStatus != ProvisioningProvisioning:
+		return "", noServer(inst)
+	case len(live) == 0:
+		msg, err = fn(nil)
+	default:
+		msg, err = fn(&live[0])
+	}
+	if err != nil {
+		return "", regionError(err, "instance "+strconv.Quote(inst.ID))
+	}
+	return msg, nil
+}
+
+func noServer(inst *Instance) error {
+	return Errorf(CodeConsistency, "instance %q has no server in the region (it is %s); the workers will recreate it, retry then",
+		inst.ID, inst.Status.ProvisioningStatus)
+}
+
+// outcome is the code an action's record carries: none for success.
+func outcome(err error) Code {
+	if err == nil {
+		return ""
+	}
+	return CodeOf(err)
+}
+
+// recordTimeout bounds writing an action's record once the caller may have gone.
+const recordTimeout = 5 * time.Second
+
+// record appends the verb's event and returns the verb's own error, which is what the caller
+// must see; an event that cannot be written is logged, since the action itself happened.
+func (s *Service) record(ctx context.Context, inst *Instance, ev ActionEvent, verbErr error) error {
+	if verbErr != nil {
+		ev.Message = strings.TrimSuffix(errorMessage(verbErr), ".") + "."
+	}
+	// The action happened; its record must land even if the caller has gone.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	if _, err := s.store.Act(ctx, inst, nil, ev); err != nil {
+		s.log.ErrorContext(ctx, "record action", "instance", inst.ID, "action", ev.Action, "outcome", ev.Outcome, "err", err)
+	}
+	return verbErr
+}
+
+// errorMessage is the part of an error safe to show users.
+func errorMessage(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Message
+	}
+	return "internal error"
+}
+
+// regionError maps what the region said to the code the caller sees: its refusals keep their
+// meaning (a stopped server cannot be stopped: UNPROCESSABLE with the region's reason; a
+// vanished server: NOT_FOUND); only real faults are UNAVAILABLE or INTERNAL.
+func regionError(err error, what string) error {
+	var e *Error
+	switch {
+	case errors.As(err, &e):
+		return err
+	case errors.Is(err, region.ErrRefused):
+		return &Error{Code: CodeUnprocessable, Message: refusalReason(err), Err: err}
+	case errors.Is(err, region.ErrServerNotFound):
+		return &Error{Code: CodeNotFound, Message: fmt.Sprintf("the server of %s is gone; the workers will recreate it", what), Err: err}
+	case errors.Is(err, region.ErrUnavailable):
+		return &Error{Code: CodeUnavailable, Message: "the region did not answer; retry", Err: err}
+	}
+	return internal("region", err)
+}
+
+// refusalReason is the region's own words: the wrapping error's text without the sentinel.
+func refusalReason(err error) string {
+	return strings.TrimSuffix(strings.TrimSuffix(err.Error(), region.ErrRefused.Error()), ": ")
+}
