@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -63,6 +64,9 @@ type config struct {
 	tokenIssuer   string
 	tokenAudience string
 	tokenSkew     time.Duration
+	// Requests per second and burst per principal on each API process.
+	rateLimit float64
+	rateBurst int
 }
 
 // flags defines the shared flags, each defaulting to its COMPUTEQL_<FLAG> environment variable.
@@ -87,6 +91,16 @@ func flags(name string, c *config) *flag.FlagSet {
 		skew = 30 * time.Second
 	}
 	fs.DurationVar(&c.tokenSkew, "token-skew", skew, "clock difference allowed on the exp and nbf of bearer tokens, at most 5m")
+	rate, err := strconv.ParseFloat(env("rate-limit", "50"), 64)
+	if err != nil {
+		rate = 50
+	}
+	fs.Float64Var(&c.rateLimit, "rate-limit", rate, "requests per second one principal may sustain on each API process (negative: no limit)")
+	burst, err := strconv.Atoi(env("rate-burst", "100"))
+	if err != nil {
+		burst = 100
+	}
+	fs.IntVar(&c.rateBurst, "rate-burst", burst, "requests one principal may send at once after a quiet spell")
 	delay, err := time.ParseDuration(env("build-delay", "2s"))
 	if err != nil {
 		delay = 2 * time.Second
@@ -243,7 +257,7 @@ func apiServer(ctx context.Context, c config, cat *region.Catalog, st *store.Sto
 	}
 	events := feed.New(ctx, st, feed.Options{Logger: log})
 	h, err := server.New(server.Options{
-		Service: svc, Feed: events, Keys: keys, Logger: log,
+		Service: svc, Feed: events, Keys: keys, Logger: log, RateLimit: c.rateLimit, RateBurst: c.rateBurst,
 		Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
 	})
 	if err != nil {

@@ -3,10 +3,15 @@ package graph
 import (
 	"context"
 	"errors"
+	"sync"
+	"time"
 
 	"github.com/99designs/gqlgen/graphql"
+	"github.com/vektah/gqlparser/v2/ast"
+	"github.com/vektah/gqlparser/v2/gqlerror"
 
 	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/feed"
 	"github.com/computeql/computeql/graph/model"
 	"github.com/computeql/computeql/instance"
 )
@@ -56,13 +61,23 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 			return nil, err
 		}
 	}
+	end := endingOf(ctx)
 	out := make(chan *model.InstanceEvent, 1)
 	go func() {
 		defer close(out)
 		defer sub.Close()
+		// The subscription lives only as long as the token that opened it.
+		var expired <-chan time.Time
+		if !pr.Expires.IsZero() {
+			timer := time.NewTimer(time.Until(pr.Expires))
+			defer timer.Stop()
+			expired = timer.C
+		}
+		last := after
 		send := func(ev *model.InstanceEvent) bool {
 			select {
 			case out <- ev:
+				last = ev.Cursor
 				return true
 			case <-ctx.Done():
 				return false
@@ -88,10 +103,15 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 			select {
 			case <-ctx.Done():
 				return
+			case <-expired:
+				end.set(instance.CodeUnauthenticated, "the token of this subscription expired: subscribe again with a new token", last)
+				return
 			case rec, ok := <-sub.C():
 				if !ok {
-					if err := sub.Err(); err != nil {
-						graphql.AddError(ctx, instance.Errorf(instance.CodeUnavailable, "%v", err))
+					if err := sub.Err(); errors.Is(err, feed.ErrSlowConsumer) {
+						end.set(instance.CodeUnavailable, "this subscription did not keep up with its events and was ended", last)
+					} else if err != nil {
+						end.set(instance.CodeUnavailable, "the event feed stopped", last)
 					}
 					return
 				}
@@ -158,5 +178,82 @@ func toEvent(rec instance.Record) *model.InstanceEvent {
 		Cursor: instance.EventCursor(rec), Kind: rec.Kind, Instance: rec.Instance,
 		ChangedFields: changed, OccurredAt: rec.At, Message: ptrIfSet(rec.Message),
 		Actor: ptrIfSet(rec.Caller()), Action: ptrIfSet(rec.Action), Outcome: ptrIfSet(rec.Outcome),
+	}
+}
+
+// A subscription that the server ends (its subscriber fell behind, its token expired) must
+// tell the client why, with the cursor to resume after. gqlgen takes errors for a
+// subscription only before its first event, so the reason travels from the resolver to
+// SubscriptionEndings through the operation's context, and is sent as one last response
+// before the stream completes.
+
+type ending struct {
+	mu   sync.Mutex
+	err  *gqlerror.Error
+	sent bool
+}
+
+type endingKey struct{}
+
+// endingOf returns the operation's ending, or a detached one outside SubscriptionEndings
+// (then nobody reads it).
+func endingOf(ctx context.Context) *ending {
+	if e, ok := ctx.Value(endingKey{}).(*ending); ok {
+		return e
+	}
+	return &ending{}
+}
+
+func (e *ending) set(code instance.Code, message, after string) {
+	ext := map[string]any{"code": string(code)}
+	if after != "" {
+		ext["after"] = after
+		message += "; resume with after: the cursor in extensions.after"
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.err = &gqlerror.Error{Message: message, Path: ast.Path{ast.PathName("instanceEvents")}, Extensions: ext}
+}
+
+// take returns the ending's error once.
+func (e *ending) take() *gqlerror.Error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.err == nil || e.sent {
+		return nil
+	}
+	e.sent = true
+	return e.err
+}
+
+// SubscriptionEndings is the handler extension that sends a subscription's ending reason.
+type SubscriptionEndings struct{}
+
+var (
+	_ graphql.HandlerExtension     = SubscriptionEndings{}
+	_ graphql.OperationInterceptor = SubscriptionEndings{}
+)
+
+// ExtensionName implements graphql.HandlerExtension.
+func (SubscriptionEndings) ExtensionName() string { return "SubscriptionEndings" }
+
+// Validate implements graphql.HandlerExtension.
+func (SubscriptionEndings) Validate(graphql.ExecutableSchema) error { return nil }
+
+// InterceptOperation implements graphql.OperationInterceptor.
+func (SubscriptionEndings) InterceptOperation(ctx context.Context, next graphql.OperationHandler) graphql.ResponseHandler {
+	if op := graphql.GetOperationContext(ctx).Operation; op == nil || op.Operation != ast.Subscription {
+		return next(ctx)
+	}
+	end := &ending{}
+	responses := next(context.WithValue(ctx, endingKey{}, end))
+	return func(ctx context.Context) *graphql.Response {
+		if resp := responses(ctx); resp != nil {
+			return resp
+		}
+		if err := end.take(); err != nil {
+			return &graphql.Response{Errors: gqlerror.List{err}}
+		}
+		return nil
 	}
 }

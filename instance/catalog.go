@@ -48,7 +48,9 @@ func (s *Service) Images(ctx context.Context, regionID string) ([]region.Image, 
 			if err != nil {
 				return nil, regionError(err, "the images")
 			}
-			slices.SortFunc(snapshots, func(a, b region.Image) int { return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(a.ID, b.ID)) })
+			slices.SortFunc(snapshots, func(a, b region.Image) int {
+				return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(a.ID, b.ID))
+			})
 			out = append(out, keep(snapshots, offered)...)
 		}
 	}

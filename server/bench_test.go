@@ -18,7 +18,7 @@ import (
 // against the real redis-server, with b.RunParallel clients (-cpu sets GOMAXPROCS; use
 // -test.parallelism-style scaling through SetParallelism for more concurrent clients).
 func BenchmarkCreateHTTP(b *testing.B) {
-	a := newAPI(b)
+	a := newAPI(b, func(o *Options) { o.RateLimit = -1 }) // one principal floods on purpose
 	admin := a.admin(b)
 	// Quota must never be what refuses in a benchmark.
 	res := a.post(b, admin, `mutation { setQuota(input: {organizationId: "acme", limits: [

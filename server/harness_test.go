@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"sort"
 	"sync"
 	"testing"
@@ -30,7 +32,16 @@ import (
 
 var redisServer *redistest.Server
 
-func TestMain(m *testing.M) { redistest.Main(m, &redisServer) }
+func TestMain(m *testing.M) {
+	if addr := os.Getenv(apiProcessEnv); addr != "" {
+		if err := serveAPIProcess(addr); err != nil {
+			fmt.Fprintln(os.Stderr, "API process:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	redistest.Main(m, &redisServer)
+}
 
 var testSecret = []byte("test-secret-test-secret-test-sec")
 

@@ -14,7 +14,7 @@ func TestMetricsCountOperationsByNameAndOutcome(t *testing.T) {
 	a.post(t, tok, `query Me { me { subject } }`, nil)
 	a.post(t, tok, `query Me { me { subject } }`, nil)
 	a.post(t, tok, `{ instance(id: "nope") { id } }`, nil)
-	a.post(t, tok, `mutation { startInstance(input: {id: "x"}) { userErrors { code } } }`, nil)
+	a.post(t, tok, `mutation { startInstance(input: {id: "0190c7a4-6b1e-7c3d-9f00-1a2b3c4d5e6f"}) { userErrors { code } } }`, nil)
 
 	rec := httptest.NewRecorder()
 	a.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
@@ -22,7 +22,7 @@ func TestMetricsCountOperationsByNameAndOutcome(t *testing.T) {
 	for _, want := range []string{
 		`computeql_graphql_operations_total{operation="query:Me",outcome="ok"} 2`,
 		`computeql_graphql_operations_total{operation="query",outcome="BAD_USER_INPUT"} 1`,
-		`computeql_graphql_operations_total{operation="mutation",outcome="UNAVAILABLE"} 1`,
+		`computeql_graphql_operations_total{operation="mutation",outcome="NOT_FOUND"} 1`,
 		`computeql_graphql_operation_duration_seconds_count{operation="query:Me"} 2`,
 		`go_goroutines`,
 	} {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"mime"
 	"net/http"
 	"strconv"
@@ -79,6 +80,18 @@ type Options struct {
 	// StreamWriteTimeout bounds every write to a WebSocket (message, ping, close frame) or an SSE
 	// stream; a client that does not take one within it is disconnected. Defaults to 10s.
 	StreamWriteTimeout time.Duration
+
+	// RateLimit is the requests per second one principal (a token's subject) may sustain, in
+	// this process. Every authenticated HTTP request (POST, GET, SSE) counts once, and every
+	// operation started over a WebSocket (the handshake itself does not count); one over the
+	// limit is refused with RATE_LIMITED and extensions.retryAfter, over HTTP with status 429
+	// and a Retry-After header. Defaults to 50; negative turns limiting off.
+	RateLimit float64
+	// RateBurst is how many requests a principal may send at once after a quiet spell: the size
+	// of its token bucket. Defaults to 100.
+	RateBurst int
+	// now is the rate limiter's clock, which tests set. Defaults to time.Now.
+	now func() time.Time
 }
 
 func (o *Options) applyDefaults() error {
@@ -125,6 +138,18 @@ func (o *Options) applyDefaults() error {
 	if o.StreamWriteTimeout < 0 {
 		return errors.New("server: StreamWriteTimeout must not be negative")
 	}
+	if math.IsNaN(o.RateLimit) {
+		return errors.New("server: RateLimit is not a number")
+	}
+	if o.RateLimit == 0 {
+		o.RateLimit = 50
+	}
+	if o.RateBurst == 0 {
+		o.RateBurst = 100
+	}
+	if o.now == nil {
+		o.now = time.Now
+	}
 	return nil
 }
 
@@ -170,6 +195,18 @@ func New(opts Options) (http.Handler, error) {
 	gql.SetValidationRulesFn(documentBudget{maxFields: opts.MaxFields, maxWidth: opts.MaxWidth}.rules)
 	gql.SetErrorPresenter(graph.ErrorPresenter(opts.Logger))
 	gql.SetRecoverFunc(graph.Recover(opts.Logger))
+	gql.Use(graph.SubscriptionEndings{})
+	gql.Use(socketTokenExpiry{})
+	// The rate limit is the first extension, so that a refused operation costs nothing else.
+	rateLimited := func(h http.Handler) http.Handler { return h }
+	if opts.RateLimit >= 0 {
+		rl, err := newRateLimit(opts.RateLimit, opts.RateBurst, opts.now, opts.Registry)
+		if err != nil {
+			return nil, fmt.Errorf("server: %w", err)
+		}
+		gql.Use(rl)
+		rateLimited = rl.middleware
+	}
 	if !opts.DisableIntrospection {
 		gql.Use(extension.Introspection{})
 	}
@@ -183,7 +220,7 @@ func New(opts Options) (http.Handler, error) {
 	gql.Use(metrics)
 
 	mux := http.NewServeMux()
-	mux.Handle("/graphql", checkOrigin(origins, limitBody(opts.MaxBodyBytes, authenticate(opts.Keys, streamDeadlines(opts.StreamWriteTimeout, gql)))))
+	mux.Handle("/graphql", checkOrigin(origins, limitBody(opts.MaxBodyBytes, authenticate(opts.Keys, rateLimited(streamDeadlines(opts.StreamWriteTimeout, gql))))))
 	gi := graphiql.Handler("/graphiql", "/graphql")
 	mux.Handle("/graphiql", gi)
 	mux.Handle("/graphiql/", gi)

@@ -22,6 +22,7 @@ import (
 	"github.com/99designs/gqlgen/graphql/handler/transport"
 	"github.com/gorilla/websocket"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vektah/gqlparser/v2/gqlerror"
 
 	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/instance"
@@ -498,7 +499,7 @@ func websocketInit(keys *auth.Keys, log *slog.Logger) transport.WebsocketInitFun
 		}
 		if token == "" {
 			if _, ok := auth.FromContext(ctx); ok {
-				return ctx, nil, nil
+				return context.WithValue(ctx, socketAuthenticated{}, true), nil, nil
 			}
 			return refuse(ctx, log, CloseUnauthorized, "Unauthorized", errors.New(`authentication required: send {"Authorization": "Bearer <token>"} in the connection_init payload`))
 		}
@@ -506,8 +507,35 @@ func websocketInit(keys *auth.Keys, log *slog.Logger) transport.WebsocketInitFun
 		if err != nil {
 			return refuse(ctx, log, CloseForbidden, "Forbidden", err)
 		}
-		return auth.WithPrincipal(ctx, p), nil, nil
+		return context.WithValue(auth.WithPrincipal(ctx, p), socketAuthenticated{}, true), nil, nil
 	}
+}
+
+// socketAuthenticated marks the context of a WebSocket connection, which authenticates once
+// and may outlive its token.
+type socketAuthenticated struct{}
+
+// socketTokenExpiry refuses an operation sent over a WebSocket whose token has expired since
+// connection_init (subscriptions already open end on their own at the expiry). Requests over
+// HTTP are verified one by one and need no such check.
+type socketTokenExpiry struct{}
+
+var (
+	_ graphql.HandlerExtension     = socketTokenExpiry{}
+	_ graphql.OperationInterceptor = socketTokenExpiry{}
+)
+
+func (socketTokenExpiry) ExtensionName() string                   { return "SocketTokenExpiry" }
+func (socketTokenExpiry) Validate(graphql.ExecutableSchema) error { return nil }
+func (socketTokenExpiry) InterceptOperation(ctx context.Context, next graphql.OperationHandler) graphql.ResponseHandler {
+	p, ok := auth.FromContext(ctx)
+	if ctx.Value(socketAuthenticated{}) == nil || !ok || p.Expires.IsZero() || time.Now().Before(p.Expires) {
+		return next(ctx)
+	}
+	return graphql.OneShot(&graphql.Response{Errors: gqlerror.List{{
+		Message:    "the token of this connection expired: connect again with a new token",
+		Extensions: map[string]any{"code": string(instance.CodeUnauthenticated)},
+	}}})
 }
 
 // refuse returns what makes gqlgen close the socket with code and reason: it reads both from

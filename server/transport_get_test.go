@@ -1,0 +1,33 @@
+package server
+
+import (
+	"net/http"
+	"testing"
+	"time"
+)
+
+// TestSubscriptionOverGETIsRefused: GET carries only queries; a subscription over GET is
+// refused at once with 406 instead of hanging.
+func TestSubscriptionOverGETIsRefused(t *testing.T) {
+	a := newAPI(t)
+	res := a.get(t, a.admin(t), `subscription { instanceEvents(organizationId: "acme") { cursor } }`, nil)
+	if res.Status != http.StatusNotAcceptable || len(res.Errors) != 1 {
+		t.Errorf("status %d: %s", res.Status, res.Raw)
+	}
+}
+
+// within runs f and fails the test if it does not return in d, so that an operation that
+// hangs (e.g. a subscription streaming over a one-shot transport) fails instead of stalling
+// the suite. Nothing waits on the timer when f returns at once. f must not call tb.
+func within[T any](tb testing.TB, d time.Duration, f func() T) T {
+	tb.Helper()
+	done := make(chan T, 1)
+	go func() { done <- f() }()
+	select {
+	case v := <-done:
+		return v
+	case <-time.After(d):
+		tb.Fatalf("no answer within %s", d)
+		panic("unreachable")
+	}
+}
