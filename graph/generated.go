@@ -1651,7 +1651,7 @@ type Query {
   "SSH certificate authorities the caller can see, optionally of one organization or project."
   sshCertificateAuthorities(organizationId: ID, projectId: ID): [SSHCertificateAuthority!]!
 
-  "One instance; null when it does not exist or the caller may not see it."
+  "One instance. One that does not exist or that the caller may not see is null with a NOT_FOUND error."
   instance(id: ID!): Instance
   "Instances of an organization, oldest first, as a Relay connection. ` + "`" + `first` + "`" + ` is 1 to 100 (default 20)."
   instances(organizationId: ID!, filter: InstanceFilter, first: Int, after: String): InstanceConnection!
