@@ -45,7 +45,10 @@ func (s *Service) Reboot(ctx context.Context, id string, hard bool) (*Instance, 
 		}
 		return "The server is rebooting.", nil
 	})
-	return inst, err
+	if err != nil {
+		return nil, err // like Start and Stop: a refused verb returns no instance
+	}
+	return inst, nil
 }
 
 // Console opens a short-lived console session on the instance's running server.
@@ -97,12 +100,24 @@ func (s *Service) Snapshot(ctx context.Context, req SnapshotRequest) (*region.Im
 	var p problems
 	checkName(&p, req.Name)
 	tags := make([]Tag, 0, len(req.Tags))
-	for _, t := range req.Tags {
+	at := make([]int, 0, len(req.Tags)) // the caller's index of each kept tag
+	for i, t := range req.Tags {
 		if !strings.HasPrefix(t.Name, ReservedTagPrefix) {
 			tags = append(tags, t)
+			at = append(at, i)
 		}
 	}
-	checkTags(&p, tags)
+	var tp problems
+	checkTags(&tp, tags)
+	for _, fe := range tp.list {
+		// A problem names the caller's own tag: the dropped ones do not shift the index.
+		if len(fe.Field) > 2 {
+			if k, err := strconv.Atoi(fe.Field[2]); err == nil {
+				fe.Field[2] = strconv.Itoa(at[k])
+			}
+		}
+		p.list = append(p.list, fe)
+	}
 	if p.any() {
 		// Fail before touching the instance: a malformed request is not an action taken.
 		if _, err := s.authorized(ctx, req.ID); err != nil {

@@ -112,6 +112,10 @@ func (a *api) runWorkers(tb testing.TB) {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	// A worker without its consumer groups stops at once.
+	if err := q.Setup(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
 	cat := region.Demo()
 	wk, err := worker.New(worker.Options{
 		Store: store.New(a.rdb), Region: a.region, Queue: q, Logger: quiet, Registerer: prometheus.NewRegistry(),
@@ -123,7 +127,11 @@ func (a *api) runWorkers(tb testing.TB) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = wk.Start(ctx) })
+	wg.Go(func() {
+		if err := wk.Start(ctx); err != nil {
+			tb.Errorf("worker: %v", err)
+		}
+	})
 	wg.Go(func() { _ = a.region.Run(ctx) })
 	tb.Cleanup(func() { cancel(); wg.Wait() })
 }
