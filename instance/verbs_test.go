@@ -10,25 +10,13 @@ import (
 	"time"
 
 	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/region"
 )
 
 // The operational verbs at the service level: who may call them, and what input they refuse.
 // Their effects through workers and the API are tested in worker/ and server/.
-
-// eventually polls cond until it holds, failing the test after limit: the region's state lives
-// in Redis and moves on with its clock's goroutine, with nothing of this process to wait on.
-func eventually(t testing.TB, limit time.Duration, cond func() bool, format string, args ...any) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: "+format, append([]any{limit}, args...)...)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
 
 // runClock drives the region's clock until the test ends.
 func (e *env) runClock(t testing.TB) {
@@ -74,7 +62,7 @@ func (e *env) backed(t testing.TB, name string, want region.ServerState) (*insta
 func (e *env) waitServer(t testing.TB, id string, want region.ServerState) {
 	t.Helper()
 	var last region.ServerState
-	eventually(t, 10*time.Second, func() bool {
+	eventually.Holds(t, 10*time.Second, func() bool {
 		srv, err := e.region.GetServer(context.Background(), id)
 		if err != nil {
 			t.Fatalf("get server %s: %v", id, err)

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/computeql/computeql/eventually"
 )
 
 // Semantics 2: a handler that outlasts its lease renews it, so no consumer reclaims the key
@@ -185,7 +187,7 @@ func TestBackloggedMessageNotRunTwiceByItsConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Read by the consumer, then claimed again by its own reclaimer once unrenewed for the lease.
-	eventually(t, waitLimit, func() bool {
+	eventually.Holds(t, waitLimit, func() bool {
 		p := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: streamKey(0), Group: q.opts.Group, Start: "-", End: "+", Count: 10}).Val()
 		for _, e := range p {
 			if e.RetryCount >= 2 {
@@ -567,9 +569,9 @@ func TestPanicIsAnError(t *testing.T) {
 	if err := q.Enqueue(ctx, "panicky"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitLimit, func() bool { return log.count("panicky") == 1 }, "the panicking run")
+	eventually.Holds(t, waitLimit, func() bool { return log.count("panicky") == 1 }, "the panicking run")
 	shard := q.Shard("panicky")
-	eventually(t, waitLimit, func() bool {
+	eventually.Holds(t, waitLimit, func() bool {
 		return rdb.HGet(ctx, lastErrorKey(shard), "panicky").Val() != ""
 	}, "the panic recorded as the key's error")
 	if e := rdb.HGet(ctx, lastErrorKey(shard), "panicky").Val(); !strings.Contains(e, "nil map somewhere") {
@@ -578,7 +580,7 @@ func TestPanicIsAnError(t *testing.T) {
 	if err := q.Enqueue(ctx, "after"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitLimit, func() bool { return log.count("panicky") == 2 }, "the retry after the panic")
+	eventually.Holds(t, waitLimit, func() bool { return log.count("panicky") == 2 }, "the retry after the panic")
 	waitIdle(t, q, "panicky", "after")
 	if n := log.count("after"); n != 1 {
 		t.Errorf("the consumer did not survive: a later key ran %d times", n)
@@ -629,7 +631,7 @@ func TestTerminalErrorThenRequeue(t *testing.T) {
 	if err != nil || key != "bad" {
 		t.Fatalf("Requeue = %q, %v", key, err)
 	}
-	eventually(t, waitLimit, func() bool { return log.count("bad") == 2 }, "the requeued key to run")
+	eventually.Holds(t, waitLimit, func() bool { return log.count("bad") == 2 }, "the requeued key to run")
 	waitIdle(t, q, "bad")
 	if task := log.tasks("bad")[1]; task.Attempt != 1 {
 		t.Errorf("requeued key ran at attempt %d, want 1 (it starts afresh)", task.Attempt)
@@ -754,7 +756,7 @@ func TestIdleConsumersPrunedUnlessHoldingMessages(t *testing.T) {
 	}
 	// Both dead ones are idle past the limit before the pruner looks.
 	const after = 100 * time.Millisecond
-	eventually(t, waitLimit, func() bool {
+	eventually.Holds(t, waitLimit, func() bool {
 		for _, c := range rdb.XInfoConsumers(ctx, streamKey(shard), q.opts.Group).Val() {
 			if c.Idle <= after {
 				return false
@@ -765,7 +767,7 @@ func TestIdleConsumersPrunedUnlessHoldingMessages(t *testing.T) {
 	r := startConsumer(t, q, HandlerFunc(func(ctx context.Context, task Task) (time.Duration, error) {
 		return 0, nil
 	}), ConsumerOptions{Name: "pruner", DeadConsumerAfter: after, Lease: time.Minute})
-	eventually(t, waitLimit, func() bool {
+	eventually.Holds(t, waitLimit, func() bool {
 		for s := range 2 {
 			if _, ok := names(s)["ghost"]; ok {
 				return false
@@ -984,7 +986,7 @@ func TestLostLeaseCancelsHandlerAndDoesNotAck(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, ended, "the handler's context to end")
-	eventually(t, waitLimit, func() bool { return handledCount(t, r.c, "lost") == 1 }, "the run counted as lost")
+	eventually.Holds(t, waitLimit, func() bool { return handledCount(t, r.c, "lost") == 1 }, "the run counted as lost")
 	// The thief has not let its claim go unrenewed for a lease yet, so nothing reclaimed it.
 	if time.Since(claimed) >= lease {
 		t.Fatalf("took %v to notice; the consumer may have reclaimed the message since", time.Since(claimed))

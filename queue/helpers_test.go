@@ -14,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/computeql/computeql/eventually"
 )
 
 // waitLimit is the generous deadline every wait of this package's tests uses: it only bounds
@@ -109,19 +111,6 @@ func startConsumer(t *testing.T, q *Queue, h Handler, opts ConsumerOptions) *run
 	return r
 }
 
-// eventually polls cond until it holds, failing the test after limit. Polling is for state
-// that only Redis holds; events the test itself causes are waited for on channels.
-func eventually(t *testing.T, limit time.Duration, cond func() bool, format string, args ...any) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: "+format, append([]any{limit}, args...)...)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // waitFor waits for ch to be closed or to yield a value, failing the test after waitLimit.
 func waitFor[T any](t *testing.T, ch <-chan T, what string) T {
 	t.Helper()
@@ -138,7 +127,7 @@ func waitFor[T any](t *testing.T, ch <-chan T, what string) T {
 func waitIdle(t *testing.T, q *Queue, keys ...string) {
 	t.Helper()
 	ctx := context.Background()
-	eventually(t, waitLimit, func() bool {
+	eventually.Holds(t, waitLimit, func() bool {
 		for _, k := range keys {
 			w, err := q.Waiting(ctx, k)
 			if err != nil {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/computeql/computeql/eventually"
 )
 
 // gathered is one scrape: metric name → label string ("" or "k=v,…") → value.
@@ -77,7 +79,7 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	// flaky's retry comes after a backoff, when it is not waiting.
-	eventually(t, waitLimit, func() bool { return flakyRuns.Load() == 2 }, "flaky's retry")
+	eventually.Holds(t, waitLimit, func() bool { return flakyRuns.Load() == 2 }, "flaky's retry")
 	waitIdle(t, q, "ok1", "ok2", "flaky", "doomed", "poll")
 	if err := q.Enqueue(ctx, "blocker"); err != nil {
 		t.Fatal(err)
@@ -135,7 +137,7 @@ func TestMetrics(t *testing.T) {
 	}
 	close(release)
 	waitIdle(t, q, "blocker")
-	eventually(t, waitLimit, func() bool { return gather(t, reg)["computeql_queue_inflight"]["[]"] == 0 }, "inflight back to 0")
+	eventually.Holds(t, waitLimit, func() bool { return gather(t, reg)["computeql_queue_inflight"]["[]"] == 0 }, "inflight back to 0")
 	r.stop()
 	g = gather(t, reg)
 	if got := g["computeql_queue_handled_total"]["[outcome=ok]"]; got != 4 {

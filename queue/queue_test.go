@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/redistest"
 )
 
@@ -221,7 +222,7 @@ func TestConsumersShareTheWork(t *testing.T) {
 	}
 	// Both consumers wait in XREADGROUP before any work arrives (a blocked read does not
 	// show in XINFO CONSUMERS on Redis 7.0, so look at the clients).
-	eventually(t, waitLimit, func() bool {
+	eventually.Holds(t, waitLimit, func() bool {
 		return blockedReaders(t, rdb, "a") > 0 && blockedReaders(t, rdb, "b") > 0
 	}, "both consumers to read")
 	for i := range keys {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/computeql/computeql/eventually"
 )
 
 // These are state-table tests of the Lua scripts, one script call each: seed a shard's raw
@@ -542,7 +544,7 @@ func TestPruneConsumersScript(t *testing.T) {
 		}
 		return out
 	}
-	eventually(t, waitLimit, func() bool {
+	eventually.Holds(t, waitLimit, func() bool {
 		cs, _ := rdb.XInfoConsumers(ctx, streamKey(0), tableGroup).Result()
 		for _, c := range cs {
 			if c.Idle < 30*time.Millisecond {

@@ -236,27 +236,11 @@ func TestRateLimitHTTP(t *testing.T) {
 			served("alice", alice)
 			wantRateLimited(t, send(alice), 1, rate)
 
-			if got := counterValue(t, reg, "computeql_rate_limited_total"); got != 4 {
+			if got := metricValue(t, reg, "computeql_rate_limited_total"); got != 4 {
 				t.Errorf("computeql_rate_limited_total = %v, want 4", got)
 			}
 		})
 	}
-}
-
-// counterValue is the value of an unlabelled counter in the registry.
-func counterValue(tb testing.TB, reg *prometheus.Registry, name string) float64 {
-	tb.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	tb.Fatalf("no metric %s", name)
-	return 0
 }
 
 // TestRateLimitDefaults: without settings, a principal gets bursts of 100 at 50 per second.
@@ -368,7 +352,7 @@ func TestRateLimitWebSocket(t *testing.T) {
 			req.Header.Set("Authorization", "Bearer "+alice)
 			wantRateLimited(t, a.serve(req), 1, "1 requests per second with bursts of 3")
 
-			if got := counterValue(t, reg, "computeql_rate_limited_total"); got != 2 {
+			if got := metricValue(t, reg, "computeql_rate_limited_total"); got != 2 {
 				t.Errorf("computeql_rate_limited_total = %v, want 2", got)
 			}
 		})

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/region"
 	"github.com/computeql/computeql/region/sim"
 )
@@ -71,19 +72,6 @@ func (a *api) realise(tb testing.TB) *pausableClock {
 	}
 	(&api{rdb: a.rdb, region: clocked}).runWorkers(tb)
 	return clock
-}
-
-// eventually polls cond until it holds, failing the test after limit: for state that the
-// workers and the region change with nothing of this process to wait on.
-func eventually(tb testing.TB, limit time.Duration, cond func() bool, format string, args ...any) {
-	tb.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("not within %s: "+format, append([]any{limit}, args...)...)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // verbSubQuery is the organization's instanceEvents subscription with what the verbs record.
@@ -381,7 +369,7 @@ func TestVerbsReachTheSubscriber(t *testing.T) {
 			t.Errorf("globex sees acme's snapshot %+v", found)
 		}
 		clock.thaw()
-		eventually(t, verbLimit, func() bool {
+		eventually.Holds(t, verbLimit, func() bool {
 			listed = findImage(a.images(t, op), img.ID)
 			return listed != nil && listed.State == "READY"
 		}, "the image READY, last %+v", listed)

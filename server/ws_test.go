@@ -594,7 +594,7 @@ func TestWebSocketClosesOnShutdown(t *testing.T) {
 		c.mustAck(a.admin(t))
 		clients = append(clients, c)
 	}
-	if n := gaugeValue(t, reg, "computeql_websocket_connections"); n != 2 {
+	if n := metricValue(t, reg, "computeql_websocket_connections"); n != 2 {
 		t.Errorf("open connections gauge = %v, want 2", n)
 	}
 	shutdown()
@@ -603,15 +603,16 @@ func TestWebSocketClosesOnShutdown(t *testing.T) {
 		wantClose(t, err, websocket.CloseGoingAway, "server shutting down")
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for gaugeValue(t, reg, "computeql_websocket_connections") != 0 && time.Now().Before(deadline) {
+	for metricValue(t, reg, "computeql_websocket_connections") != 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if n := gaugeValue(t, reg, "computeql_websocket_connections"); n != 0 {
+	if n := metricValue(t, reg, "computeql_websocket_connections"); n != 0 {
 		t.Errorf("open connections gauge = %v after shutdown", n)
 	}
 }
 
-func gaugeValue(tb testing.TB, reg *prometheus.Registry, name string) float64 {
+// metricValue is the value of an unlabelled gauge or counter in the registry.
+func metricValue(tb testing.TB, reg *prometheus.Registry, name string) float64 {
 	tb.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -619,7 +620,11 @@ func gaugeValue(tb testing.TB, reg *prometheus.Registry, name string) float64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetGauge().GetValue()
+			m := mf.GetMetric()[0]
+			if g := m.GetGauge(); g != nil {
+				return g.GetValue()
+			}
+			return m.GetCounter().GetValue()
 		}
 	}
 	tb.Fatalf("no metric %s", name)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/instance"
 )
 
@@ -59,7 +60,7 @@ func TestHistoryRecordsEachVisibleChangeOnce(t *testing.T) {
 		if err := e.q.Enqueue(bg, inst.Key()); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, convergeLimit, func() bool {
+		eventually.Holds(t, convergeLimit, func() bool {
 			waiting, err := e.q.Waiting(bg, inst.Key())
 			return err == nil && !waiting
 		}, "the reconcile done")
@@ -76,7 +77,7 @@ func TestHistoryOfARebuildAndADeletion(t *testing.T) {
 	e := newEnv(t, func(s *setup) { s.sim.DeleteDelay = 50 * time.Millisecond })
 	inst := e.waitRunning(t, e.create(t, "web-1").ID)
 	updated := e.update(t, instance.UpdateRequest{ID: inst.ID, FlavorID: ptr("g1.medium"), AllowRebuild: true})
-	eventually(t, convergeLimit, func() bool {
+	eventually.Holds(t, convergeLimit, func() bool {
 		got := e.get(t, inst.ID)
 		return converged(got) && got.Status.ObservedGeneration == updated.Generation
 	}, "the rebuild done")

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/queue"
 	"github.com/computeql/computeql/quota"
@@ -24,7 +25,7 @@ func TestDuplicateServersAreDeleted(t *testing.T) {
 	})
 	created := e.create(t, "web-1")
 	var kept, dropped region.Server
-	eventually(t, convergeLimit, func() bool {
+	eventually.Holds(t, convergeLimit, func() bool {
 		srvs := e.servers(t, created)
 		if len(srvs) != 2 {
 			return false
@@ -43,7 +44,7 @@ func TestDuplicateServersAreDeleted(t *testing.T) {
 		t.Errorf("kept the server created at %s, deleted the one created at %s: want the oldest kept", kept.CreatedAt, dropped.CreatedAt)
 	}
 	inst := e.waitRunning(t, created.ID)
-	eventually(t, convergeLimit, func() bool { return len(e.servers(t, inst)) == 1 }, "the duplicate gone")
+	eventually.Holds(t, convergeLimit, func() bool { return len(e.servers(t, inst)) == 1 }, "the duplicate gone")
 	if srv := e.server(t, inst); srv.ID != kept.ID || inst.Status.MACAddress != kept.MAC {
 		t.Errorf("instance on server %s (MAC %s), want the kept %s (MAC %s)", srv.ID, inst.Status.MACAddress, kept.ID, kept.MAC)
 	}
@@ -71,7 +72,7 @@ func TestServerDeletedBehindOurBackIsRecreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	var inst *instance.Instance
-	eventually(t, convergeLimit, func() bool {
+	eventually.Holds(t, convergeLimit, func() bool {
 		inst = e.get(t, created.ID)
 		if inst.Status.ProvisioningStatus == instance.ProvisioningError {
 			t.Fatalf("instance ERROR while its server was replaced: %s", statusOf(inst))
@@ -154,7 +155,7 @@ func TestDeadLetterMarksInstanceFailed(t *testing.T) {
 	})
 	created := e.create(t, "web-1")
 	var inst *instance.Instance
-	eventually(t, convergeLimit, func() bool {
+	eventually.Holds(t, convergeLimit, func() bool {
 		inst = e.get(t, created.ID)
 		return inst.Status.ProvisioningStatus == instance.ProvisioningError
 	}, "instance ERROR, last %s", last(&inst))

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/queue"
 	"github.com/computeql/computeql/quota"
@@ -184,20 +185,6 @@ func (r *running) stop(limit time.Duration) error {
 	return r.err
 }
 
-// eventually polls cond until it holds, failing the test after limit. The state polled lives
-// in Redis, shared with the worker, the region's clock and the queue: there is no event of
-// this process to wait on.
-func eventually(t *testing.T, limit time.Duration, cond func() bool, format string, args ...any) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: "+format, append([]any{limit}, args...)...)
-		}
-		time.Sleep(3 * time.Millisecond)
-	}
-}
-
 // lazy renders its value only when a failure message is printed, so that eventually's
 // message shows the last state polled rather than the state before polling began.
 type lazy func() string
@@ -306,7 +293,7 @@ func converged(inst *instance.Instance) bool {
 func (e *env) waitRunning(t *testing.T, id string) *instance.Instance {
 	t.Helper()
 	var inst *instance.Instance
-	eventually(t, convergeLimit, func() bool {
+	eventually.Holds(t, convergeLimit, func() bool {
 		inst = e.lookup(t, id)
 		return converged(inst)
 	}, "instance %s RUNNING, last %s", id, last(&inst))
@@ -316,7 +303,7 @@ func (e *env) waitRunning(t *testing.T, id string) *instance.Instance {
 // waitGone waits until the instance is forgotten.
 func (e *env) waitGone(t *testing.T, id string) {
 	t.Helper()
-	eventually(t, convergeLimit, func() bool { return e.lookup(t, id) == nil }, "instance %s forgotten", id)
+	eventually.Holds(t, convergeLimit, func() bool { return e.lookup(t, id) == nil }, "instance %s forgotten", id)
 }
 
 // statusOf renders an instance's status for failure messages.

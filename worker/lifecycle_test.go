@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/quota"
 	"github.com/computeql/computeql/region"
@@ -137,7 +138,7 @@ func TestRebuildOnlyWhenAllowed(t *testing.T) {
 
 	updated := e.update(t, instance.UpdateRequest{ID: created.ID, FlavorID: ptr("g1.medium"), AllowRebuild: true})
 	var rebuilding instance.Condition
-	eventually(t, convergeLimit, func() bool {
+	eventually.Holds(t, convergeLimit, func() bool {
 		rebuilding = available(t, e.get(t, created.ID))
 		return rebuilding.Reason == instance.ReasonRebuilding
 	}, "a Rebuilding condition, last %s", lazy(func() string { return fmt.Sprintf("%+v", rebuilding) }))
@@ -146,7 +147,7 @@ func TestRebuildOnlyWhenAllowed(t *testing.T) {
 	}
 	// The rebuild lasts until the new server runs: while it builds, the condition still says so.
 	var building *instance.Instance
-	eventually(t, convergeLimit, func() bool {
+	eventually.Holds(t, convergeLimit, func() bool {
 		building = e.get(t, created.ID)
 		return building.Status.PowerState == instance.PowerBuilding
 	}, "the new server BUILDING, last %s", last(&building))
@@ -191,7 +192,7 @@ func TestDeleteIsOrdered(t *testing.T) {
 	// Read the usage and the instance, then the servers: whenever a server is still there
 	// afterwards, it was there during the reads too, so nothing may have been released.
 	sawDeleting := false
-	eventually(t, convergeLimit, func() bool {
+	eventually.Holds(t, convergeLimit, func() bool {
 		used, cur, srvs := e.used(t), e.lookup(t, created.ID), e.servers(t, inst)
 		if len(srvs) == 0 {
 			return cur == nil
@@ -231,7 +232,7 @@ func TestFailedBuild(t *testing.T) {
 	failing := e.create(t, "fail-1")
 	healthy := e.create(t, "web-1")
 	var inst *instance.Instance
-	eventually(t, convergeLimit, func() bool {
+	eventually.Holds(t, convergeLimit, func() bool {
 		inst = e.get(t, failing.ID)
 		return inst.Status.ProvisioningStatus == instance.ProvisioningError
 	}, "fail-1 ERROR, last %s", last(&inst))
@@ -268,7 +269,7 @@ func TestNetworkDeletedCascades(t *testing.T) {
 		t.Fatal(err)
 	}
 	var seen *instance.Instance
-	eventually(t, convergeLimit, func() bool {
+	eventually.Holds(t, convergeLimit, func() bool {
 		got, err := e.st.Get(bg, []string{"acme"}, doomed.ID)
 		if err != nil {
 			return false

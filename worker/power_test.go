@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/region"
 	"github.com/computeql/computeql/worker"
@@ -64,7 +65,7 @@ func TestPowerChangesInTheRegionReachTheInstance(t *testing.T) {
 			// The worker must have written the transitional power state and then the settled
 			// one: for a reboot, the settled state is the one it started from.
 			var inst *instance.Instance
-			eventually(t, convergeLimit, func() bool {
+			eventually.Holds(t, convergeLimit, func() bool {
 				written := rec.statuses()[seen:]
 				inst = e.get(t, before.ID)
 				i := slices.IndexFunc(written, func(s instance.Status) bool { return s.PowerState == st.transitional })
@@ -125,7 +126,7 @@ func TestHealthChangesInTheRegionReachTheInstance(t *testing.T) {
 			t.Fatalf("SetHealth %s: %v", st.set, err)
 		}
 		var inst *instance.Instance
-		eventually(t, convergeLimit, func() bool {
+		eventually.Holds(t, convergeLimit, func() bool {
 			inst = e.get(t, before.ID)
 			return inst.Status.HealthStatus == st.want
 		}, "health %s, last %s", st.want, last(&inst))

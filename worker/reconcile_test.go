@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/queue"
 	"github.com/computeql/computeql/worker"
@@ -71,7 +72,7 @@ func TestStaleStatusWriteDoesNotOverwrite(t *testing.T) {
 	}
 
 	var inst *instance.Instance
-	eventually(t, convergeLimit, func() bool {
+	eventually.Holds(t, convergeLimit, func() bool {
 		if _, err := r.Handle(bg, task); err != nil {
 			t.Fatalf("reconcile: %v", err)
 		}

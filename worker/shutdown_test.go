@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/worker"
 )
@@ -26,7 +27,7 @@ func TestShutdownWhileReconciling(t *testing.T) {
 	}
 	baseline := runtime.NumGoroutine()
 	e.start(t)
-	eventually(t, convergeLimit, func() bool {
+	eventually.Holds(t, convergeLimit, func() bool {
 		return metric(t, e.reg, "computeql_queue_inflight") > 0
 	}, "reconciles in flight")
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/region"
 	"github.com/computeql/computeql/region/sim"
@@ -88,7 +89,7 @@ func (e *env) lastAction(t *testing.T, id string) instance.Record {
 func (e *env) waitStopped(t *testing.T, id string) *instance.Instance {
 	t.Helper()
 	var inst *instance.Instance
-	eventually(t, convergeLimit, func() bool {
+	eventually.Holds(t, convergeLimit, func() bool {
 		inst = e.lookup(t, id)
 		return inst != nil && inst.Status.ProvisioningStatus == instance.ProvisioningProvisioned &&
 			inst.Status.PowerState == instance.PowerStopped && inst.Status.ObservedGeneration == inst.Generation
@@ -153,7 +154,7 @@ func TestVerbsWithoutAServerAreConsistencyErrors(t *testing.T) {
 	})
 	t.Run("server gone", func(t *testing.T) {
 		e.clock = goRun(t, "region clock", e.region.Run)
-		eventually(t, convergeLimit, func() bool { return len(e.servers(t, inst)) == 0 }, "the server gone")
+		eventually.Holds(t, convergeLimit, func() bool { return len(e.servers(t, inst)) == 0 }, "the server gone")
 		check(t)
 	})
 	if imgs, err := e.probe.Images(bg, "acme", "web"); err != nil || len(imgs) != 0 {
@@ -175,7 +176,7 @@ func TestVerbsWithTwoServersAreConsistencyErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, convergeLimit, func() bool {
+	eventually.Holds(t, convergeLimit, func() bool {
 		srv, err := e.probe.GetServer(bg, extra.ID)
 		return err == nil && srv.State == region.ServerRunning
 	}, "the extra server RUNNING")
@@ -242,7 +243,7 @@ func TestStopBeforeTheServerIsBuilt(t *testing.T) {
 			if tt.worker {
 				e.work = goRun(t, "worker", e.wk.Start)
 				var inst *instance.Instance
-				eventually(t, convergeLimit, func() bool {
+				eventually.Holds(t, convergeLimit, func() bool {
 					inst = e.get(t, created.ID)
 					return len(e.servers(t, created)) == 1 && inst.Status.ProvisioningStatus == instance.ProvisioningProvisioning
 				}, "a server PENDING, last %s", last(&inst))
@@ -338,7 +339,7 @@ func TestPowerIntentSurvivesANewServer(t *testing.T) {
 			tt.replace(e, t, before, old)
 			var inst *instance.Instance
 			var srvs []region.Server
-			eventually(t, convergeLimit, func() bool {
+			eventually.Holds(t, convergeLimit, func() bool {
 				inst = e.get(t, created.ID)
 				srvs = e.servers(t, inst)
 				return len(srvs) == 1 && srvs[0].ID != old.ID && srvs[0].State == region.ServerStopped &&
@@ -377,7 +378,7 @@ func TestStartedInstanceIsNotStoppedAgain(t *testing.T) {
 		if err := e.q.Enqueue(bg, inst.Key()); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, convergeLimit, func() bool {
+		eventually.Holds(t, convergeLimit, func() bool {
 			waiting, err := e.q.Waiting(bg, inst.Key())
 			return err == nil && !waiting
 		}, "the reconcile done")
@@ -456,7 +457,7 @@ func (v *vanishing) FindServers(ctx context.Context, scope region.Scope, tag, va
 		if err := v.probe.DeleteServer(ctx, srv.ID); err != nil {
 			return nil, err
 		}
-		eventually(v.t, convergeLimit, func() bool {
+		eventually.Holds(v.t, convergeLimit, func() bool {
 			_, err := v.probe.GetServer(ctx, srv.ID)
 			return errors.Is(err, region.ErrServerNotFound)
 		}, "server %s gone", srv.ID)
@@ -476,7 +477,7 @@ func TestVerbOnAServerThatVanished(t *testing.T) {
 	}
 	for _, v := range allVerbs {
 		inst := e.waitRunning(t, created.ID)
-		eventually(t, convergeLimit, func() bool { return len(e.servers(t, inst)) == 1 }, "one server")
+		eventually.Holds(t, convergeLimit, func() bool { return len(e.servers(t, inst)) == 1 }, "one server")
 		old := e.server(t, inst)
 		err := v.call(svc, inst.ID)
 		if got := codeOf(t, err); got != instance.CodeNotFound {
@@ -486,7 +487,7 @@ func TestVerbOnAServerThatVanished(t *testing.T) {
 			t.Errorf("%s recorded as %+v, want outcome NOT_FOUND saying the server is gone", v.name, a)
 		}
 		// The worker replaces the server before the next verb.
-		eventually(t, convergeLimit, func() bool {
+		eventually.Holds(t, convergeLimit, func() bool {
 			srvs := e.servers(t, inst)
 			return len(srvs) == 1 && srvs[0].ID != old.ID
 		}, "a new server for %s", inst.ID)
@@ -517,7 +518,7 @@ func TestStopAskedWhileTheBuildCompletes(t *testing.T) {
 	e.work = goRun(t, "worker", e.wk.Start)
 	created := e.create(t, "web-1")
 	var inst *instance.Instance
-	eventually(t, convergeLimit, func() bool {
+	eventually.Holds(t, convergeLimit, func() bool {
 		inst = e.get(t, created.ID)
 		return len(e.servers(t, created)) == 1 && inst.Status.ProvisioningStatus == instance.ProvisioningProvisioning
 	}, "a server PENDING, last %s", last(&inst))

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/region"
 )
 
@@ -163,7 +164,7 @@ func TestFailBuild(t *testing.T) {
 		ev := next(t, events)
 		counts[ev.ServerID]++
 	}
-	eventually(t, waitLimit, func() bool {
+	eventually.Holds(t, waitLimit, func() bool {
 		n, err := e.rdb.ZCard(ctx, dueKey).Result()
 		return err == nil && n == 0
 	}, "no transition due: ERROR is settled")
@@ -303,7 +304,7 @@ func TestClockSurvivesFailingTicks(t *testing.T) {
 	e.rdb.Del(ctx, dueKey)
 	e.rdb.Set(ctx, dueKey, "not a sorted set", 0)
 	e.run(s)
-	eventually(t, 5*time.Second, func() bool { return strings.Contains(logged.String(), "clock tick failed") }, "a failed tick logged")
+	eventually.Holds(t, 5*time.Second, func() bool { return strings.Contains(logged.String(), "clock tick failed") }, "a failed tick logged")
 	if got := e.mustGet(t, s, srv.ID); got.State != region.ServerPending {
 		t.Fatalf("state %s while every tick fails", got.State)
 	}

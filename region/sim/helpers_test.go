@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/redistest"
 	"github.com/computeql/computeql/region"
 )
@@ -155,7 +156,7 @@ func (e *env) eventCount(t *testing.T) int64 {
 func (e *env) waitState(t *testing.T, s *Sim, id string, want region.ServerState) region.Server {
 	t.Helper()
 	var srv region.Server
-	eventually(t, waitLimit, func() bool {
+	eventually.Holds(t, waitLimit, func() bool {
 		var err error
 		srv, err = e.get(t, s, id)
 		return err == nil && srv.State == want
@@ -166,7 +167,7 @@ func (e *env) waitState(t *testing.T, s *Sim, id string, want region.ServerState
 // waitGone waits until the server no longer exists.
 func (e *env) waitGone(t *testing.T, s *Sim, id string) {
 	t.Helper()
-	eventually(t, waitLimit, func() bool {
+	eventually.Holds(t, waitLimit, func() bool {
 		_, err := e.get(t, s, id)
 		return errors.Is(err, region.ErrServerNotFound)
 	}, "server %s deleted", id)
@@ -176,7 +177,7 @@ func (e *env) waitGone(t *testing.T, s *Sim, id string) {
 // pinned its starting point: the only outward sign of it.
 func (e *env) waitBlockedWatch(t *testing.T, n int) {
 	t.Helper()
-	eventually(t, waitLimit, func() bool {
+	eventually.Holds(t, waitLimit, func() bool {
 		info, err := e.rdb.Info(context.Background(), "clients").Result()
 		if err != nil {
 			return false
@@ -189,17 +190,6 @@ func (e *env) waitBlockedWatch(t *testing.T, n int) {
 		}
 		return false
 	}, "%d watches blocked in XREAD", n)
-}
-
-func eventually(t *testing.T, limit time.Duration, cond func() bool, format string, args ...any) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: "+format, append([]any{limit}, args...)...)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 // fakeClock is an injectable Now that only moves when told to. It counts its readings, and
@@ -240,7 +230,7 @@ func (c *fakeClock) readCount() int {
 func (c *fakeClock) tick(t *testing.T) {
 	t.Helper()
 	start := c.readCount()
-	eventually(t, waitLimit, func() bool { return c.readCount() >= start+2 }, "a full tick of the clock")
+	eventually.Holds(t, waitLimit, func() bool { return c.readCount() >= start+2 }, "a full tick of the clock")
 }
 
 // scopeOf is the scope of a server on the demo network.
