@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -21,12 +20,8 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/feed"
 	"github.com/computeql/computeql/instance"
-	"github.com/computeql/computeql/queue"
-	"github.com/computeql/computeql/region"
-	"github.com/computeql/computeql/region/sim"
 	"github.com/computeql/computeql/store"
 )
 
@@ -41,32 +36,13 @@ const apiProcessEnv = "COMPUTEQL_BENCH_API_REDIS"
 func serveAPIProcess(redisAddr string) error {
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, PoolSize: 64})
 	defer rdb.Close()
-	quiet := slog.New(slog.DiscardHandler)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	q, err := queue.New(rdb, queue.Options{})
+	a, stop, err := assemble(rdb, feed.Options{}, func(o *Options) { o.RateLimit = -1 })
 	if err != nil {
 		return err
 	}
-	cloud, err := sim.New(rdb, sim.Options{Catalog: region.Demo(), Logger: quiet})
-	if err != nil {
-		return err
-	}
-	svc, err := instance.NewService(instance.Options{Catalog: region.Demo(), Store: store.New(rdb), Queue: q, Region: cloud, Logger: quiet})
-	if err != nil {
-		return err
-	}
-	keys, err := auth.NewKeys(testSecret)
-	if err != nil {
-		return err
-	}
-	events := feed.New(ctx, store.New(rdb), feed.Options{Logger: quiet})
-	h, err := New(Options{Service: svc, Feed: events, Keys: keys, Logger: quiet, RateLimit: -1})
-	if err != nil {
-		return err
-	}
+	defer stop()
 	mux := http.NewServeMux()
-	mux.Handle("/", h)
+	mux.Handle("/", a.handler)
 	mux.HandleFunc("/bench/heap", func(w http.ResponseWriter, _ *http.Request) {
 		runtime.GC()
 		var m runtime.MemStats

@@ -64,43 +64,54 @@ func newAPI(tb testing.TB, mutate ...func(*Options)) *api {
 // API processes.
 func apiOn(tb testing.TB, rdb *redis.Client, fopts feed.Options, mutate ...func(*Options)) *api {
 	tb.Helper()
-	q, err := queue.New(rdb, queue.Options{})
+	if fopts.Block == 0 {
+		fopts.Block = 50 * time.Millisecond
+	}
+	a, stop, err := assemble(rdb, fopts, mutate...)
 	if err != nil {
 		tb.Fatal(err)
+	}
+	tb.Cleanup(stop)
+	return a
+}
+
+// assemble builds an API process's handler on rdb, with the demo catalogue, an unclocked
+// simulated region and the test secret; stop ends its feed's readers.
+func assemble(rdb *redis.Client, fopts feed.Options, mutate ...func(*Options)) (a *api, stop func(), err error) {
+	q, err := queue.New(rdb, queue.Options{})
+	if err != nil {
+		return nil, nil, err
 	}
 	// Tests provoke internal errors and warnings on purpose; their logs would only be noise.
 	quiet := slog.New(slog.DiscardHandler)
 	cloud, err := sim.New(rdb, sim.Options{Catalog: region.Demo(), Logger: quiet})
 	if err != nil {
-		tb.Fatal(err)
+		return nil, nil, err
 	}
 	svc, err := instance.NewService(instance.Options{Catalog: region.Demo(), Store: store.New(rdb), Queue: q, Region: cloud, Logger: quiet})
 	if err != nil {
-		tb.Fatal(err)
+		return nil, nil, err
 	}
 	keys, err := auth.NewKeys(testSecret)
 	if err != nil {
-		tb.Fatal(err)
-	}
-	if fopts.Block == 0 {
-		fopts.Block = 50 * time.Millisecond
+		return nil, nil, err
 	}
 	if fopts.Logger == nil {
 		fopts.Logger = quiet
 	}
-	// The feed's readers stop with the test.
 	feedCtx, stopFeed := context.WithCancel(context.Background())
 	events := feed.New(feedCtx, store.New(rdb), fopts)
-	tb.Cleanup(func() { stopFeed(); events.Wait() })
+	stop = func() { stopFeed(); events.Wait() }
 	opts := Options{Service: svc, Feed: events, Keys: keys, Logger: quiet, Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }}
 	for _, m := range mutate {
 		m(&opts)
 	}
 	h, err := New(opts)
 	if err != nil {
-		tb.Fatal(err)
+		stop()
+		return nil, nil, err
 	}
-	return &api{handler: h, keys: keys, rdb: rdb, region: cloud}
+	return &api{handler: h, keys: keys, rdb: rdb, region: cloud}, stop, nil
 }
 
 // runWorkers starts what realises instances behind the API: a worker and the simulated
@@ -117,9 +128,13 @@ func (a *api) runWorkers(tb testing.TB) {
 		tb.Fatal(err)
 	}
 	cat := region.Demo()
+	orgs := make([]string, len(cat.Organizations))
+	for i, o := range cat.Organizations {
+		orgs[i] = o.ID
+	}
 	wk, err := worker.New(worker.Options{
 		Store: store.New(a.rdb), Region: a.region, Queue: q, Logger: quiet, Registerer: prometheus.NewRegistry(),
-		Organizations: func() []string { return []string{"acme", "globex"} },
+		Organizations: func() []string { return orgs },
 		NetworkExists: func(id string) bool { _, ok := cat.Network(id); return ok },
 	})
 	if err != nil {
