@@ -113,8 +113,8 @@ func (l *rateLimiter) len() int {
 
 // rateLimit enforces a per-principal rateLimiter on every transport: as HTTP middleware,
 // where each request counts once after authentication, and as a gqlgen extension, where each
-// WebSocket operation counts once. Operations of an HTTP request, which the middleware has
-// counted and marked, pass the extension without counting again.
+// operation on a WebSocket counts once. Operations of an HTTP request, which the middleware
+// has counted, pass the extension without counting again.
 type rateLimit struct {
 	limiter *rateLimiter
 	rate    string // for the message, e.g. "50 requests per second with bursts of 100"
@@ -125,9 +125,6 @@ var _ interface {
 	graphql.HandlerExtension
 	graphql.OperationParameterMutator
 } = (*rateLimit)(nil)
-
-// rateCountedKey marks the context of an HTTP request that the middleware has counted.
-type rateCountedKey struct{}
 
 func newRateLimit(rate float64, burst int, now func() time.Time, reg prometheus.Registerer) (*rateLimit, error) {
 	l, err := newRateLimiter(rate, burst, rateLimitPrincipals, now)
@@ -189,7 +186,7 @@ func (rl *rateLimit) middleware(next http.Handler) http.Handler {
 			json.NewEncoder(w).Encode(map[string]any{"errors": gqlerror.List{gerr}})
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), rateCountedKey{}, true)))
+		next.ServeHTTP(w, r)
 	})
 }
 
@@ -200,7 +197,7 @@ func (*rateLimit) Validate(graphql.ExecutableSchema) error { return nil }
 // parsed, so a refused one costs no parsing or validation, as a refused HTTP request; the
 // transport answers it with a result carrying the error, and the socket stays open.
 func (rl *rateLimit) MutateOperationParameters(ctx context.Context, _ *graphql.RawParams) *gqlerror.Error {
-	if ctx.Value(rateCountedKey{}) != nil {
+	if !onSocket(ctx) {
 		return nil
 	}
 	p, ok := auth.FromContext(ctx)

@@ -511,9 +511,13 @@ func websocketInit(keys *auth.Keys, log *slog.Logger) transport.WebsocketInitFun
 	}
 }
 
-// socketAuthenticated marks the context of a WebSocket connection, which authenticates once
-// and may outlive its token.
+// socketAuthenticated marks the context of a WebSocket connection, which authenticates once,
+// in connection_init, and may outlive its token; its operations are not HTTP requests that
+// the middleware checks one by one.
 type socketAuthenticated struct{}
+
+// onSocket reports whether the operation of ctx arrived on a WebSocket.
+func onSocket(ctx context.Context) bool { return ctx.Value(socketAuthenticated{}) != nil }
 
 // socketTokenExpiry refuses an operation sent over a WebSocket whose token has expired since
 // connection_init (subscriptions already open end on their own at the expiry). Requests over
@@ -529,7 +533,7 @@ func (socketTokenExpiry) ExtensionName() string                   { return "Sock
 func (socketTokenExpiry) Validate(graphql.ExecutableSchema) error { return nil }
 func (socketTokenExpiry) InterceptOperation(ctx context.Context, next graphql.OperationHandler) graphql.ResponseHandler {
 	p, ok := auth.FromContext(ctx)
-	if ctx.Value(socketAuthenticated{}) == nil || !ok || p.Expires.IsZero() || time.Now().Before(p.Expires) {
+	if !onSocket(ctx) || !ok || p.Expires.IsZero() || time.Now().Before(p.Expires) {
 		return next(ctx)
 	}
 	return graphql.OneShot(&graphql.Response{Errors: gqlerror.List{{
