@@ -21,7 +21,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -69,45 +68,34 @@ type config struct {
 	rateBurst int
 }
 
-// flags defines the shared flags, each defaulting to its COMPUTEQL_<FLAG> environment variable.
-func flags(name string, c *config) *flag.FlagSet {
+// flags defines the shared flags. A flag's COMPUTEQL_<FLAG> environment variable, when set,
+// replaces its default and is parsed like the flag itself, so a malformed value is an error
+// rather than silently the default.
+func flags(name string, c *config) (*flag.FlagSet, error) {
 	fs := flag.NewFlagSet("computeql "+name, flag.ContinueOnError)
-	env := func(flagName, def string) string {
-		if v, ok := os.LookupEnv("COMPUTEQL_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))); ok {
-			return v
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address to serve HTTP on")
+	fs.StringVar(&c.redisURL, "redis", "", "Redis URL, e.g. redis://127.0.0.1:6379/0 (none: an embedded in-memory Redis)")
+	fs.StringVar(&c.catalog, "catalog", "", "catalogue file (JSON; none: the built-in demo catalogue)")
+	fs.StringVar(&c.tokenSecret, "token-secret", "", "HS256 secret for bearer tokens, at least 32 bytes (none, and no --jwks-file or --oidc-issuer: a random one, printed tokens only)")
+	fs.StringVar(&c.jwksFile, "jwks-file", "", "JSON Web Key Set file whose RS256 and ES256 keys verify bearer tokens")
+	fs.StringVar(&c.oidcIssuer, "oidc-issuer", "", "OpenID Connect issuer URL (https) whose published RS256 and ES256 keys verify bearer tokens")
+	fs.StringVar(&c.tokenIssuer, "token-issuer", "", `iss claim of bearer tokens (none: the --oidc-issuer, else "computeql")`)
+	fs.StringVar(&c.tokenAudience, "token-audience", "", `value the aud claim of bearer tokens must include (none: "computeql")`)
+	fs.DurationVar(&c.tokenSkew, "token-skew", 30*time.Second, "clock difference allowed on the exp and nbf of bearer tokens, at most 5m")
+	fs.Float64Var(&c.rateLimit, "rate-limit", 50, "requests per second one principal may sustain on each API process (negative: no limit)")
+	fs.IntVar(&c.rateBurst, "rate-burst", 100, "requests one principal may send at once after a quiet spell")
+	fs.DurationVar(&c.buildDelay, "build-delay", 2*time.Second, "how long the simulated region takes to build a server")
+	fs.StringVar(&c.faults, "region-faults", "", `faults the simulated region injects, as JSON: {"errorRate": 0.3, "slowCalls": "200ms", "failBuildPrefix": "fail-", "duplicateCreates": true}`)
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := "COMPUTEQL_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(name); ok {
+			if err := f.Value.Set(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			}
 		}
-		return def
-	}
-	fs.StringVar(&c.listen, "listen", env("listen", "127.0.0.1:8080"), "address to serve HTTP on")
-	fs.StringVar(&c.redisURL, "redis", env("redis", ""), "Redis URL, e.g. redis://127.0.0.1:6379/0 (none: an embedded in-memory Redis)")
-	fs.StringVar(&c.catalog, "catalog", env("catalog", ""), "catalogue file (JSON; none: the built-in demo catalogue)")
-	fs.StringVar(&c.tokenSecret, "token-secret", env("token-secret", ""), "HS256 secret for bearer tokens, at least 32 bytes (none, and no --jwks-file or --oidc-issuer: a random one, printed tokens only)")
-	fs.StringVar(&c.jwksFile, "jwks-file", env("jwks-file", ""), "JSON Web Key Set file whose RS256 and ES256 keys verify bearer tokens")
-	fs.StringVar(&c.oidcIssuer, "oidc-issuer", env("oidc-issuer", ""), "OpenID Connect issuer URL (https) whose published RS256 and ES256 keys verify bearer tokens")
-	fs.StringVar(&c.tokenIssuer, "token-issuer", env("token-issuer", ""), `iss claim of bearer tokens (none: the --oidc-issuer, else "computeql")`)
-	fs.StringVar(&c.tokenAudience, "token-audience", env("token-audience", ""), `value the aud claim of bearer tokens must include (none: "computeql")`)
-	skew, err := time.ParseDuration(env("token-skew", "30s"))
-	if err != nil {
-		skew = 30 * time.Second
-	}
-	fs.DurationVar(&c.tokenSkew, "token-skew", skew, "clock difference allowed on the exp and nbf of bearer tokens, at most 5m")
-	rate, err := strconv.ParseFloat(env("rate-limit", "50"), 64)
-	if err != nil {
-		rate = 50
-	}
-	fs.Float64Var(&c.rateLimit, "rate-limit", rate, "requests per second one principal may sustain on each API process (negative: no limit)")
-	burst, err := strconv.Atoi(env("rate-burst", "100"))
-	if err != nil {
-		burst = 100
-	}
-	fs.IntVar(&c.rateBurst, "rate-burst", burst, "requests one principal may send at once after a quiet spell")
-	delay, err := time.ParseDuration(env("build-delay", "2s"))
-	if err != nil {
-		delay = 2 * time.Second
-	}
-	fs.DurationVar(&c.buildDelay, "build-delay", delay, "how long the simulated region takes to build a server")
-	fs.StringVar(&c.faults, "region-faults", env("region-faults", ""), `faults the simulated region injects, as JSON: {"errorRate": 0.3, "slowCalls": "200ms", "failBuildPrefix": "fail-", "duplicateCreates": true}`)
-	return fs
+	})
+	return fs, errors.Join(errs...)
 }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
@@ -129,7 +117,11 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 
 func serve(ctx context.Context, role string, args []string, out io.Writer) error {
 	var c config
-	if err := flags(role, &c).Parse(args); err != nil {
+	fs, err := flags(role, &c)
+	if err != nil {
+		return err
+	}
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -138,7 +130,6 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	}
 	cat := region.Demo()
 	if c.catalog != "" {
-		var err error
 		if cat, err = region.Load(c.catalog); err != nil {
 			return err
 		}
@@ -357,7 +348,10 @@ Admin token for the demo organizations (valid %[4]s):
 
 func mintToken(args []string, out io.Writer) error {
 	var c config
-	fs := flags("token", &c)
+	fs, err := flags("token", &c)
+	if err != nil {
+		return err
+	}
 	subject := fs.String("subject", "", "the principal's subject (required)")
 	org := fs.String("org", "", "organization of a grant")
 	project := fs.String("project", "", "project of the --org grant (none: the whole organization)")

@@ -62,6 +62,39 @@ func TestSecretFromEnvironment(t *testing.T) {
 	}
 }
 
+// TestFlagsFromEnvironment: an environment variable replaces a flag's default, the command
+// line wins over it, and a malformed value is an error naming the variable.
+func TestFlagsFromEnvironment(t *testing.T) {
+	tests := []struct {
+		env, args []string
+		want      float64
+		wantErr   string
+	}{
+		{env: nil, want: 50},
+		{env: []string{"COMPUTEQL_RATE_LIMIT", "7.5"}, want: 7.5},
+		{env: []string{"COMPUTEQL_RATE_LIMIT", "7.5"}, args: []string{"--rate-limit", "3"}, want: 3},
+		{env: []string{"COMPUTEQL_RATE_LIMIT", "fast"}, wantErr: "COMPUTEQL_RATE_LIMIT"},
+	}
+	for _, tt := range tests {
+		if tt.env != nil {
+			t.Setenv(tt.env[0], tt.env[1])
+		}
+		var c config
+		fs, err := flags("test", &c)
+		if err == nil {
+			err = fs.Parse(tt.args)
+		}
+		switch {
+		case tt.wantErr != "":
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("env %v: err %v, want one naming %s", tt.env, err, tt.wantErr)
+			}
+		case err != nil || c.rateLimit != tt.want:
+			t.Errorf("env %v args %v: rate limit %v (%v), want %v", tt.env, tt.args, c.rateLimit, err, tt.want)
+		}
+	}
+}
+
 // TestEmbeddedRunServesAndStops is `make run` in miniature: the all-in-one role on the
 // embedded Redis prints a working admin token, serves GraphQL with it, and shuts down cleanly
 // when its context ends.
