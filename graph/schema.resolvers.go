@@ -169,10 +169,11 @@ func (r *mutationResolver) CreateConsoleSession(ctx context.Context, input model
 	if err != nil {
 		return nil, err
 	}
-	if len(problems) > 0 {
-		return &model.CreateConsoleSessionPayload{UserErrors: problems}, nil
+	payload := &model.CreateConsoleSessionPayload{UserErrors: problems}
+	if len(problems) == 0 {
+		payload.ConsoleSession = &model.ConsoleSession{URL: session.URL, ExpiresAt: session.ExpiresAt}
 	}
-	return &model.CreateConsoleSessionPayload{ConsoleSession: &model.ConsoleSession{URL: session.URL, ExpiresAt: session.ExpiresAt}, UserErrors: problems}, nil
+	return payload, nil
 }
 
 // SnapshotInstance is the resolver for the snapshotInstance field.

@@ -188,9 +188,8 @@ func toEvent(rec instance.Record) *model.InstanceEvent {
 // before the stream completes.
 
 type ending struct {
-	mu   sync.Mutex
-	err  *gqlerror.Error
-	sent bool
+	mu  sync.Mutex
+	err *gqlerror.Error
 }
 
 type endingKey struct{}
@@ -219,11 +218,9 @@ func (e *ending) set(code instance.Code, message, after string) {
 func (e *ending) take() *gqlerror.Error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.err == nil || e.sent {
-		return nil
-	}
-	e.sent = true
-	return e.err
+	err := e.err
+	e.err = nil
+	return err
 }
 
 // SubscriptionEndings is the handler extension that sends a subscription's ending reason.

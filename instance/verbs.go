@@ -120,7 +120,7 @@ func (s *Service) Snapshot(ctx context.Context, req SnapshotRequest) (*region.Im
 	}
 	if p.any() {
 		// Fail before touching the instance: a malformed request is not an action taken.
-		if _, err := s.authorized(ctx, req.ID); err != nil {
+		if _, _, err := s.operable(ctx, req.ID); err != nil {
 			return nil, err
 		}
 		return nil, p.err()
@@ -159,15 +159,11 @@ func TagsOf(m map[string]string) []Tag {
 // means the intent never claims a change the region refused; a server still being built gets
 // only the intent, which the workers apply when the build completes.
 func (s *Service) power(ctx context.Context, id string, action Action, want PowerIntent, call func(context.Context, string) (region.Server, error)) (*Instance, error) {
-	pr, err := Principal(ctx)
+	pr, cur, err := s.operable(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	cur, err := s.get(ctx, pr, id, auth.RoleOperator)
-	if err != nil {
-		return nil, err
-	}
-	msg, err := s.perform(ctx, cur, action, func(srv *region.Server) (string, error) {
+	msg, err := s.perform(ctx, cur, func(srv *region.Server) (string, error) {
 		if srv == nil || srv.State.Provisioning() {
 			if cur.DesiredPower() == want {
 				return "", Errorf(CodeUnprocessable, "instance %q is already to be %s once its server is built", id, strings.ToLower(string(want)))
@@ -215,15 +211,11 @@ func (s *Service) power(ctx context.Context, id string, action Action, want Powe
 
 // act runs a verb that changes nothing of the instance itself and records it.
 func (s *Service) act(ctx context.Context, id string, action Action, fn func(*Instance, *region.Server) (string, error)) error {
-	pr, err := Principal(ctx)
+	pr, inst, err := s.operable(ctx, id)
 	if err != nil {
 		return err
 	}
-	inst, err := s.get(ctx, pr, id, auth.RoleOperator)
-	if err != nil {
-		return err
-	}
-	msg, err := s.perform(ctx, inst, action, func(srv *region.Server) (string, error) {
+	msg, err := s.perform(ctx, inst, func(srv *region.Server) (string, error) {
 		if srv == nil || srv.State.Provisioning() {
 			return "", Errorf(CodeUnprocessable, "the server of instance %q is still being built", inst.ID)
 		}
@@ -232,14 +224,14 @@ func (s *Service) act(ctx context.Context, id string, action Action, fn func(*In
 	return s.record(ctx, inst, ActionEvent{Actor: pr.Subject, Action: action, Outcome: outcome(err), Message: msg, At: s.now().UTC()}, err)
 }
 
-// authorized checks that the caller may act on the instance, for refusals that come before
-// any action.
-func (s *Service) authorized(ctx context.Context, id string) (*Instance, error) {
+// operable returns the caller and the instance, if the caller may act on it.
+func (s *Service) operable(ctx context.Context, id string) (auth.Principal, *Instance, error) {
 	pr, err := Principal(ctx)
 	if err != nil {
-		return nil, err
+		return auth.Principal{}, nil, err
 	}
-	return s.get(ctx, pr, id, auth.RoleOperator)
+	inst, err := s.get(ctx, pr, id, auth.RoleOperator)
+	return pr, inst, err
 }
 
 // perform finds the instance's one server and calls fn with it, or with nil while the server
@@ -247,7 +239,7 @@ func (s *Service) authorized(ctx context.Context, id string) (*Instance, error) 
 // happened, or the error, mapped to its code. Zero servers for an instance that had one, or
 // several, are a consistency error: the workers will repair it, and acting now could hit the
 // wrong server.
-func (s *Service) perform(ctx context.Context, inst *Instance, action Action, fn func(*region.Server) (string, error)) (string, error) {
+func (s *Service) perform(ctx context.Context, inst *Instance, fn func(*region.Server) (string, error)) (string, error) {
 	if inst.Deleting() {
 		return "", Errorf(CodeUnprocessable, "instance %q is being deleted", inst.ID)
 	}
@@ -255,12 +247,7 @@ func (s *Service) perform(ctx context.Context, inst *Instance, action Action, fn
 	if err != nil {
 		return "", regionError(err, "instance "+strconv.Quote(inst.ID))
 	}
-	live := servers[:0:0]
-	for _, srv := range servers {
-		if srv.State != region.ServerDeleting {
-			live = append(live, srv)
-		}
-	}
+	live := region.Live(servers)
 	var msg string
 	switch {
 	case len(live) > 1:
@@ -271,7 +258,8 @@ func (s *Service) perform(ctx context.Context, inst *Instance, action Action, fn
 		return "", Errorf(CodeConsistency, "instance %q is backed by %d servers (%s) instead of one; the workers will delete the extra ones, retry then",
 			inst.ID, len(live), strings.Join(ids, ", "))
 	case len(live) == 0 && inst.Status.ProvisioningStatus != ProvisioningPending && inst.Status.ProvisioningStatus != ProvisioningProvisioning:
-		return "", noServer(inst)
+		return "", Errorf(CodeConsistency, "instance %q has no server in the region (it is %s); the workers will recreate it, retry then",
+			inst.ID, inst.Status.ProvisioningStatus)
 	case len(live) == 0:
 		msg, err = fn(nil)
 	default:
@@ -281,11 +269,6 @@ func (s *Service) perform(ctx context.Context, inst *Instance, action Action, fn
 		return "", regionError(err, "instance "+strconv.Quote(inst.ID))
 	}
 	return msg, nil
-}
-
-func noServer(inst *Instance) error {
-	return Errorf(CodeConsistency, "instance %q has no server in the region (it is %s); the workers will recreate it, retry then",
-		inst.ID, inst.Status.ProvisioningStatus)
 }
 
 // outcome is the code an action's record carries: none for success.

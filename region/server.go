@@ -29,6 +29,18 @@ const (
 // Provisioning reports whether the region is still bringing the server up.
 func (s ServerState) Provisioning() bool { return s == ServerPending || s == ServerBuilding }
 
+// Live returns, as a new slice, the servers that are not being deleted: a server on its way
+// out (a rebuilt or duplicate one) realises nothing any more.
+func Live(servers []Server) []Server {
+	out := make([]Server, 0, len(servers))
+	for _, s := range servers {
+		if s.State != ServerDeleting {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // ServerHealth is the region's view of a server's health.
 type ServerHealth string
 

@@ -181,9 +181,7 @@ func (r *Reconciler) reconcile(ctx context.Context, inst *instance.Instance) (ti
 
 // unique enforces one server per instance: the oldest is kept and the others deleted.
 func (r *Reconciler) unique(ctx context.Context, inst *instance.Instance, servers []region.Server) ([]region.Server, error) {
-	// DeleteFunc compacts in place and zeroes the tail, so it works on a copy: servers[:1] below
-	// must still be a real server when every one is being deleted.
-	live := slices.DeleteFunc(slices.Clone(servers), func(s region.Server) bool { return s.State == region.ServerDeleting })
+	live := region.Live(servers)
 	if len(live) <= 1 {
 		if len(live) == 0 && len(servers) > 0 {
 			return servers[:1], nil

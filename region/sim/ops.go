@@ -209,17 +209,26 @@ func (s *Sim) Images(ctx context.Context, org, project string) ([]region.Image, 
 		return nil, fmt.Errorf("images: %w", err)
 	}
 	out := []region.Image{}
-	for _, id := range ids {
-		data, err := s.rdb.Get(ctx, imageKey(id)).Bytes()
-		if errors.Is(err, redis.Nil) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("images: %w", err)
+	if len(ids) == 0 {
+		return out, nil
+	}
+	keys := make([]string, len(ids))
+	for i, id := range ids {
+		keys[i] = imageKey(id)
+	}
+	// One round trip for all of them; the keys share the {sim} hash tag.
+	values, err := s.rdb.MGet(ctx, keys...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("images: %w", err)
+	}
+	for i, v := range values {
+		data, ok := v.(string)
+		if !ok {
+			continue // deleted since the listing
 		}
 		var img region.Image
-		if err := json.Unmarshal(data, &img); err != nil {
-			return nil, fmt.Errorf("decode image %s: %w", id, err)
+		if err := json.Unmarshal([]byte(data), &img); err != nil {
+			return nil, fmt.Errorf("decode image %s: %w", ids[i], err)
 		}
 		out = append(out, img)
 	}
