@@ -662,7 +662,14 @@ func TestSubscriptionEndsWhenTokenExpires(t *testing.T) {
 		if res.StatusCode != http.StatusOK {
 			t.Fatalf("status %d", res.StatusCode)
 		}
-		events, err := readSSE(res.Body) // returns when the server ends the stream
+		// readSSE returns when the server ends the stream; a stream that outlives its token
+		// fails the test instead of hanging it.
+		type read struct {
+			events []sseEvent
+			err    error
+		}
+		got := within(t, 10*time.Second, func() read { e, err := readSSE(res.Body); return read{e, err} })
+		events, err := got.events, got.err
 		if err != nil {
 			t.Fatal(err)
 		}
