@@ -59,7 +59,11 @@ func subscribeWS(tb testing.TB, s *httptest.Server, proto, token, query string) 
 }
 
 // event reads the next message, which must be a result of operation "s" without errors.
-func (c *wsClient) event() subEvent {
+func (c *wsClient) event() subEvent { c.tb.Helper(); return nextEvent[subEvent](c) }
+
+// nextEvent reads the next message, which must be a result of operation "s" without errors,
+// and decodes its instanceEvents into T.
+func nextEvent[T any](c *wsClient) T {
 	c.tb.Helper()
 	m := c.next()
 	if m.Type != c.dataType() || m.ID != "s" {
@@ -72,7 +76,7 @@ func (c *wsClient) event() subEvent {
 	if len(res.Errors) > 0 || res.Data["instanceEvents"] == nil {
 		c.tb.Fatalf("event with errors: %s", m.Payload)
 	}
-	var ev subEvent
+	var ev T
 	decode(c.tb, res.Data["instanceEvents"], &ev)
 	return ev
 }

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -141,19 +140,7 @@ func (c *wsClient) await(want ...wanted) []verbEvent {
 		if time.Now().After(deadline) {
 			c.tb.Fatalf("not within %s: %v; seen %v", verbLimit, want, seen)
 		}
-		m := c.next()
-		if m.Type != c.dataType() || m.ID != "s" {
-			c.tb.Fatalf("got %s %s %s, want %s of s", m.Type, m.ID, m.Payload, c.dataType())
-		}
-		var res gqlResponse
-		if err := json.Unmarshal(m.Payload, &res); err != nil {
-			c.tb.Fatal(err)
-		}
-		if len(res.Errors) > 0 {
-			c.tb.Fatalf("event with errors: %s", m.Payload)
-		}
-		var ev verbEvent
-		decode(c.tb, res.Data["instanceEvents"], &ev)
+		ev := nextEvent[verbEvent](c)
 		seen = append(seen, ev.String())
 		for i, w := range want {
 			if !found[i] && w.match(ev) {
