@@ -66,6 +66,8 @@ type config struct {
 	// Requests per second and burst per principal on each API process.
 	rateLimit float64
 	rateBurst int
+	// Whether the API answers introspection queries.
+	introspection bool
 }
 
 // flags defines the shared flags. A flag's COMPUTEQL_<FLAG> environment variable, when set,
@@ -84,6 +86,7 @@ func flags(name string, c *config) (*flag.FlagSet, error) {
 	fs.DurationVar(&c.tokenSkew, "token-skew", 30*time.Second, "clock difference allowed on the exp and nbf of bearer tokens, at most 5m")
 	fs.Float64Var(&c.rateLimit, "rate-limit", 50, "requests per second one principal may sustain on each API process (negative: no limit)")
 	fs.IntVar(&c.rateBurst, "rate-burst", 100, "requests one principal may send at once after a quiet spell")
+	fs.BoolVar(&c.introspection, "introspection", true, "answer GraphQL introspection queries (GraphiQL and code generators need them; false: refused with FORBIDDEN)")
 	fs.DurationVar(&c.buildDelay, "build-delay", 2*time.Second, "how long the simulated region takes to build a server")
 	fs.StringVar(&c.faults, "region-faults", "", `faults the simulated region injects, as JSON: {"errorRate": 0.3, "slowCalls": "200ms", "failBuildPrefix": "fail-", "duplicateCreates": true}`)
 	var errs []error
@@ -249,7 +252,8 @@ func apiServer(ctx context.Context, c config, cat *region.Catalog, st *store.Sto
 	events := feed.New(ctx, st, feed.Options{Logger: log})
 	h, err := server.New(server.Options{
 		Service: svc, Feed: events, Keys: keys, Logger: log, RateLimit: c.rateLimit, RateBurst: c.rateBurst,
-		Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
+		DisableIntrospection: !c.introspection,
+		Ready:                func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
 	})
 	if err != nil {
 		return nil, nil, err

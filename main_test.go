@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"regexp"
@@ -95,59 +96,105 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	}
 }
 
-// TestEmbeddedRunServesAndStops is `make run` in miniature: the all-in-one role on the
-// embedded Redis prints a working admin token, serves GraphQL with it, and shuts down cleanly
-// when its context ends.
-func TestEmbeddedRunServesAndStops(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"--listen", "127.0.0.1:0", "--token-secret", secret}, pw)
-		pw.Close()
-	}()
+// embedded is the all-in-one role on the embedded Redis, running for one test.
+type embedded struct {
+	graphqlURL, token string
+	cancel            context.CancelFunc
+	done              chan error
+}
 
-	// The welcome text is the event that says the server is listening.
-	var graphqlURL, token string
+// runEmbedded starts run with args and waits for the welcome text, the event that says the
+// server is listening, to read the URL and the admin token from it.
+func runEmbedded(t *testing.T, args ...string) *embedded {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	e := &embedded{cancel: cancel, done: make(chan error, 1)}
+	t.Cleanup(func() {
+		cancel()
+		<-e.done
+	})
+	pr, pw := io.Pipe()
+	go func() {
+		err := run(ctx, append([]string{"--listen", "127.0.0.1:0", "--token-secret", secret}, args...), pw)
+		pw.Close()
+		e.done <- err
+	}()
 	sc := bufio.NewScanner(pr)
 	urlRe := regexp.MustCompile(`GraphQL:\s+(http://\S+)`)
-	for token == "" && sc.Scan() {
+	for e.token == "" && sc.Scan() {
 		line := sc.Text()
 		if m := urlRe.FindStringSubmatch(line); m != nil {
-			graphqlURL = m[1]
+			e.graphqlURL = m[1]
 		}
 		if s := strings.TrimSpace(line); strings.HasPrefix(s, "ey") {
-			token = s
+			e.token = s
 		}
 	}
 	go io.Copy(io.Discard, pr)
-	if graphqlURL == "" || token == "" {
-		t.Fatalf("welcome text lacks the URL or token (url %q)", graphqlURL)
+	if e.graphqlURL == "" || e.token == "" {
+		t.Fatalf("welcome text lacks the URL or token (url %q)", e.graphqlURL)
 	}
+	return e
+}
 
-	body := `{"query":"mutation { createInstance(input:{organizationId:\"globex\",projectId:\"prod\",networkId:\"net-globex-prod-eu\",name:\"demo\",flavorId:\"g1.small\",imageId:\"ubuntu-24.04\"}) { instance { name } userErrors { code } } }"}`
-	req, _ := http.NewRequest(http.MethodPost, graphqlURL, strings.NewReader(body))
+// post sends one GraphQL query with the admin token and returns the body.
+func (e *embedded) post(t *testing.T, query string) string {
+	t.Helper()
+	body, err := json.Marshal(map[string]string{"query": query})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, e.graphqlURL, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Authorization", "Bearer "+e.token)
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer res.Body.Close()
 	got, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	if want := `{"data":{"createInstance":{"instance":{"name":"demo"},"userErrors":[]}}}`; string(got) != want {
+	return string(got)
+}
+
+// TestEmbeddedRunServesAndStops is `make run` in miniature: the all-in-one role on the
+// embedded Redis prints a working admin token, serves GraphQL with it, and shuts down cleanly
+// when its context ends.
+func TestEmbeddedRunServesAndStops(t *testing.T) {
+	e := runEmbedded(t)
+	got := e.post(t, `mutation { createInstance(input:{organizationId:"globex",projectId:"prod",networkId:"net-globex-prod-eu",name:"demo",flavorId:"g1.small",imageId:"ubuntu-24.04"}) { instance { name } userErrors { code } } }`)
+	if want := `{"data":{"createInstance":{"instance":{"name":"demo"},"userErrors":[]}}}`; got != want {
 		t.Errorf("create answered %s", got)
 	}
-
-	cancel()
+	e.cancel()
 	select {
-	case err := <-done:
+	case err := <-e.done:
+		e.done <- err // for the cleanup
 		if err != nil {
 			t.Errorf("shutdown: %v", err)
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("did not shut down")
+	}
+}
+
+// TestIntrospectionFlag: introspection is answered by default and refused with FORBIDDEN
+// under --introspection=false, while ordinary queries still work.
+func TestIntrospectionFlag(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{nil, `{"data":{"__schema":{"queryType":{"name":"Query"}}}}`},
+		{[]string{"--introspection=false"}, `"code":"FORBIDDEN"`},
+	}
+	for _, tt := range tests {
+		e := runEmbedded(t, tt.args...)
+		if got := e.post(t, `{ __schema { queryType { name } } }`); !strings.Contains(got, tt.want) {
+			t.Errorf("%v: introspection answered %s, want %s", tt.args, got, tt.want)
+		}
+		if got := e.post(t, `{ me { subject } }`); got != `{"data":{"me":{"subject":"demo-admin"}}}` {
+			t.Errorf("%v: me answered %s", tt.args, got)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -198,7 +199,8 @@ var authzRefusals = []string{authzUnauthenticated, "NOT_FOUND", "FORBIDDEN"}
 // no grant in → NOT_FOUND for what is addressed by id or organization, nothing for listings;
 // reads need viewer, power actions, console, SSH key and snapshot operator, changes member,
 // quota admin. The table must name exactly the schema's root fields. A refused call writes
-// nothing. Instances are pending (no workers run), so the verbs that need a built server
+// nothing. Every mutation that ran is audited once with its caller and outcome (checkAudit).
+// Instances are pending (no workers run), so the verbs that need a built server
 // answer the roles allowed to call them with UNPROCESSABLE.
 func TestAuthorizationMatrix(t *testing.T) {
 	const (
@@ -295,7 +297,8 @@ func TestAuthorizationMatrix(t *testing.T) {
 		t.Errorf("entries for fields the schema does not have: %s", strings.Join(extra, ", "))
 	}
 
-	a, s := wsServer(t, withoutRateLimit)
+	audit := &logRecorder{}
+	a, s := wsServer(t, withoutRateLimit, func(o *Options) { o.Logger = slog.New(audit) })
 	admin := a.admin(t)
 	other, err := auth.NewKeys([]byte("another-secret-another-secret-an"))
 	if err != nil {
@@ -311,15 +314,16 @@ func TestAuthorizationMatrix(t *testing.T) {
 		t.Fatal(err)
 	}
 	web := func(r auth.Role) auth.Grant { return auth.Grant{OrganizationID: "acme", ProjectID: "web", Role: r} }
+	subjects := [authzColumns]string{authzOtherOrg: "gus", authzViewer: "vic", authzOperator: "otto", authzMember: "mia", authzAdmin: "ada"}
 	tokens := [authzColumns]string{
 		authzNone:     "",
 		authzExpired:  expired,
 		authzWrongKey: wrongKey,
-		authzOtherOrg: a.token(t, "gus", auth.Grant{OrganizationID: "globex", Role: auth.RoleAdmin}),
-		authzViewer:   a.token(t, "vic", web(auth.RoleViewer)),
-		authzOperator: a.token(t, "otto", web(auth.RoleOperator)),
-		authzMember:   a.token(t, "mia", web(auth.RoleMember)),
-		authzAdmin:    a.token(t, "ada", auth.Grant{OrganizationID: "acme", Role: auth.RoleAdmin}),
+		authzOtherOrg: a.token(t, subjects[authzOtherOrg], auth.Grant{OrganizationID: "globex", Role: auth.RoleAdmin}),
+		authzViewer:   a.token(t, subjects[authzViewer], web(auth.RoleViewer)),
+		authzOperator: a.token(t, subjects[authzOperator], web(auth.RoleOperator)),
+		authzMember:   a.token(t, subjects[authzMember], web(auth.RoleMember)),
+		authzAdmin:    a.token(t, subjects[authzAdmin], auth.Grant{OrganizationID: "acme", Role: auth.RoleAdmin}),
 	}
 	shared := a.mustCreate(t, admin, createInput("shared")).ID
 
@@ -348,10 +352,16 @@ func TestAuthorizationMatrix(t *testing.T) {
 					if c.vars != nil {
 						vars = c.vars(fx)
 					}
+					mark := audit.mark()
 					res := a.post(t, tok, c.doc, vars)
 					row[col] = authzOutcome(res, c.field)
 					if row[col] != c.want[col] {
 						t.Logf("body: %s", res.Raw)
+					}
+					if strings.HasPrefix(c.field, "Mutation.") {
+						checkAudit(t, audit.since(mark, "audit"), c.field, subjects[col], row[col], vars)
+					} else if got := audit.since(mark, "audit"); len(got) != 0 {
+						t.Errorf("a query was audited: %v", got)
 					}
 				}
 				if row[col] != c.want[col] {

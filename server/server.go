@@ -218,6 +218,7 @@ func New(opts Options) (http.Handler, error) {
 		return nil, fmt.Errorf("server: metrics: %w", err)
 	}
 	gql.Use(metrics)
+	gql.Use(graph.Audit{Log: opts.Logger})
 
 	mux := http.NewServeMux()
 	mux.Handle("/graphql", checkOrigin(origins, limitBody(opts.MaxBodyBytes, authenticate(opts.Keys, rateLimited(streamDeadlines(opts.StreamWriteTimeout, gql))))))
