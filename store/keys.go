@@ -29,3 +29,7 @@ func eventsKey(org string) string { return prefix + orgTag(org) + ":events" }
 
 // quotaKey is a hash of limit:<kind> (only kinds set with setQuota) and used:<kind>.
 func quotaKey(org string) string { return prefix + orgTag(org) + ":quota" }
+
+// schemaKey holds the schema version every instance record of the organization has reached;
+// absent before the first upgrade.
+func schemaKey(org string) string { return prefix + orgTag(org) + ":schema" }

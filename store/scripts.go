@@ -1,6 +1,10 @@
 package store
 
-import "github.com/redis/go-redis/v9"
+import (
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // Scripts are loaded once at start (Store.Load) and called by SHA; go-redis falls back to
 // EVAL when a restarted Redis has forgotten them.
@@ -42,14 +46,15 @@ end
 
 // eventLua appends an event to the organization's event stream from inside the script that
 // commits the change, so there is no event without a change and no change without an event.
-// The event carries the instance as stored after the change (or, for a deletion, before it).
+// The event carries the instance as stored after the change (or, for a deletion, before it),
+// with the record's schema version.
 // An ACTION event also carries who called which verb and its outcome. The stream keeps about
 // eventsKept entries per organization.
 const eventLua = `
 local function appendEvent(eventsKey, instKey, id, kind, changed, at, msg, actor, action, outcome)
-  local f = redis.call('HMGET', instKey, 'spec', 'status', 'gen', 'sv', 'proj')
+  local f = redis.call('HMGET', instKey, 'spec', 'status', 'gen', 'sv', 'proj', 'v')
   local entry = {'kind', kind, 'id', id, 'proj', f[5], 'spec', f[1], 'status', f[2], 'gen', f[3], 'sv', f[4],
-    'changed', changed, 'at', at, 'msg', msg}
+    'changed', changed, 'at', at, 'msg', msg, 'v', f[6] or '1'}
   if action and action ~= '' then
     for _, v in ipairs({'actor', actor, 'action', action, 'outcome', outcome}) do
       table.insert(entry, v)
@@ -76,7 +81,7 @@ if #refusals > 0 then
   return refusals
 end
 redis.call('SET', KEYS[1], ARGV[1])
-redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', ARGV[3], 'gen', 1, 'sv', 1, 'proj', ARGV[4])
+redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', ARGV[3], 'gen', 1, 'sv', 1, 'proj', ARGV[4], 'v', ` + strconv.Itoa(SchemaVersion) + `)
 redis.call('ZADD', KEYS[3], 0, ARGV[1])
 redis.call('ZADD', KEYS[4], 0, ARGV[1])
 applyCharge(KEYS[5], 6)
@@ -190,4 +195,20 @@ appendEvent(KEYS[2], KEYS[1], ARGV[1], ARGV[3], '', ARGV[2], ARGV[4], ARGV[5], A
 return 1
 `)
 
-var scripts = []*redis.Script{createScript, updateSpecScript, writeStatusScript, forgetScript, noteScript}
+var scripts = []*redis.Script{createScript, updateSpecScript, writeStatusScript, forgetScript, noteScript, upgradeScript}
+
+// upgradeScript writes a migrated instance record if it is still the one that was read: same
+// version (ARGV[1], "" for none), generation and status version. Otherwise it writes nothing
+// and returns 0, and the caller reads the record again.
+//
+// KEYS[1] instance
+// ARGV[1] version read, ARGV[2] gen read, ARGV[3] sv read, ARGV[4] new version, ARGV[5] spec,
+// ARGV[6] status
+var upgradeScript = redis.NewScript(`
+local f = redis.call('HMGET', KEYS[1], 'v', 'gen', 'sv')
+if (f[1] or '') ~= ARGV[1] or f[2] ~= ARGV[2] or f[3] ~= ARGV[3] then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'v', ARGV[4], 'spec', ARGV[5], 'status', ARGV[6])
+return 1
+`)

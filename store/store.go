@@ -201,7 +201,7 @@ func parseRefusals(reply []string) (*instance.Refusal, error) {
 	return r, nil
 }
 
-var instanceFields = []string{"spec", "status", "gen", "sv", "proj"}
+var instanceFields = []string{"spec", "status", "gen", "sv", "proj", "v"}
 
 // NameClaimed implements instance.Store.
 func (s *Store) NameClaimed(ctx context.Context, org, claim string) (bool, error) {
@@ -338,7 +338,7 @@ func decodeRecords(org string, msgs []redis.XMessage) ([]instance.Record, error)
 // decodeRecord reads an event entry appended by eventLua.
 func decodeRecord(org string, m redis.XMessage) (instance.Record, error) {
 	str := func(k string) string { s, _ := m.Values[k].(string); return s }
-	inst, err := decode(org, str("id"), []any{m.Values["spec"], m.Values["status"], m.Values["gen"], m.Values["sv"], m.Values["proj"]})
+	inst, err := decode(org, str("id"), []any{m.Values["spec"], m.Values["status"], m.Values["gen"], m.Values["sv"], m.Values["proj"], m.Values["v"]})
 	if err != nil {
 		return instance.Record{}, fmt.Errorf("decode event %s: %w", m.ID, err)
 	}
@@ -404,7 +404,8 @@ func decode(org, id string, vals []any) (*instance.Instance, error) {
 	err2 = json.Unmarshal([]byte(str(1)), &inst.Status)
 	inst.Generation, err3 = strconv.ParseInt(str(2), 10, 64)
 	inst.StatusVersion, err4 = strconv.ParseInt(str(3), 10, 64)
-	if err := errors.Join(err1, err2, err3, err4); err != nil {
+	_, err5 := recordVersion(str(5))
+	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
 		return nil, fmt.Errorf("decode instance %s/%s: %w", org, id, err)
 	}
 	return inst, nil
