@@ -7,9 +7,12 @@ package feed
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/computeql/computeql/instance"
 )
@@ -48,6 +51,8 @@ type Feed struct {
 	mu   sync.Mutex
 	orgs map[string]*orgFeed
 	wg   sync.WaitGroup
+
+	delivered, dropped prometheus.Counter
 }
 
 // New returns a feed of the log whose readers live until ctx ends.
@@ -61,7 +66,55 @@ func New(ctx context.Context, log Log, opts Options) *Feed {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Feed{log: log, opts: opts, ctx: ctx, orgs: map[string]*orgFeed{}}
+	return &Feed{log: log, opts: opts, ctx: ctx, orgs: map[string]*orgFeed{},
+		delivered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "computeql_feed_events_delivered_total",
+			Help: "Events handed to subscribers of this process (one per subscriber per event).",
+		}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "computeql_feed_events_dropped_total",
+			Help: "Events a subscriber's full buffer could not take; each ends that subscription as a slow consumer.",
+		}),
+	}
+}
+
+// Register adds the feed's metrics to reg.
+func (f *Feed) Register(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{f.delivered, f.dropped,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "computeql_subscriptions_active",
+			Help: "Open subscriptions in this process.",
+		}, f.subscribers),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "computeql_feed_readers",
+			Help: "Organizations whose event log this process follows (one reader each).",
+		}, f.readers),
+	} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("feed metrics: %w", err)
+		}
+	}
+	return nil
+}
+
+// subscribers counts the open subscriptions, when metrics are scraped rather than on every
+// subscribe and leave, which may run twice for one subscription.
+func (f *Feed) subscribers() float64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, of := range f.orgs {
+		of.mu.Lock()
+		n += len(of.subs)
+		of.mu.Unlock()
+	}
+	return float64(n)
+}
+
+func (f *Feed) readers() float64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return float64(len(f.orgs))
 }
 
 // Wait returns once every reader has stopped (after the feed's context ended).
@@ -168,32 +221,53 @@ func (f *Feed) read(ctx context.Context, of *orgFeed) {
 			}
 			continue
 		}
+		var delivered, dropped int
 		of.mu.Lock()
 		for i := range records {
 			r := &records[i]
 			for s := range of.subs {
 				if s.match(r) {
-					s.deliver(r)
+					switch s.deliver(r) {
+					case deliveredOK:
+						delivered++
+					case deliveredDropped:
+						dropped++
+					}
 				}
 			}
 			of.last = r.Cursor
 		}
 		of.mu.Unlock()
+		// Counted once per batch: with thousands of subscribers, once per delivery would cost
+		// the fan-out an atomic add each.
+		f.delivered.Add(float64(delivered))
+		f.dropped.Add(float64(dropped))
 	}
 }
 
+// What became of one delivery.
+type delivery int
+
+const (
+	deliveredOK delivery = iota
+	deliveredDropped
+	deliveredClosed // the subscription had ended: nothing was lost
+)
+
 // deliver hands a live event over without ever blocking the reader: a full buffer ends the
 // subscription instead.
-func (s *Subscription) deliver(r *instance.Record) {
+func (s *Subscription) deliver(r *instance.Record) delivery {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return
+		return deliveredClosed
 	}
 	select {
 	case s.c <- r:
+		return deliveredOK
 	default:
 		s.failLocked(ErrSlowConsumer)
+		return deliveredDropped
 	}
 }
 

@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/feed"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/quota"
@@ -169,9 +171,13 @@ func TestExpiredCursor(t *testing.T) {
 }
 
 // TestSlowSubscriberIsCutOffAndOthersAreNot: a subscriber that does not read is ended with
-// ErrSlowConsumer; another on the same reader receives every event.
+// ErrSlowConsumer; another on the same reader receives every event. The metrics count both.
 func TestSlowSubscriberIsCutOffAndOthersAreNot(t *testing.T) {
 	e := newEnv(t, feed.Options{Buffer: 4})
+	reg := prometheus.NewRegistry()
+	if err := e.feed.Register(reg); err != nil {
+		t.Fatal(err)
+	}
 	slow, _, _ := e.feed.Subscribe(context.Background(), "acme", "", all)
 	defer slow.Close()
 	fast, _, _ := e.feed.Subscribe(context.Background(), "acme", "", all)
@@ -191,6 +197,39 @@ func TestSlowSubscriberIsCutOffAndOthersAreNot(t *testing.T) {
 	if slow.Err() != feed.ErrSlowConsumer || n != 4 {
 		t.Errorf("slow subscriber: %d events buffered, err %v; want 4 and ErrSlowConsumer", n, slow.Err())
 	}
+	// The metrics tell the same story: 20 events to the fast subscriber and 4 to the slow
+	// one, one dropped, which cut the slow one off; one reader stays for the fast one.
+	eventually.Holds(t, 5*time.Second, func() bool { return gauge(t, reg, "computeql_subscriptions_active") == 1 },
+		"active subscriptions %v, want 1", gauge(t, reg, "computeql_subscriptions_active"))
+	for name, want := range map[string]float64{
+		"computeql_feed_events_delivered_total": 24,
+		"computeql_feed_events_dropped_total":   1,
+		"computeql_feed_readers":                1,
+	} {
+		if got := gauge(t, reg, name); got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+}
+
+// gauge reads the single value of a counter or gauge from reg.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == name {
+			m := f.GetMetric()[0]
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }
 
 // TestReaderCatchesUpAfterLosingRedis: killing the reader's connection loses no event.
