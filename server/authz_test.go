@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/graph"
+	"github.com/computeql/computeql/logtest"
 )
 
 // The columns of the authorization matrix: who calls. The roles are grants in organization
@@ -297,8 +297,8 @@ func TestAuthorizationMatrix(t *testing.T) {
 		t.Errorf("entries for fields the schema does not have: %s", strings.Join(extra, ", "))
 	}
 
-	audit := &logRecorder{}
-	a, s := wsServer(t, withoutRateLimit, func(o *Options) { o.Logger = slog.New(audit) })
+	audit := &logtest.Recorder{}
+	a, s := wsServer(t, withoutRateLimit, func(o *Options) { o.Logger = audit.Logger() })
 	admin := a.admin(t)
 	other, err := auth.NewKeys([]byte("another-secret-another-secret-an"))
 	if err != nil {
@@ -352,15 +352,15 @@ func TestAuthorizationMatrix(t *testing.T) {
 					if c.vars != nil {
 						vars = c.vars(fx)
 					}
-					mark := audit.mark()
+					mark := audit.Mark()
 					res := a.post(t, tok, c.doc, vars)
 					row[col] = authzOutcome(res, c.field)
 					if row[col] != c.want[col] {
 						t.Logf("body: %s", res.Raw)
 					}
 					if strings.HasPrefix(c.field, "Mutation.") {
-						checkAudit(t, audit.since(mark, "audit"), c.field, subjects[col], row[col], vars)
-					} else if got := audit.since(mark, "audit"); len(got) != 0 {
+						checkAudit(t, audit.Since(mark, "audit"), c.field, subjects[col], row[col], vars)
+					} else if got := audit.Since(mark, "audit"); len(got) != 0 {
 						t.Errorf("a query was audited: %v", got)
 					}
 				}

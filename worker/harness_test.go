@@ -123,7 +123,10 @@ func newEnv(t *testing.T, edit ...func(s *setup)) *env {
 	if s.store != nil {
 		ws = s.store(ws)
 	}
-	wo.Store, wo.Region, wo.Queue, wo.Logger, wo.Registerer = ws, e.region, e.q, quiet, e.reg
+	wo.Store, wo.Region, wo.Queue, wo.Registerer = ws, e.region, e.q, e.reg
+	if wo.Logger == nil {
+		wo.Logger = quiet
+	}
 	wo.Organizations = func() []string { return []string{"acme", "globex"} }
 	if wo.NetworkExists == nil {
 		wo.NetworkExists = func(id string) bool { _, ok := cat.Network(id); return ok }
@@ -356,7 +359,7 @@ func sum(insts ...*instance.Instance) quota.Amounts {
 	return out
 }
 
-// metric returns the value of the counter (or gauge) name with the labels (name="value" pairs) in reg, 0
+// metric returns the value of the counter (or gauge, or a histogram's sample count) name with the labels (name="value" pairs) in reg, 0
 // when it has not been counted yet.
 func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
 	t.Helper()
@@ -379,6 +382,9 @@ func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...strin
 			}
 			if g := m.GetGauge(); g != nil {
 				return g.GetValue()
+			}
+			if h := m.GetHistogram(); h != nil {
+				return float64(h.GetSampleCount())
 			}
 			return m.GetCounter().GetValue()
 		}

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"errors"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -13,6 +14,7 @@ type Metrics struct {
 	rebuilds     prometheus.Counter
 	orphanEvents *prometheus.CounterVec
 	resyncQueued prometheus.Counter
+	duration     prometheus.Histogram
 }
 
 // NewMetrics registers the worker's metrics with reg (none when reg is nil).
@@ -33,18 +35,23 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		resyncQueued: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "computeql_resync_enqueued_total", Help: "Instances the periodic resync put back on the queue.",
 		}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "computeql_reconcile_duration_seconds", Help: "Time one reconcile takes, region calls included.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 14),
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.outcomes, m.duplicates, m.rebuilds, m.orphanEvents, m.resyncQueued} {
+	for _, c := range []prometheus.Collector{m.outcomes, m.duplicates, m.rebuilds, m.orphanEvents, m.resyncQueued, m.duration} {
 		errs = append(errs, reg.Register(c))
 	}
 	return m, errors.Join(errs...)
 }
 
-func (m *Metrics) reconciled(err error) {
+func (m *Metrics) reconciled(err error, took time.Duration) {
+	m.duration.Observe(took.Seconds())
 	outcome := "ok"
 	if err != nil {
 		outcome = "error"

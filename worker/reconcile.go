@@ -80,16 +80,21 @@ func (r *Reconciler) Handle(ctx context.Context, t queue.Task) (time.Duration, e
 	if err != nil {
 		return 0, fmt.Errorf("reconcile %s: %w", t.Key, err)
 	}
+	start := time.Now()
 	again, err := r.reconcile(ctx, inst)
-	r.Metrics.reconciled(err)
+	took := time.Since(start)
+	r.Metrics.reconciled(err, took)
 	if err != nil {
 		// The user sees that the region is being difficult; the detail goes to the log.
-		r.Logger.WarnContext(ctx, "reconcile failed", "instance", inst.ID, "org", org, "attempt", t.Attempt, "err", err)
+		r.Logger.WarnContext(ctx, "reconcile failed", "instance", inst.ID, "org", org, "attempt", t.Attempt, "duration", took, "err", err)
 		if _, werr := r.writeStatus(ctx, inst, inst.Failed("The region did not complete a request for this instance; retrying.", false, r.Now()), instance.EventStatusChanged); werr != nil {
 			return 0, errors.Join(err, werr)
 		}
+		return again, err
 	}
-	return again, err
+	r.Logger.InfoContext(ctx, "reconcile", "instance", inst.ID, "org", org, "attempt", t.Attempt, "duration", took,
+		"provisioning", inst.Status.ProvisioningStatus, "power", inst.Status.PowerState, "again", again)
+	return again, nil
 }
 
 // writeStatus writes the status, with an event of the kind naming what changed, when it
