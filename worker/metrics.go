@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/computeql/computeql/instance"
 )
 
 // Metrics are the worker's counts.
@@ -15,6 +17,7 @@ type Metrics struct {
 	orphanEvents *prometheus.CounterVec
 	resyncQueued prometheus.Counter
 	duration     prometheus.Histogram
+	instances    *prometheus.GaugeVec
 }
 
 // NewMetrics registers the worker's metrics with reg (none when reg is nil).
@@ -35,6 +38,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		resyncQueued: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "computeql_resync_enqueued_total", Help: "Instances the periodic resync put back on the queue.",
 		}),
+		instances: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "computeql_instances",
+			Help: "Instances by organization and provisioning status, as the last resync pass of this worker read them (every resync interval, 30s by default).",
+		}, []string{"organization", "provisioning"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "computeql_reconcile_duration_seconds", Help: "Time one reconcile takes, region calls included.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 14),
@@ -44,7 +51,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.outcomes, m.duplicates, m.rebuilds, m.orphanEvents, m.resyncQueued, m.duration} {
+	for _, c := range []prometheus.Collector{m.outcomes, m.duplicates, m.rebuilds, m.orphanEvents, m.resyncQueued, m.duration, m.instances} {
 		errs = append(errs, reg.Register(c))
 	}
 	return m, errors.Join(errs...)
@@ -57,4 +64,17 @@ func (m *Metrics) reconciled(err error, took time.Duration) {
 		outcome = "error"
 	}
 	m.outcomes.WithLabelValues(outcome).Inc()
+}
+
+// provisioningStatuses are the gauge's label values: every one is set, zeros included, so
+// that an instance leaving a status takes the series to 0 rather than leaving it stale.
+var provisioningStatuses = []instance.ProvisioningStatus{
+	instance.ProvisioningPending, instance.ProvisioningProvisioning, instance.ProvisioningProvisioned,
+	instance.ProvisioningDeprovisioning, instance.ProvisioningError,
+}
+
+func (m *Metrics) countInstances(org string, counts map[instance.ProvisioningStatus]int) {
+	for _, st := range provisioningStatuses {
+		m.instances.WithLabelValues(org, string(st)).Set(float64(counts[st]))
+	}
 }

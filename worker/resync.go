@@ -38,16 +38,21 @@ func (r *Resync) Start(ctx context.Context) error {
 	}
 }
 
-// Pass enqueues the instances that need it (every instance when all is true).
+// Pass enqueues the instances that need it (every instance when all is true). As it reads
+// every instance anyway, it also counts them by provisioning status for the instances gauge,
+// set for an organization once all of it was read.
 func (r *Resync) Pass(ctx context.Context, all bool) {
 	for _, org := range r.Organizations() {
+		counts := map[instance.ProvisioningStatus]int{}
 		for after := ""; ctx.Err() == nil; {
 			batch, err := r.Store.List(ctx, org, "", after, 500)
 			if err != nil {
 				r.Logger.WarnContext(ctx, "resync: list instances", "org", org, "err", err)
+				counts = nil
 				break
 			}
 			for _, inst := range batch {
+				counts[inst.Status.ProvisioningStatus]++
 				if all || unsettled(inst) {
 					if err := r.Queue.Enqueue(ctx, inst.Key()); err != nil {
 						r.Logger.WarnContext(ctx, "resync: enqueue", "instance", inst.ID, "err", err)
@@ -57,6 +62,9 @@ func (r *Resync) Pass(ctx context.Context, all bool) {
 				}
 			}
 			if len(batch) < 500 {
+				if counts != nil {
+					r.Metrics.countInstances(org, counts)
+				}
 				break
 			}
 			after = batch[len(batch)-1].ID

@@ -6,11 +6,12 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/region"
 )
 
 // A lost enqueue (an API process that died between its store write and its enqueue) is healed
-// by the periodic resync. The second instance is created after the first was found, so after
+// by the periodic resync, whose passes also count the instances by provisioning status. The second instance is created after the first was found, so after
 // the pass the worker makes as it starts; it has no server whose events could wake it, so only
 // a later pass can.
 func TestResyncHealsLostEnqueue(t *testing.T) {
@@ -28,6 +29,13 @@ func TestResyncHealsLostEnqueue(t *testing.T) {
 	if n := metric(t, e.reg, "computeql_resync_enqueued_total"); n < 2 {
 		t.Errorf("the instances ran but the resync enqueued %v keys, want at least 2", n)
 	}
+	// The passes also count the instances: both provisioned in acme, none elsewhere.
+	eventually.Holds(t, 5*time.Second, func() bool {
+		return metric(t, e.reg, "computeql_instances", "organization", "acme", "provisioning", "PROVISIONED") == 2 &&
+			metric(t, e.reg, "computeql_instances", "organization", "acme", "provisioning", "PENDING") == 0
+	}, "acme's instances counted as %v provisioned, %v pending; want 2 and 0",
+		metric(t, e.reg, "computeql_instances", "organization", "acme", "provisioning", "PROVISIONED"),
+		metric(t, e.reg, "computeql_instances", "organization", "acme", "provisioning", "PENDING"))
 }
 
 // DOMAIN.md §5 (reverse edge): server events whose owner cannot be found are counted by
