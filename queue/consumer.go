@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Task is one run of a handler for a key.
@@ -95,6 +96,10 @@ type ConsumerOptions struct {
 	Logger *slog.Logger
 	// Registerer receives the consumer's metrics. Defaults to none.
 	Registerer prometheus.Registerer
+	// TracerProvider, when set, gets a "queue.handle" span for every message handled, from
+	// begin to finish, in the trace its message carries. Defaults to none: no spans, though a
+	// carried trace context still reaches the handler.
+	TracerProvider trace.TracerProvider
 }
 
 func (o *ConsumerOptions) applyDefaults() error {
@@ -144,13 +149,14 @@ type Consumer struct {
 	h       Handler
 	opts    ConsumerOptions
 	metrics *consumerMetrics
+	tracer  trace.Tracer // nil: no spans
 
 	// processing holds the messages this consumer's handlers have taken. The consumer's own
 	// reclaimer can claim a message again that it still holds (one read while every handler
 	// was busy, or whose renewals failed for a lease); ownership checks cannot tell the two
 	// copies apart, so the second one is dropped here.
 	mu         sync.Mutex
-	processing map[message]struct{}
+	processing map[entryRef]struct{}
 
 	logMu      sync.Mutex
 	lastLogged map[string]time.Time
@@ -165,7 +171,11 @@ func (q *Queue) NewConsumer(h Handler, opts ConsumerOptions) (*Consumer, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{q: q, h: h, opts: opts, metrics: m, processing: map[message]struct{}{}, lastLogged: map[string]time.Time{}}, nil
+	c := &Consumer{q: q, h: h, opts: opts, metrics: m, processing: map[entryRef]struct{}{}, lastLogged: map[string]time.Time{}}
+	if opts.TracerProvider != nil {
+		c.tracer = opts.TracerProvider.Tracer("github.com/computeql/computeql/queue")
+	}
+	return c, nil
 }
 
 // Name returns the consumer's name in the group.
@@ -176,7 +186,17 @@ type message struct {
 	shard int
 	id    string
 	key   string
+	// fields are all the entry's fields: the key's and any trace context.
+	fields map[string]any
 }
+
+// entryRef identifies a stream entry.
+type entryRef struct {
+	shard int
+	id    string
+}
+
+func (m message) ref() entryRef { return entryRef{m.shard, m.id} }
 
 // Start runs the consumer until ctx ends, then shuts down and returns; no goroutine it
 // started outlives it. Setup must have been called (by any process) before.
@@ -296,8 +316,8 @@ func (c *Consumer) read(ctx context.Context, shards []int, work chan<- message) 
 }
 
 func toMessage(shard int, xm redis.XMessage) message {
-	key, _ := xm.Values["k"].(string)
-	return message{shard: shard, id: xm.ID, key: key}
+	key, _ := xm.Values[keyField].(string)
+	return message{shard: shard, id: xm.ID, key: key, fields: xm.Values}
 }
 
 // reclaim takes over messages whose consumer stopped renewing them for longer than the lease.
@@ -370,7 +390,7 @@ func (c *Consumer) shardKeys(shard int) []string {
 // finished work.
 const finalWriteTimeout = 5 * time.Second
 
-// process runs one message: begin, handle while renewing the lease, finish.
+// process runs one message in the trace it carries.
 func (c *Consumer) process(ctx context.Context, m message) {
 	if ctx.Err() != nil {
 		return // shutting down: leave it pending
@@ -379,21 +399,40 @@ func (c *Consumer) process(ctx context.Context, m message) {
 		return // another handler of this consumer has it already
 	}
 	defer c.release(m)
+	ctx = c.joinTrace(ctx, m)
+	if c.tracer != nil {
+		c.traceRun(ctx, m)
+		return
+	}
+	c.run(ctx, m)
+}
+
+// runResult is how a run ended: outcome is a computeql_queue_handled_total outcome, or
+// "error" (Redis failed; the message stays pending) or "abandoned" (shutdown cut the handler
+// off; pending too). err is the handler's error, or Redis's.
+type runResult struct {
+	task    Task
+	outcome string
+	err     error
+}
+
+// run handles one message: begin, handle while renewing the lease, finish.
+func (c *Consumer) run(ctx context.Context, m message) runResult {
 	now := c.q.opts.Now().UnixMilli()
 	res, err := beginScript.Run(ctx, c.q.rdb, c.shardKeys(m.shard),
 		c.q.opts.Group, c.opts.Name, m.id, m.key, c.q.opts.MaxDeliveries, now, c.q.opts.DeadLetterMaxLen).Slice()
 	if err != nil {
 		c.logError(ctx, "begin "+m.key, err)
-		return // pending: retried once reclaimed
+		return runResult{outcome: "error", err: err} // pending: retried once reclaimed
 	}
 	switch res[0] {
 	case "lost":
 		c.metrics.handled.WithLabelValues("lost").Inc()
-		return
+		return runResult{outcome: "lost"}
 	case "dead":
 		reason, _ := res[1].(string)
 		c.buried(ctx, m.key, reason)
-		return
+		return runResult{outcome: "dead"}
 	}
 	task := Task{Key: m.key, Fence: res[1].(int64), Attempt: int(res[2].(int64))}
 
@@ -411,30 +450,35 @@ func (c *Consumer) process(ctx context.Context, m message) {
 	select {
 	case <-lost:
 		c.metrics.handled.WithLabelValues("lost").Inc()
-		return
+		return runResult{task: task, outcome: "lost", err: herr}
 	default:
 	}
 	if ctx.Err() != nil {
-		return // cancelled by shutdown: the result is not trusted; leave it pending
+		// Cancelled by shutdown: the result is not trusted; leave it pending.
+		return runResult{task: task, outcome: "abandoned", err: herr}
 	}
-	c.finish(ctx, m, task, again, herr)
+	outcome, err := c.finish(ctx, m, task, again, herr)
+	if err == nil {
+		err = herr
+	}
+	return runResult{task: task, outcome: outcome, err: err}
 }
 
 // take marks the message as being processed here; it reports false if it already was.
 func (c *Consumer) take(m message) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, dup := c.processing[m]; dup {
+	if _, dup := c.processing[m.ref()]; dup {
 		return false
 	}
-	c.processing[m] = struct{}{}
+	c.processing[m.ref()] = struct{}{}
 	return true
 }
 
 func (c *Consumer) release(m message) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.processing, m)
+	delete(c.processing, m.ref())
 }
 
 // call runs the handler, turning a panic into an error so that one bad key cannot take the
@@ -474,8 +518,8 @@ func (c *Consumer) renew(ctx context.Context, m message, cancel context.CancelFu
 	}
 }
 
-// finish records the handler's outcome.
-func (c *Consumer) finish(ctx context.Context, m message, t Task, again time.Duration, herr error) {
+// finish records the handler's outcome, and returns it; err is Redis's.
+func (c *Consumer) finish(ctx context.Context, m message, t Task, again time.Duration, herr error) (string, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWriteTimeout)
 	defer cancel()
 	now := c.q.opts.Now()
@@ -486,12 +530,14 @@ func (c *Consumer) finish(ctx context.Context, m message, t Task, again time.Dur
 		switch {
 		case err != nil:
 			c.logError(ctx, "dead-letter "+m.key, err)
+			return "error", err
 		case res == "ok":
 			c.buried(ctx, m.key, herr.Error())
+			return "dead", nil
 		default:
 			c.metrics.handled.WithLabelValues("lost").Inc()
+			return "lost", nil
 		}
-		return
 	}
 	outcome, status, errText, at := "ok", "ok", "", int64(0)
 	switch {
@@ -507,10 +553,13 @@ func (c *Consumer) finish(ctx context.Context, m message, t Task, again time.Dur
 	switch {
 	case err != nil:
 		c.logError(ctx, "finish "+m.key, err)
+		return "error", err
 	case res == "lost":
 		c.metrics.handled.WithLabelValues("lost").Inc()
+		return "lost", nil
 	default:
 		c.metrics.handled.WithLabelValues(outcome).Inc()
+		return outcome, nil
 	}
 }
 

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
 )
 
 // Options configure a Queue. Every process of a deployment must use the same Shards and Group.
@@ -34,6 +36,11 @@ type Options struct {
 	DeadLetterMaxLen int64
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
+	// Propagator writes the trace context of the span in Enqueue's context into the message
+	// and reads it back for the handler, so that a run joins the trace of the request that
+	// asked for it. Defaults to OpenTelemetry's global propagator, which carries nothing until
+	// tracing is set up.
+	Propagator propagation.TextMapPropagator
 }
 
 func (o *Options) applyDefaults() error {
@@ -57,6 +64,9 @@ func (o *Options) applyDefaults() error {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.Propagator == nil {
+		o.Propagator = otel.GetTextMapPropagator()
 	}
 	return nil
 }
@@ -103,9 +113,13 @@ func (q *Queue) Setup(ctx context.Context) error {
 // Enqueue adds the key to be handled as soon as a consumer is free. Adding a key that is
 // already waiting does nothing; adding one that is being handled makes it run exactly once
 // more after the current run, which then sees the newest state.
+//
+// A new message carries the trace context of ctx's span, if there is one. Runs the queue
+// starts by itself (the follow-up of a key added while it was handled, delayed runs, retries,
+// requeued dead letters) carry none and begin traces of their own.
 func (q *Queue) Enqueue(ctx context.Context, key string) error {
 	shard := q.Shard(key)
-	err := enqueueScript.Run(ctx, q.rdb, []string{streamKey(shard), stateKey(shard), delayedKey(shard)}, key).Err()
+	err := enqueueScript.Run(ctx, q.rdb, []string{streamKey(shard), stateKey(shard), delayedKey(shard)}, q.enqueueArgs(ctx, key)...).Err()
 	if err != nil {
 		return fmt.Errorf("enqueue %s: %w", key, err)
 	}

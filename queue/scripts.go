@@ -3,13 +3,15 @@ package queue
 import "github.com/redis/go-redis/v9"
 
 // enqueueLua is shared by the scripts that add a key. With KEYS[1] the stream and KEYS[2]
-// the state hash, enqueue(key) appends a message only for an idle key: a key already waiting
-// is left alone, and a key being handled is marked to run once more when its handler ends.
+// the state hash, enqueue(key, ...) appends a message only for an idle key: a key already
+// waiting is left alone, and a key being handled is marked to run once more when its handler
+// ends. The optional field/value pairs after the key (the adder's trace context) are stored
+// with the message; a message without them is as valid.
 const enqueueLua = `
-local function enqueue(key)
+local function enqueue(key, ...)
   local st = redis.call('HGET', KEYS[2], key)
   if not st then
-    redis.call('XADD', KEYS[1], '*', 'k', key)
+    redis.call('XADD', KEYS[1], '*', 'k', key, ...)
     redis.call('HSET', KEYS[2], key, 'q')
     return 'queued'
   elseif st == 'a' then
@@ -46,12 +48,12 @@ end
 // enqueueScript adds a key now.
 //
 // KEYS[1] stream, KEYS[2] state, KEYS[3] delayed
-// ARGV[1] key
+// ARGV[1] key, ARGV[2…] optional field/value pairs stored with a new message
 // Returns "queued", "again" or "coalesced". A delayed run of the key is dropped: it would
 // only repeat the run this one asks for.
 var enqueueScript = redis.NewScript(enqueueLua + `
 redis.call('ZREM', KEYS[3], ARGV[1])
-return enqueue(ARGV[1])
+return enqueue(ARGV[1], unpack(ARGV, 2))
 `)
 
 // enqueueAfterScript schedules a key, keeping an earlier schedule if there is one.

@@ -115,8 +115,8 @@ func assemble(rdb *redis.Client, fopts feed.Options, mutate ...func(*Options)) (
 }
 
 // runWorkers starts what realises instances behind the API: a worker and the simulated
-// region's clock, both stopped when the test ends.
-func (a *api) runWorkers(tb testing.TB) {
+// region's clock, both stopped when the test ends. mutate may change the worker's options.
+func (a *api) runWorkers(tb testing.TB, mutate ...func(*worker.Options)) {
 	tb.Helper()
 	quiet := slog.New(slog.DiscardHandler)
 	q, err := queue.New(a.rdb, queue.Options{})
@@ -132,11 +132,15 @@ func (a *api) runWorkers(tb testing.TB) {
 	for i, o := range cat.Organizations {
 		orgs[i] = o.ID
 	}
-	wk, err := worker.New(worker.Options{
+	wo := worker.Options{
 		Store: store.New(a.rdb), Region: a.region, Queue: q, Logger: quiet, Registerer: prometheus.NewRegistry(),
 		Organizations: func() []string { return orgs },
 		NetworkExists: func(id string) bool { _, ok := cat.Network(id); return ok },
-	})
+	}
+	for _, m := range mutate {
+		m(&wo)
+	}
+	wk, err := worker.New(wo)
 	if err != nil {
 		tb.Fatal(err)
 	}

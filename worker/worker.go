@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/computeql/computeql/queue"
 	"github.com/computeql/computeql/region"
+	"github.com/computeql/computeql/telemetry"
 )
 
 // Options configure a Worker.
@@ -29,8 +31,8 @@ type Options struct {
 	Yield time.Duration
 	// ResyncInterval defaults to 30s.
 	ResyncInterval time.Duration
-	// Consumer tunes the queue consumer; Concurrency, OnDeadLetter, Logger and Registerer are
-	// set from the fields above.
+	// Consumer tunes the queue consumer; Concurrency, OnDeadLetter, Logger, Registerer and
+	// TracerProvider are set from the fields of these Options.
 	Consumer queue.ConsumerOptions
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
@@ -38,6 +40,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Now defaults to time.Now.
 	Now func() time.Time
+	// TracerProvider gets a span per queue message and per reconcile. Defaults to the one
+	// telemetry.Setup installed: none, and so no spans, while tracing is off.
+	TracerProvider trace.TracerProvider
 }
 
 // Worker reconciles instances from the queue, watches the region and resyncs.
@@ -67,6 +72,9 @@ func New(opts Options) (*Worker, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.TracerProvider == nil {
+		opts.TracerProvider = telemetry.TracerProvider()
+	}
 	m, err := NewMetrics(opts.Registerer)
 	if err != nil {
 		return nil, err
@@ -74,7 +82,12 @@ func New(opts Options) (*Worker, error) {
 	rec := &Reconciler{Store: opts.Store, Region: opts.Region, NetworkExists: opts.NetworkExists, Yield: opts.Yield, Logger: opts.Logger, Now: opts.Now, Metrics: m}
 	co := opts.Consumer
 	co.Concurrency, co.OnDeadLetter, co.Logger, co.Registerer = opts.Concurrency, rec.MarkFailed, opts.Logger, opts.Registerer
-	consumer, err := opts.Queue.NewConsumer(rec, co)
+	var h queue.Handler = rec
+	if opts.TracerProvider != nil {
+		h = tracedHandler{next: rec, tracer: opts.TracerProvider.Tracer("github.com/computeql/computeql/worker")}
+		co.TracerProvider = opts.TracerProvider
+	}
+	consumer, err := opts.Queue.NewConsumer(h, co)
 	if err != nil {
 		return nil, err
 	}
