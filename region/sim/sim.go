@@ -158,6 +158,65 @@ func (s *Sim) FindServers(ctx context.Context, scope region.Scope, tag, value st
 	return out, nil
 }
 
+// serversBatch is how many keys Servers reads per round trip.
+const serversBatch = 500
+
+// Servers returns every server of the region, in no particular order. It walks the region's
+// keys, so it is for audits and tests (does every instance have exactly one server? is any
+// orphaned?), not for the request path. On Redis Cluster all of them live on the node that
+// holds the {sim} slot, and that node is the one walked.
+func (s *Sim) Servers(ctx context.Context) ([]region.Server, error) {
+	node := s.rdb
+	if cluster, ok := s.rdb.(*redis.ClusterClient); ok {
+		master, err := cluster.MasterForKey(ctx, dueKey)
+		if err != nil {
+			return nil, fmt.Errorf("servers: %w", err)
+		}
+		node = master
+	}
+	var out []region.Server
+	iter := node.Scan(ctx, 0, serverKey("*"), serversBatch).Iterator()
+	var keys []string
+	flush := func() error {
+		if len(keys) == 0 {
+			return nil
+		}
+		values, err := node.MGet(ctx, keys...).Result()
+		if err != nil {
+			return err
+		}
+		for i, v := range values {
+			data, ok := v.(string)
+			if !ok {
+				continue // deleted since the scan
+			}
+			var srv region.Server
+			if err := json.Unmarshal([]byte(data), &srv); err != nil {
+				return fmt.Errorf("decode %s: %w", keys[i], err)
+			}
+			out = append(out, srv)
+		}
+		keys = keys[:0]
+		return nil
+	}
+	seen := map[string]bool{} // SCAN may return a key twice
+	for iter.Next(ctx) {
+		if seen[iter.Val()] {
+			continue
+		}
+		seen[iter.Val()] = true
+		if keys = append(keys, iter.Val()); len(keys) == serversBatch {
+			if err := flush(); err != nil {
+				return nil, fmt.Errorf("servers: %w", err)
+			}
+		}
+	}
+	if err := errors.Join(iter.Err(), flush()); err != nil {
+		return nil, fmt.Errorf("servers: %w", err)
+	}
+	return out, nil
+}
+
 // CreateServer implements region.Client. With DuplicateCreates, a second, identical server is
 // made too, and the first is returned.
 func (s *Sim) CreateServer(ctx context.Context, spec region.ServerSpec) (region.Server, error) {
@@ -491,6 +550,11 @@ func (s *Sim) Watch(ctx context.Context, after string, fn func(region.Event) err
 			return fmt.Errorf("watch: %w", err)
 		}
 		for _, m := range streams[0].Messages {
+			if ctx.Err() != nil {
+				// A batch can hold hundreds of events; a watcher that was told to stop must
+				// not go on handling them with a context every call now fails.
+				return nil
+			}
 			ev := region.Event{Cursor: m.ID}
 			kind, _ := m.Values["kind"].(string)
 			ev.Kind = region.EventKind(kind)
