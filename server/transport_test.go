@@ -148,13 +148,13 @@ func TestReadyzFollowsRedis(t *testing.T) {
 	}
 }
 
-// TestRootRedirectsToGraphiQLAndGraphiQLServesHTML: / redirects to /graphiql with 302;
-// /graphiql serves the HTML page pointing at /graphql without a token; unknown paths are 404.
-func TestRootRedirectsToGraphiQLAndGraphiQLServesHTML(t *testing.T) {
+// TestRootServesDashboardAndGraphiQLServesHTML: / serves the dashboard and /graphiql the
+// GraphiQL page, both pointing at /graphql without a token; unknown paths are 404.
+func TestRootServesDashboardAndGraphiQLServesHTML(t *testing.T) {
 	a := newAPI(t)
 	rec := a.serve(httptest.NewRequest(http.MethodGet, "/", nil))
-	if rec.Code != http.StatusFound || rec.Header().Get("Location") != "/graphiql" {
-		t.Errorf("/ = %d Location %q, want 302 to /graphiql", rec.Code, rec.Header().Get("Location"))
+	if body := rec.Body.String(); rec.Code != http.StatusOK || !strings.Contains(body, `data-endpoint="/graphql"`) || !strings.Contains(body, "/dashboard/assets/app.js") {
+		t.Errorf("/ = %d, want 200 and the dashboard:\n%s", rec.Code, body)
 	}
 
 	rec = a.serve(httptest.NewRequest(http.MethodGet, "/graphiql", nil))

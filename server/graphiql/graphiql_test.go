@@ -81,8 +81,8 @@ func TestPageServedAtPrefixAndSlash(t *testing.T) {
 				}
 			}
 			refs := references(body)
-			if len(refs) < 6 {
-				t.Fatalf("found %d src/href references, want the 2 stylesheets and 4 scripts: %v", len(refs), refs)
+			if len(refs) < 7 {
+				t.Fatalf("found %d src/href references, want the 2 stylesheets and 5 scripts: %v", len(refs), refs)
 			}
 			for _, ref := range refs {
 				if !strings.HasPrefix(ref, testPrefix+"/") {

@@ -1,13 +1,12 @@
 // Boots GraphiQL with a fetcher that adds the bearer token from the bar
-// above the editor. It lives in its own file, not inline in the page, so the
-// page's Content-Security-Policy can forbid inline scripts altogether.
+// above the editor: queries and mutations go over HTTP, subscriptions over a
+// WebSocket that sends the token in connection_init. It lives in its own file,
+// not inline in the page, so the page's Content-Security-Policy can forbid
+// inline scripts altogether.
 (function () {
   'use strict';
 
   var STORAGE_KEY = 'computeql.token';
-  var SUBSCRIPTION_MESSAGE =
-    'Subscriptions are not supported by this GraphiQL page yet: it has no ' +
-    'WebSocket transport. Run queries and mutations here instead.';
 
   var mount = document.getElementById('graphiql');
   var input = document.getElementById('token');
@@ -126,9 +125,41 @@
     });
   }
 
+  // One socket for the page, opened by the first subscription and closed when
+  // none is left, so a page used only for queries holds no connection. Made
+  // once the scripts are known to have loaded.
+  var sockets = null;
+
+  // subscribe returns the Observable GraphiQL expects of a fetcher for a
+  // stream of results; its Stop button calls unsubscribe.
+  function subscribe(params) {
+    return {
+      subscribe: function (observer) {
+        var stop = sockets.subscribe(
+          { query: params.query, variables: params.variables || {}, operationName: params.operationName || undefined },
+          {
+            next: function (result) {
+              observer.next(result);
+            },
+            // GraphiQL shows the payload of a completed stream, so errors are
+            // passed on as a last result rather than as an exception.
+            error: function (errors) {
+              observer.next({ errors: errors });
+              observer.complete();
+            },
+            complete: function () {
+              observer.complete();
+            },
+          }
+        );
+        return { unsubscribe: stop };
+      },
+    };
+  }
+
   function fetcher(params, opts) {
     if (isSubscription(params)) {
-      return Promise.resolve({ errors: [{ message: SUBSCRIPTION_MESSAGE }] });
+      return subscribe(params);
     }
     var headers = { 'Content-Type': 'application/json', Accept: 'application/json' };
     var extra = (opts && opts.headers) || {};
@@ -175,10 +206,11 @@
   takeTokenFromFragment();
   input.value = loadToken();
 
-  if (!window.React || !window.ReactDOM || !window.GraphiQL) {
+  if (!window.React || !window.ReactDOM || !window.GraphiQL || !window.ComputeQLWS) {
     mount.textContent = 'GraphiQL failed to load: one of its scripts is missing.';
     return;
   }
+  sockets = new window.ComputeQLWS.Client({ endpoint: endpoint, token: loadToken });
 
   var root = window.ReactDOM.createRoot(mount);
   function render() {

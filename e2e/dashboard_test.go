@@ -1,0 +1,204 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/computeql/computeql/auth"
+)
+
+// signIn opens the dashboard and signs in through its form, waiting until the instance table
+// is live.
+func signIn(t *testing.T, b *browser, sys *system, token string) {
+	t.Helper()
+	b.do(t, "sign in",
+		chromedp.Navigate(sys.URL+"/"),
+		chromedp.SendKeys(chromedp.ID("signin-token"), token),
+		click(`#signin-form button[type="submit"]`),
+		visible(`#live[data-state="live"]`),
+	)
+}
+
+// TestDashboardFollowsAnInstanceLive: a member signs in, sees the instances that exist, creates
+// one through the form and watches its row go from BUILDING to RUNNING, stops it, reads its
+// history and deletes it, all without the page reloading.
+func TestDashboardFollowsAnInstanceLive(t *testing.T) {
+	sys := startSystem(t)
+	b := newBrowser(t, sys.URL)
+	tok := sys.token(t, "alice", auth.Grant{OrganizationID: "acme", ProjectID: "web", Role: auth.RoleMember})
+	sys.createInstance(t, tok, "api-1", "g1.small")
+	stopped := sys.createInstance(t, tok, "api-2", "g1.medium")
+	sys.graphql(t, tok, `mutation($id: ID!) { stopInstance(input: {id: $id}) { userErrors { field code message } } }`, map[string]any{"id": stopped})
+
+	signIn(t, b, sys, tok)
+	if who := b.text(t, "#whoami"); who != "alice" {
+		t.Errorf("signed in as %q, want alice", who)
+	}
+	b.do(t, "instances from the snapshot", visible(row("api-1")), visible(row("api-2")))
+	// A property of the page's global object lives exactly as long as the page: a reload or a
+	// navigation would drop it.
+	eval[chromedp.Void](t, b, `window.sameDocument = true`)
+
+	b.do(t, "create web-1 through the form",
+		click("#new-instance"),
+		visible(`#c-sgs input[value="sg-acme-web-eu-ssh"]`),
+		chromedp.SendKeys(chromedp.ID("c-name"), "web-1"),
+		chromedp.SetValue(chromedp.ID("c-flavor"), "g1.small"),
+		chromedp.SetValue(chromedp.ID("c-image"), "ubuntu-24.04"),
+		click(`#c-sgs input[value="sg-acme-web-eu-ssh"]`),
+		click(`#c-publicip`),
+		click(`#create button[type="submit"]`),
+		chromedp.WaitNotVisible(chromedp.ID("create")),
+	)
+	b.do(t, "web-1 building", visible(cell("web-1", "power", "BUILDING")))
+	b.screenshot(t, "dashboard-building")
+	b.do(t, "web-1 running",
+		visible(cell("web-1", "power", "RUNNING")),
+		visible(cell("web-1", "provisioning", "PROVISIONED")),
+		visible(cell("api-1", "power", "RUNNING")),
+		visible(cell("api-2", "power", "STOPPED")),
+	)
+	if ips := b.text(t, row("web-1")+` td[data-col="ips"]`); strings.Count(ips, ".") != 6 {
+		t.Errorf("web-1 shows IPs %q, want a private and a public IPv4 address", ips)
+	}
+	b.screenshot(t, "dashboard")
+
+	b.do(t, "stop web-1",
+		click(row("web-1")+` button[data-action="stop"]`),
+		visible(cell("web-1", "power", "STOPPED")),
+	)
+	b.do(t, "open web-1's history",
+		click(row("web-1")+` td[data-col="name"] a`),
+		visible("#history"),
+	)
+	for _, want := range []string{"CREATED", "STATUS_CHANGED", "ACTION STOP"} {
+		b.do(t, "history shows "+want, chromedp.Poll[chromedp.Void](fmt.Sprintf(`document.querySelector('#history').textContent.includes(%q)`, want)))
+	}
+	if by := b.text(t, `#detail dd[data-key="Desired power"]`); by != "STOPPED" {
+		t.Errorf("detail shows desired power %q, want STOPPED", by)
+	}
+	b.screenshot(t, "dashboard-detail")
+
+	b.do(t, "delete web-1",
+		click(row("web-1")+` button[data-action="delete"]`),
+		click(row("web-1")+` button[data-action="confirm-delete"]`),
+		gone(row("web-1")),
+	)
+	if !eval[bool](t, b, `window.sameDocument === true`) {
+		t.Error("the page reloaded")
+	}
+	if n := eval[int](t, b, `document.querySelectorAll('#instances tbody tr').length`); n != 2 {
+		t.Errorf("%d rows left, want api-1 and api-2", n)
+	}
+}
+
+// TestDashboardShowsEveryErrorByItsField: the create form shows each userError of the API
+// next to the field it names, all of them at once, and nothing besides.
+func TestDashboardShowsEveryErrorByItsField(t *testing.T) {
+	sys := startSystem(t)
+	b := newBrowser(t, sys.URL)
+	tok := sys.token(t, "alice", auth.Grant{OrganizationID: "acme", ProjectID: "web", Role: auth.RoleMember})
+	sys.createInstance(t, tok, "taken", "g1.small")
+	signIn(t, b, sys, tok)
+
+	tests := []struct {
+		name                string
+		instance            string
+		flavor, image       string
+		sg                  bool
+		want                map[string]string // field -> code
+		wantMessageContains string
+		screenshot          string
+	}{
+		{name: "malformed name", instance: "-web-", flavor: "g1.small", image: "ubuntu-24.04",
+			want: map[string]string{"name": "BAD_USER_INPUT"}, wantMessageContains: "starting and ending with a letter or digit"},
+		{name: "name taken", instance: "taken", flavor: "g1.small", image: "ubuntu-24.04",
+			want: map[string]string{"name": "CONFLICT"}},
+		{name: "image too large for the flavor", instance: "win-1", flavor: "g1.small", image: "windows-2022",
+			want: map[string]string{"imageId": "UNPROCESSABLE"}, wantMessageContains: "disk"},
+		{name: "architectures differ", instance: "arm-1", flavor: "a1.medium", image: "ubuntu-24.04",
+			want: map[string]string{"imageId": "UNPROCESSABLE"}, wantMessageContains: "aarch64"},
+		{name: "several at once", instance: "-x", flavor: "g1.small", image: "fedora-41", sg: true,
+			want: map[string]string{"name": "BAD_USER_INPUT", "imageId": "UNPROCESSABLE"}, screenshot: "dashboard-create-errors"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			steps := []chromedp.Action[chromedp.Void]{
+				click("#new-instance"),
+				visible(`#c-sgs input[value="sg-acme-web-eu-ssh"]`),
+				chromedp.SendKeys(chromedp.ID("c-name"), tt.instance),
+				chromedp.SetValue(chromedp.ID("c-flavor"), tt.flavor),
+				chromedp.SetValue(chromedp.ID("c-image"), tt.image),
+			}
+			if tt.sg {
+				steps = append(steps, click(`#c-sgs input[value="sg-acme-web-eu-web"]`))
+			}
+			steps = append(steps, click(`#create button[type="submit"]`))
+			for field, code := range tt.want {
+				steps = append(steps, visible(fmt.Sprintf(`#create .field.invalid[data-field=%q] .field-error[data-code=%q]`, field, code)))
+			}
+			b.do(t, "submit the form", steps...)
+			if n := eval[int](t, b, `document.querySelectorAll('#create .field-error, #create-errors li').length`); n != len(tt.want) {
+				t.Errorf("%d errors shown, want %d", n, len(tt.want))
+			}
+			if msg := b.text(t, "#create .field-error"); !strings.Contains(msg, tt.wantMessageContains) {
+				t.Errorf("error %q does not mention %q", msg, tt.wantMessageContains)
+			}
+			if tt.screenshot != "" {
+				b.screenshot(t, tt.screenshot)
+			}
+			b.do(t, "close the form", click("#create-cancel"), chromedp.WaitNotVisible(chromedp.ID("create")))
+		})
+	}
+	if rows := eval[[]string](t, b, `Array.from(document.querySelectorAll('#instances tbody tr'), r => r.dataset.name)`); len(rows) != 1 || rows[0] != "taken" {
+		t.Errorf("table shows %v, want only the instance made before: a refused create made one", rows)
+	}
+}
+
+// TestDashboardRebuildNeedsConsent: changing a running instance's flavor in its detail view is
+// refused with the API's warning until the user confirms the rebuild; confirmed, the instance
+// gets the new flavor, its history records the rebuild and its server runs again.
+func TestDashboardRebuildNeedsConsent(t *testing.T) {
+	sys := startSystem(t)
+	b := newBrowser(t, sys.URL)
+	tok := sys.token(t, "alice", auth.Grant{OrganizationID: "acme", ProjectID: "web", Role: auth.RoleMember})
+	id := sys.createInstance(t, tok, "rb-1", "g1.small")
+	signIn(t, b, sys, tok)
+	flavor := func() string {
+		data := sys.graphql(t, tok, `query($id: ID!) { instance(id: $id) { flavorId } }`, map[string]any{"id": id})
+		return data["instance"].(map[string]any)["flavorId"].(string)
+	}
+
+	b.do(t, "open rb-1 once running",
+		visible(cell("rb-1", "power", "RUNNING")),
+		click(row("rb-1")+` td[data-col="name"] a`),
+		present(`#e-flavor option[value="g1.medium"]`),
+	)
+	b.do(t, "ask for a bigger flavor",
+		chromedp.Evaluate[chromedp.Void](`(() => { const s = document.querySelector('#e-flavor'); s.value = 'g1.medium'; s.dispatchEvent(new Event('change')); })()`),
+		click("#edit-save"),
+		visible("#rebuild-warning"),
+	)
+	if w := b.text(t, "#rebuild-warning"); !strings.Contains(w, "IP addresses and MAC address are lost") {
+		t.Errorf("warning %q does not say what a rebuild loses", w)
+	}
+	if f := flavor(); f != "g1.small" {
+		t.Fatalf("flavor is %s before the rebuild was confirmed", f)
+	}
+
+	b.do(t, "confirm the rebuild",
+		click("#rebuild-confirm"),
+		gone("#rebuild-warning"),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#history').textContent.includes('REBUILD_STARTED')`),
+		visible(`#detail dd[data-key="Flavor"]`),
+		chromedp.Poll[chromedp.Void](`(() => { const dd = k => document.querySelector('#detail dd[data-key="' + k + '"]').textContent;
+			return dd('Flavor') === 'g1.medium' && dd('Power') === 'RUNNING' && dd('Generation') === '2 of 2 realised'; })()`),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#instances tr[data-name="rb-1"] td[data-col="flavor"]').textContent === 'g1.medium'`),
+	)
+	if f := flavor(); f != "g1.medium" {
+		t.Errorf("flavor is %s after the rebuild, want g1.medium", f)
+	}
+}
