@@ -37,7 +37,7 @@ func BenchmarkFanOut(b *testing.B) {
 		for _, inst := range insts {
 			id := inst.ID
 			for range perInstance {
-				s, _, err := f.Subscribe(ctx, "acme", "", func(r *instance.Record) bool { return r.Instance.ID == id })
+				s, _, err := f.SubscribeInstance(ctx, "acme", id, "", func(*instance.Record) bool { return true })
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -105,7 +105,7 @@ func (f *Feed) subscribers() float64 {
 	n := 0
 	for _, of := range f.orgs {
 		of.mu.Lock()
-		n += len(of.subs)
+		n += of.n
 		of.mu.Unlock()
 	}
 	return float64(n)
@@ -122,10 +122,15 @@ func (f *Feed) Wait() { f.wg.Wait() }
 
 // orgFeed is one organization's reader and its subscribers.
 type orgFeed struct {
-	org    string
-	mu     sync.Mutex
-	last   string // position of the last event fanned out
-	subs   map[*Subscription]struct{}
+	org  string
+	mu   sync.Mutex
+	last string // position of the last event fanned out
+	// subs holds the subscriptions by the instance they watch, those to the whole
+	// organization under "". An event is offered only to its instance's and the
+	// organization's: with thousands of single-instance subscribers, matching every one
+	// against every event was most of a busy API process's work.
+	subs   map[string]map[*Subscription]struct{}
+	n      int // subscriptions in subs
 	cancel context.CancelFunc
 }
 
@@ -135,8 +140,9 @@ type Subscription struct {
 	Start string
 	// c carries pointers: one event is shared by every subscriber, and an idle subscriber's
 	// buffer costs a pointer per slot, not a record.
-	c     chan *instance.Record
-	match func(*instance.Record) bool
+	c        chan *instance.Record
+	match    func(*instance.Record) bool
+	instance string // the one instance it watches; "" for all
 
 	mu     sync.Mutex
 	err    error
@@ -162,14 +168,30 @@ func (s *Subscription) Err() error {
 // out the replay before reading C gets every event once, in the log's order. The caller must
 // Close the subscription.
 func (f *Feed) Subscribe(ctx context.Context, org, after string, match func(*instance.Record) bool) (*Subscription, []instance.Record, error) {
+	return f.SubscribeInstance(ctx, org, "", after, match)
+}
+
+// SubscribeInstance is Subscribe to the events of one instance of the organization (of all
+// of them when instanceID is empty), which must also match match. The reader offers an event
+// only to the subscriptions of its instance and to the organization-wide ones, so a
+// subscriber to one instance costs the other instances' events nothing.
+func (f *Feed) SubscribeInstance(ctx context.Context, org, instanceID, after string, match func(*instance.Record) bool) (*Subscription, []instance.Record, error) {
 	of, err := f.join(ctx, org)
 	if err != nil {
 		return nil, nil, err
 	}
-	s := &Subscription{c: make(chan *instance.Record, f.opts.Buffer), match: match, of: of, feed: f}
+	if instanceID != "" {
+		watched := match
+		match = func(r *instance.Record) bool { return r.Instance.ID == instanceID && watched(r) }
+	}
+	s := &Subscription{c: make(chan *instance.Record, f.opts.Buffer), match: match, instance: instanceID, of: of, feed: f}
 	of.mu.Lock()
 	s.Start = of.last
-	of.subs[s] = struct{}{}
+	if of.subs[instanceID] == nil {
+		of.subs[instanceID] = map[*Subscription]struct{}{}
+	}
+	of.subs[instanceID][s] = struct{}{}
+	of.n++
 	of.mu.Unlock()
 	if after == "" {
 		return s, nil, nil
@@ -200,7 +222,7 @@ func (f *Feed) join(ctx context.Context, org string) (*orgFeed, error) {
 		return nil, err
 	}
 	rctx, cancel := context.WithCancel(f.ctx)
-	of := &orgFeed{org: org, last: last, subs: map[*Subscription]struct{}{}, cancel: cancel}
+	of := &orgFeed{org: org, last: last, subs: map[string]map[*Subscription]struct{}{}, cancel: cancel}
 	f.orgs[org] = of
 	f.wg.Go(func() { f.read(rctx, of) })
 	return of, nil
@@ -222,10 +244,8 @@ func (f *Feed) read(ctx context.Context, of *orgFeed) {
 			continue
 		}
 		var delivered, dropped int
-		of.mu.Lock()
-		for i := range records {
-			r := &records[i]
-			for s := range of.subs {
+		offer := func(r *instance.Record, subs map[*Subscription]struct{}) {
+			for s := range subs {
 				if s.match(r) {
 					switch s.deliver(r) {
 					case deliveredOK:
@@ -234,6 +254,14 @@ func (f *Feed) read(ctx context.Context, of *orgFeed) {
 						dropped++
 					}
 				}
+			}
+		}
+		of.mu.Lock()
+		for i := range records {
+			r := &records[i]
+			offer(r, of.subs[""])
+			if id := r.Instance.ID; id != "" {
+				offer(r, of.subs[id])
 			}
 			of.last = r.Cursor
 		}
@@ -298,8 +326,14 @@ func (s *Subscription) leave() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	of.mu.Lock()
-	delete(of.subs, s)
-	empty := len(of.subs) == 0
+	if _, ok := of.subs[s.instance][s]; ok {
+		delete(of.subs[s.instance], s)
+		of.n--
+		if len(of.subs[s.instance]) == 0 {
+			delete(of.subs, s.instance)
+		}
+	}
+	empty := of.n == 0
 	of.mu.Unlock()
 	if empty && f.orgs[of.org] == of {
 		delete(f.orgs, of.org)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -274,4 +275,101 @@ func TestThousandSubscriptionsLeaveNoGoroutines(t *testing.T) {
 	if n := runtime.NumGoroutine(); n > before {
 		t.Errorf("%d goroutines after closing 1,000 subscriptions, %d before", n, before)
 	}
+}
+
+// TestInstanceSubscriptions: a subscription to one instance gets that instance's events only,
+// replayed and live, beside organization-wide ones that get every event; closing one leaves
+// the others of its instance subscribed.
+func TestInstanceSubscriptions(t *testing.T) {
+	e := newEnv(t, feed.Options{})
+	reg := prometheus.NewRegistry()
+	if err := e.feed.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	a, b := createIn(t, e.st, "acme", "web", 1), createIn(t, e.st, "acme", "web", 2)
+	warn := func(inst *instance.Instance, msg string) {
+		t.Helper()
+		if _, err := e.st.Warn(ctx, inst, time.Now(), msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	warn(a, "a0")
+	warn(b, "b0")
+	hist, _, err := e.st.History(ctx, "acme", a.ID, "", 1) // a's CREATED: replay from there
+	if err != nil || len(hist) != 1 {
+		t.Fatal(err, hist)
+	}
+	wide, _, _ := e.feed.Subscribe(ctx, "acme", "", all)
+	defer wide.Close()
+	a1, replay, err := e.feed.SubscribeInstance(ctx, "acme", a.ID, hist[0].Cursor, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a1.Close()
+	a2, _, _ := e.feed.SubscribeInstance(ctx, "acme", a.ID, "", all)
+	defer a2.Close()
+	bOnly, _, _ := e.feed.SubscribeInstance(ctx, "acme", b.ID, "", all)
+	defer bOnly.Close()
+	var replayed []string
+	for _, r := range replay {
+		replayed = append(replayed, r.Message)
+	}
+	if fmt.Sprint(replayed) != "[a0]" {
+		t.Errorf("replay to a's subscription = %v, want [a0]", replayed)
+	}
+
+	warn(a, "a1")
+	warn(b, "b1")
+	warn(a, "a2")
+	for _, tt := range []struct {
+		name string
+		sub  *feed.Subscription
+		want string
+	}{
+		{"organization-wide", wide, "[a1 b1 a2]"},
+		{"first of a", a1, "[a1 a2]"},
+		{"second of a", a2, "[a1 a2]"},
+		{"b", bOnly, "[b1]"},
+	} {
+		if got := messages(t, tt.sub, 1+strings.Count(tt.want, " ")); fmt.Sprint(got) != tt.want {
+			t.Errorf("%s got %v, want %v", tt.name, got, tt.want)
+		}
+	}
+
+	a1.Close()
+	warn(a, "a3")
+	if got := messages(t, a2, 1); fmt.Sprint(got) != "[a3]" {
+		t.Errorf("a's remaining subscription got %v after the other closed, want [a3]", got)
+	}
+	if got := messages(t, wide, 1); fmt.Sprint(got) != "[a3]" {
+		t.Errorf("organization-wide got %v, want [a3]", got)
+	}
+	if got := gauge(t, reg, "computeql_subscriptions_active"); got != 3 {
+		t.Errorf("active subscriptions = %v, want 3", got)
+	}
+	select {
+	case r := <-bOnly.C():
+		t.Errorf("b's subscription got %s's %q", r.Instance.ID, r.Message)
+	default:
+	}
+}
+
+// messages receives n events and returns their messages.
+func messages(t *testing.T, s *feed.Subscription, n int) []string {
+	t.Helper()
+	var out []string
+	timeout := time.After(10 * time.Second)
+	for len(out) < n {
+		select {
+		case r, ok := <-s.C():
+			if !ok {
+				t.Fatalf("subscription ended after %d of %d events: %v", len(out), n, s.Err())
+			}
+			out = append(out, r.Message)
+		case <-timeout:
+			t.Fatalf("only %d of %d events", len(out), n)
+		}
+	}
+	return out
 }

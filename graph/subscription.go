@@ -47,7 +47,7 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 		return (project == "" || i.ProjectID == project) && (instanceID == "" || i.ID == instanceID) &&
 			pr.Allows(org, i.ProjectID, auth.RoleViewer)
 	}
-	sub, replay, err := r.Feed.Subscribe(ctx, org, pos, match)
+	sub, replay, err := r.Feed.SubscribeInstance(ctx, org, instanceID, pos, match)
 	if errors.Is(err, instance.ErrCursorExpired) {
 		return nil, instance.Errorf(instance.CodeCursorExpired, "the event log no longer reaches back to that cursor: subscribe without it to start from a snapshot")
 	}
