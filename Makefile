@@ -2,17 +2,26 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: run test vet fmt-check generate generate-check bench bench-compile lint
+.PHONY: run test cluster-test vet fmt-check generate generate-check bench gobench bench-compile fuzz lint
 
 ## run: the whole system in one process with an embedded in-memory Redis and demo data.
 run:
 	$(GO) run .
 
-## test: everything CI checks: formatting, vet, generated code current, all tests with -race,
-## and every benchmark compiled and run once so none rots.
+## test: everything CI checks: formatting, vet, generated code current, all tests with -race
+## (with Chromium installed, the browser tests of e2e/ too, their screenshots in
+## artifacts/browser/), and every benchmark compiled and run once so none rots.
 test: fmt-check vet generate-check
-	$(GO) test -race -count=1 $(PKGS)
+	COMPUTEQL_ARTIFACTS=$(CURDIR)/artifacts $(GO) test -race -count=1 -skip '^TestDeploymentOnCluster$$' $(PKGS)
+	@if command -v redis-server >/dev/null; then $(MAKE) cluster-test; else echo "no redis-server: cluster-test not run"; fi
 	$(MAKE) bench-compile
+
+## cluster-test: the end-to-end suite of e2e/deployment (separate api and worker processes of the
+## built binary) on a 3-master Redis Cluster it starts on loopback ports with redis-server
+## --cluster-enabled and redis-cli --cluster create, and stops. make test runs it once, here:
+## its run of all packages leaves this test out.
+cluster-test:
+	$(GO) test -race -count=1 -run '^TestDeploymentOnCluster$$' ./e2e/deployment
 
 vet:
 	$(GO) vet $(PKGS)
@@ -34,8 +43,41 @@ generate-check: generate
 bench-compile:
 	$(GO) test -run='^$$' -bench=. -benchtime=1x $(PKGS)
 
-## bench: the benchmarks with enough iterations to read figures from.
+## bench: the load tool at its default sizes (under 3 minutes): the whole system, started with a
+## real redis-server, against the machine's limits; writes docs/bench/latest.{json,md}.
 bench:
+	$(GO) run . bench
+
+## gobench: the Go benchmarks with enough iterations to read figures from.
+gobench:
 	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=2s $(PKGS)
+
+## fuzz: every fuzz target for FUZZTIME each. make test already replays their seeds and any
+## input saved under a package's testdata/fuzz/, which is where a failing one is written.
+## FUZZMINIMIZE caps the time spent shrinking each new input: Go's default of 60s would use
+## up a short run. Go 1.26's fuzz coordinator can fail a run with "context deadline exceeded"
+## as FUZZTIME ends (go.dev/issue/75804); such a run wrote no failing input and is only reported.
+FUZZTIME ?= 20s
+FUZZMINIMIZE ?= 2s
+FUZZ_TARGETS := ./instance:FuzzName ./instance:FuzzTags ./instance:FuzzUserData \
+	./instance:FuzzSourceCIDR ./instance:FuzzInstanceID ./instance:FuzzListCursor \
+	./instance:FuzzEventCursor ./auth:FuzzVerify ./region:FuzzParse ./server:FuzzGraphQLDocument \
+	.:FuzzParseFaults
+fuzz:
+	@log=$$(mktemp); trap 'rm -f $$log' EXIT; \
+	for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t#*:}; corpus=$$pkg/testdata/fuzz/$$name; \
+		echo "== $$name ($$pkg)"; \
+		before=$$(ls $$corpus 2>/dev/null | wc -l); \
+		if $(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=$(FUZZMINIMIZE) $$pkg >$$log 2>&1; then \
+			tail -n 3 $$log; continue; \
+		fi; \
+		cat $$log; \
+		if [ "$$(ls $$corpus 2>/dev/null | wc -l)" = "$$before" ] && grep -qx '    context deadline exceeded' $$log; then \
+			echo "(no failing input: the coordinator's deadline race, go.dev/issue/75804)"; \
+		else \
+			exit 1; \
+		fi; \
+	done
 
 lint: fmt-check vet

@@ -5,6 +5,7 @@
 //	computeql worker  reconcile instances, with the simulated region's clock (needs --redis)
 //	computeql region  the simulated region's clock alone (needs --redis)
 //	computeql token   mint a signed token
+//	computeql bench   measure the whole system against the machine's limits (see package bench)
 //
 // Every flag can also be set as an environment variable COMPUTEQL_<FLAG>, e.g. COMPUTEQL_REDIS.
 package main
@@ -19,17 +20,23 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
+	neturl "net/url"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/bench"
 	"github.com/computeql/computeql/feed"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/queue"
@@ -37,6 +44,7 @@ import (
 	"github.com/computeql/computeql/region/sim"
 	"github.com/computeql/computeql/server"
 	"github.com/computeql/computeql/store"
+	"github.com/computeql/computeql/telemetry"
 	"github.com/computeql/computeql/worker"
 )
 
@@ -68,6 +76,15 @@ type config struct {
 	rateBurst int
 	// Whether the API answers introspection queries.
 	introspection bool
+	// Address of Go's profiler; empty: not served.
+	pprof string
+	// Address of /metrics, /healthz and /readyz apart from the API; empty: not served.
+	opsListen string
+	// How logs are written: auto, json or text; and the least level written.
+	logFormat string
+	logLevel  slog.Level
+	// OTLP/HTTP collector spans are sent to; empty: tracing off.
+	otlpEndpoint string
 }
 
 // flags defines the shared flags. A flag's COMPUTEQL_<FLAG> environment variable, when set,
@@ -76,7 +93,7 @@ type config struct {
 func flags(name string, c *config) (*flag.FlagSet, error) {
 	fs := flag.NewFlagSet("computeql "+name, flag.ContinueOnError)
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address to serve HTTP on")
-	fs.StringVar(&c.redisURL, "redis", "", "Redis URL, e.g. redis://127.0.0.1:6379/0 (none: an embedded in-memory Redis)")
+	fs.StringVar(&c.redisURL, "redis", "", "Redis URL, e.g. redis://127.0.0.1:6379/0, or a Redis Cluster's as redis+cluster://host:port,host:port (any of its nodes; none: an embedded in-memory Redis)")
 	fs.StringVar(&c.catalog, "catalog", "", "catalogue file (JSON; none: the built-in demo catalogue)")
 	fs.StringVar(&c.tokenSecret, "token-secret", "", "HS256 secret for bearer tokens, at least 32 bytes (none, and no --jwks-file or --oidc-issuer: a random one, printed tokens only)")
 	fs.StringVar(&c.jwksFile, "jwks-file", "", "JSON Web Key Set file whose RS256 and ES256 keys verify bearer tokens")
@@ -86,6 +103,11 @@ func flags(name string, c *config) (*flag.FlagSet, error) {
 	fs.DurationVar(&c.tokenSkew, "token-skew", 30*time.Second, "clock difference allowed on the exp and nbf of bearer tokens, at most 5m")
 	fs.Float64Var(&c.rateLimit, "rate-limit", 50, "requests per second one principal may sustain on each API process (negative: no limit)")
 	fs.IntVar(&c.rateBurst, "rate-burst", 100, "requests one principal may send at once after a quiet spell")
+	fs.StringVar(&c.logFormat, "log-format", "auto", "log format: json, text, or auto (JSON unless standard error is a terminal)")
+	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "least level logged: debug, info, warn or error")
+	fs.StringVar(&c.opsListen, "ops-listen", "", "address to serve /metrics, /healthz and /readyz on, apart from the API: how worker and region processes are watched (none: off; the API serves them on --listen too)")
+	fs.StringVar(&c.otlpEndpoint, "otlp-endpoint", "", "OpenTelemetry collector's OTLP/HTTP URL to send traces to, e.g. http://127.0.0.1:4318 (none: tracing off)")
+	fs.StringVar(&c.pprof, "pprof", "", "address to serve Go's profiler (/debug/pprof/) on, apart from the API, e.g. 127.0.0.1:6060 (none: off); keep it private")
 	fs.BoolVar(&c.introspection, "introspection", true, "answer GraphQL introspection queries (GraphiQL and code generators need them; false: refused with FORBIDDEN)")
 	fs.DurationVar(&c.buildDelay, "build-delay", 2*time.Second, "how long the simulated region takes to build a server")
 	fs.StringVar(&c.faults, "region-faults", "", `faults the simulated region injects, as JSON: {"errorRate": 0.3, "slowCalls": "200ms", "failBuildPrefix": "fail-", "duplicateCreates": true}`)
@@ -112,7 +134,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	case "token":
 		return mintToken(args, out)
 	case "bench":
-		return fmt.Errorf("the %s role is not available yet in this version", role)
+		return bench.Main(ctx, args, out)
 	default:
 		return fmt.Errorf("unknown command %q (want all, api, worker, region, token or bench)", role)
 	}
@@ -127,9 +149,27 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	log, err := newLogger(os.Stderr, c.logFormat, c.logLevel)
+	if err != nil {
+		return err
+	}
+	shutdownTracing, err := telemetry.Setup(ctx, telemetry.Config{Endpoint: c.otlpEndpoint, Role: role, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer shutdownTracing(context.WithoutCancel(ctx))
+	// One registry for every part of the process, served at /metrics.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if role != "all" && c.redisURL == "" {
 		return fmt.Errorf("%s needs --redis: separate roles share nothing but Redis", role)
+	}
+	if c.pprof != "" {
+		stopPprof, err := serveAside("--pprof", c.pprof, pprofHandler(), log)
+		if err != nil {
+			return err
+		}
+		defer stopPprof()
 	}
 	cat := region.Demo()
 	if c.catalog != "" {
@@ -160,6 +200,19 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	if err := st.Load(ctx); err != nil {
 		return err
 	}
+	orgs := make([]string, len(cat.Organizations))
+	for i, o := range cat.Organizations {
+		orgs[i] = o.ID
+	}
+	// Every process runs the upgrade before it serves or works: it costs one GET per
+	// organization once done, and processes starting together share the work safely.
+	upgraded, err := st.Upgrade(ctx, orgs)
+	if err != nil {
+		return err
+	}
+	if upgraded.Records > 0 {
+		log.Info("upgraded stored records", "schema_version", store.SchemaVersion, "organizations", upgraded.Organizations, "records", upgraded.Records)
+	}
 	q, err := queue.New(rdb, queue.Options{})
 	if err != nil {
 		return err
@@ -178,14 +231,24 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	if err != nil {
 		return err
 	}
+	// Workers and the API call the region through one wrapper that times and traces each call;
+	// the simulator's clock runs unwrapped.
+	rc, err := region.Instrument(sims, telemetry.TracerProvider(), reg)
+	if err != nil {
+		return err
+	}
+	if c.opsListen != "" {
+		ready := func(ctx context.Context) error { return rdb.Ping(ctx).Err() }
+		stopOps, err := serveAside("--ops-listen", c.opsListen, server.Ops(reg, ready, log), log)
+		if err != nil {
+			return err
+		}
+		defer stopOps()
+	}
 	var wk *worker.Worker
 	if role == "all" || role == "worker" {
-		orgs := make([]string, len(cat.Organizations))
-		for i, o := range cat.Organizations {
-			orgs[i] = o.ID
-		}
 		wk, err = worker.New(worker.Options{
-			Store: st, Region: sims, Queue: q, Logger: log,
+			Store: st, Region: rc, Queue: q, Logger: log, Registerer: reg,
 			Organizations: func() []string { return orgs },
 			NetworkExists: func(id string) bool { _, ok := cat.Network(id); return ok },
 		})
@@ -196,7 +259,7 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	var srv *http.Server
 	var ln net.Listener
 	if role == "all" || role == "api" {
-		if srv, ln, err = apiServer(ctx, c, cat, st, q, sims, keys, rdb, log); err != nil {
+		if srv, ln, err = apiServer(ctx, c, cat, st, q, rc, keys, rdb, log, reg); err != nil {
 			return err
 		}
 		if role == "all" {
@@ -244,14 +307,17 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 }
 
 // apiServer builds the HTTP server of the API role and its listener.
-func apiServer(ctx context.Context, c config, cat *region.Catalog, st *store.Store, q *queue.Queue, rc region.Client, keys *auth.Keys, rdb redis.UniversalClient, log *slog.Logger) (*http.Server, net.Listener, error) {
+func apiServer(ctx context.Context, c config, cat *region.Catalog, st *store.Store, q *queue.Queue, rc region.Client, keys *auth.Keys, rdb redis.UniversalClient, log *slog.Logger, reg *prometheus.Registry) (*http.Server, net.Listener, error) {
 	svc, err := instance.NewService(instance.Options{Catalog: cat, Store: st, Queue: q, Region: rc, Logger: log})
 	if err != nil {
 		return nil, nil, err
 	}
 	events := feed.New(ctx, st, feed.Options{Logger: log})
+	if err := events.Register(reg); err != nil {
+		return nil, nil, err
+	}
 	h, err := server.New(server.Options{
-		Service: svc, Feed: events, Keys: keys, Logger: log, RateLimit: c.rateLimit, RateBurst: c.rateBurst,
+		Service: svc, Feed: events, Keys: keys, Logger: log, Registry: reg, RateLimit: c.rateLimit, RateBurst: c.rateBurst,
 		DisableIntrospection: !c.introspection,
 		Ready:                func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
 	})
@@ -273,6 +339,53 @@ func apiServer(ctx context.Context, c config, cat *region.Catalog, st *store.Sto
 	}, ln, nil
 }
 
+// pprofHandler serves Go's profiler. It is served on a listener of its own, never the API's,
+// so that it is reachable only where the operator chose. `computeql bench --profile` reads it.
+func pprofHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index) // and the named profiles: heap, allocs, goroutine…
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
+}
+
+// serveAside serves h on addr, a listener apart from the API's, until the returned stop.
+func serveAside(flagName, addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flagName, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Serve(ln)
+	}()
+	log.Info("serving", "flag", flagName, "addr", ln.Addr().String())
+	return func() { srv.Close(); <-done }, nil
+}
+
+// newLogger writes structured records to w: JSON for machines, text for a person at a
+// terminal; auto picks by whether w is a terminal.
+func newLogger(w *os.File, format string, level slog.Level) (*slog.Logger, error) {
+	if format == "auto" {
+		format = "json"
+		if st, err := w.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			format = "text"
+		}
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want auto, json or text", format)
+}
+
 // parseFaults reads --region-faults; durations are written as Go durations ("200ms").
 func parseFaults(s string) (sim.Faults, error) {
 	if s == "" {
@@ -289,6 +402,11 @@ func parseFaults(s string) (sim.Faults, error) {
 	if err := dec.Decode(&f); err != nil {
 		return sim.Faults{}, fmt.Errorf("--region-faults: %w", err)
 	}
+	// Decode stops after one value: without this check a botched edit such as
+	// `{"errorRate": 0.1}, "slowCalls": "1s"}` would silently lose what follows the brace.
+	if _, err := dec.Token(); err != io.EOF {
+		return sim.Faults{}, errors.New("--region-faults: unexpected data after the JSON object")
+	}
 	out := sim.Faults{ErrorRate: f.ErrorRate, FailBuildPrefix: f.FailBuildPrefix, DuplicateCreates: f.DuplicateCreates}
 	if f.SlowCalls != "" {
 		d, err := time.ParseDuration(f.SlowCalls)
@@ -301,7 +419,10 @@ func parseFaults(s string) (sim.Faults, error) {
 }
 
 // connect returns a client of the Redis at url, or of an embedded in-memory Redis when url is
-// empty. Both are reached over the same client, so the code paths are the same.
+// empty. Both are reached over the same client, so the code paths are the same. A
+// redis+cluster:// (or rediss+cluster://) URL names a Redis Cluster by one or more of its
+// nodes, comma-separated; the client discovers the rest and routes each command to the node
+// holding its keys' slot.
 func connect(url string) (redis.UniversalClient, func(), error) {
 	if url == "" {
 		mr := miniredis.NewMiniRedis()
@@ -311,12 +432,69 @@ func connect(url string) (redis.UniversalClient, func(), error) {
 		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		return rdb, func() { rdb.Close(); mr.Close() }, nil
 	}
+	if scheme, _, _ := strings.Cut(url, "://"); strings.HasSuffix(scheme, "+cluster") {
+		opts, err := parseClusterURL(url)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--redis: %w", err)
+		}
+		if opts.PoolSize == 0 {
+			opts.PoolSize = clusterPoolSize()
+		}
+		rdb := redis.NewClusterClient(opts)
+		return rdb, func() { rdb.Close() }, nil
+	}
 	opts, err := redis.ParseURL(url)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--redis: %w", err)
 	}
 	rdb := redis.NewClient(opts)
 	return rdb, func() { rdb.Close() }, nil
+}
+
+// clusterBlockingReads is how many connections to one node a process may keep in blocking
+// reads: a worker waits on each of the queue's 16 shards with a read of its own on a cluster
+// (cross-slot reads are refused), a small cluster can hold all of them on one node, and the
+// region's event watch is one more.
+const clusterBlockingReads = 17
+
+// clusterPoolSize is the connections per node of a cluster client whose URL sets no
+// pool_size: what a client of a standalone Redis has (10 per CPU) plus the blocking reads.
+// go-redis's own default, 5 per CPU per node, lets the blocking reads take every connection
+// of a node, and the reconciles then queue for one until a read's block ends.
+func clusterPoolSize() int { return 10*runtime.GOMAXPROCS(0) + clusterBlockingReads }
+
+// parseClusterURL reads scheme+cluster://[user:password@]host:port[,host:port...][?options]
+// into go-redis's form, redis://host:port?addr=host:port&..., whose options it then accepts
+// (dial_timeout, pool_size, ...). A cluster has only database 0, so a path is refused rather
+// than silently ignored.
+func parseClusterURL(raw string) (*redis.ClusterOptions, error) {
+	scheme, rest, _ := strings.Cut(raw, "://")
+	authority, tail := rest, ""
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		authority, tail = rest[:i], rest[i:]
+	}
+	userinfo, hosts := "", authority
+	if i := strings.LastIndex(authority, "@"); i >= 0 {
+		userinfo, hosts = authority[:i+1], authority[i+1:]
+	}
+	path, rawQuery, _ := strings.Cut(tail, "?")
+	if path != "" && path != "/" {
+		return nil, fmt.Errorf("a Redis Cluster has only database 0: drop %q from the URL", path)
+	}
+	query, err := neturl.ParseQuery(rawQuery)
+	if err != nil {
+		return nil, err
+	}
+	addrs := strings.Split(hosts, ",")
+	for _, a := range addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return nil, fmt.Errorf("cluster node %q is not host:port: %w", a, err)
+		}
+	}
+	for _, a := range addrs[1:] {
+		query.Add("addr", a)
+	}
+	return redis.ParseClusterURL(strings.TrimSuffix(scheme, "+cluster") + "://" + userinfo + addrs[0] + "?" + query.Encode())
 }
 
 // demoAdminTTL is how long the printed admin token lives: a working day of trying things out.
@@ -334,15 +512,16 @@ func printWelcome(out io.Writer, keys *auth.Keys, cat *region.Catalog, addr stri
 	token, err := keys.Mint(p, time.Now(), demoAdminTTL)
 	if errors.Is(err, auth.ErrNoSecret) {
 		// Tokens come from the identity provider: there is nothing to print.
-		_, err = fmt.Fprintf(out, "computeql is running.\n  GraphiQL: http://%[1]s/graphiql\n  GraphQL:  http://%[1]s/graphql\n  %[2]s\nTokens: from the configured issuer (--jwks-file / --oidc-issuer).\n", addr, store)
+		_, err = fmt.Fprintf(out, "computeql is running.\n  Dashboard: http://%[1]s/\n  GraphiQL:  http://%[1]s/graphiql\n  GraphQL:   http://%[1]s/graphql\n  %[2]s\nTokens: from the configured issuer (--jwks-file / --oidc-issuer).\n", addr, store)
 		return err
 	}
 	if err != nil {
 		return err
 	}
 	_, err = fmt.Fprintf(out, `computeql is running.
-  GraphiQL: http://%[1]s/graphiql#token=%[2]s
-  GraphQL:  http://%[1]s/graphql
+  Dashboard: http://%[1]s/#token=%[2]s
+  GraphiQL:  http://%[1]s/graphiql#token=%[2]s
+  GraphQL:   http://%[1]s/graphql
   %[3]s
 Admin token for the demo organizations (valid %[4]s):
   %[2]s

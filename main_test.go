@@ -6,13 +6,18 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/region/sim"
 )
 
@@ -165,6 +170,19 @@ func TestEmbeddedRunServesAndStops(t *testing.T) {
 	if want := `{"data":{"createInstance":{"instance":{"name":"demo"},"userErrors":[]}}}`; got != want {
 		t.Errorf("create answered %s", got)
 	}
+	// One registry serves every part's metrics: the API's, the feed's, the queue's and the
+	// worker's.
+	res, err := http.Get(strings.TrimSuffix(e.graphqlURL, "/graphql") + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	for _, name := range []string{"computeql_graphql_operations_total", "computeql_subscriptions_active", "computeql_queue_inflight", "computeql_reconcile_duration_seconds", "go_goroutines"} {
+		if !bytes.Contains(metrics, []byte("\n"+name)) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
 	e.cancel()
 	select {
 	case err := <-e.done:
@@ -194,6 +212,99 @@ func TestIntrospectionFlag(t *testing.T) {
 		}
 		if got := e.post(t, `{ me { subject } }`); got != `{"data":{"me":{"subject":"demo-admin"}}}` {
 			t.Errorf("%v: me answered %s", tt.args, got)
+		}
+	}
+}
+
+// TestOpsListener: --ops-listen serves the process's metrics, liveness and readiness apart
+// from the API, which is how worker and region processes are watched.
+func TestOpsListener(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	e := runEmbedded(t, "--ops-listen", addr)
+	for path, want := range map[string]string{
+		"/healthz": "ok\n",
+		"/readyz":  "ok\n",
+		"/metrics": "\ncomputeql_reconcile_duration_seconds_count",
+	} {
+		res, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
+			t.Errorf("%s: %d, body lacks %q", path, res.StatusCode, want)
+		}
+	}
+	// The worker's region calls go through the instrumented client: once it has reconciled
+	// the demo instance, they are timed.
+	e.post(t, `mutation { createInstance(input:{organizationId:"globex",projectId:"prod",networkId:"net-globex-prod-eu",name:"timed",flavorId:"g1.small",imageId:"ubuntu-24.04"}) { userErrors { code } } }`)
+	eventually.Holds(t, 10*time.Second, func() bool {
+		res, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer res.Body.Close()
+		body, _ := io.ReadAll(res.Body)
+		return strings.Contains(string(body), `computeql_region_call_duration_seconds_count{op="FindServers"}`)
+	}, "no region call timed")
+	res, err := http.Get("http://" + addr + "/graphql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusNotFound {
+		t.Errorf("the ops listener answers /graphql with %d, want 404", res.StatusCode)
+	}
+}
+
+// TestLogFormats: JSON or text as asked, auto is JSON when not writing to a terminal (a file
+// here), records below the level are dropped, and an unknown format is refused.
+func TestLogFormats(t *testing.T) {
+	tests := []struct {
+		format  string
+		level   slog.Level
+		want    string // the start of the info record
+		wantErr bool
+	}{
+		{format: "json", level: slog.LevelInfo, want: `{"time":`},
+		{format: "auto", level: slog.LevelInfo, want: `{"time":`},
+		{format: "text", level: slog.LevelInfo, want: `time=`},
+		{format: "json", level: slog.LevelWarn},
+		{format: "xml", wantErr: true},
+	}
+	for _, tt := range tests {
+		f, err := os.Create(filepath.Join(t.TempDir(), "log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		log, err := newLogger(f, tt.format, tt.level)
+		if tt.wantErr {
+			if err == nil {
+				t.Errorf("format %s accepted", tt.format)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		log.Debug("never at info or above")
+		log.Info("request", "status", 200)
+		f.Close()
+		got, _ := os.ReadFile(f.Name())
+		if tt.want == "" {
+			if len(got) != 0 {
+				t.Errorf("%s at %v logged %s", tt.format, tt.level, got)
+			}
+			continue
+		}
+		if !strings.HasPrefix(string(got), tt.want) || !strings.Contains(string(got), "request") || strings.Contains(string(got), "never") || strings.Count(string(got), "\n") != 1 {
+			t.Errorf("%s at %v logged %q", tt.format, tt.level, got)
 		}
 	}
 }

@@ -63,6 +63,9 @@ func (m *opMetrics) InterceptResponse(ctx context.Context, next graphql.Response
 			outcome = code
 		}
 	}
+	if !onSocket(ctx) {
+		requestInfoFrom(ctx).set("", op)
+	}
 	m.requests.WithLabelValues(op, outcome).Inc()
 	m.duration.WithLabelValues(op).Observe(time.Since(start).Seconds())
 	return res

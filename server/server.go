@@ -1,5 +1,5 @@
 // Package server is computeql's HTTP edge: the GraphQL transports, bearer-token
-// authentication, request limits, the GraphiQL page and health endpoints.
+// authentication, request limits, the dashboard, the GraphiQL page and health endpoints.
 package server
 
 import (
@@ -31,6 +31,7 @@ import (
 	"github.com/computeql/computeql/feed"
 	"github.com/computeql/computeql/graph"
 	"github.com/computeql/computeql/instance"
+	"github.com/computeql/computeql/server/dashboard"
 	"github.com/computeql/computeql/server/graphiql"
 )
 
@@ -104,6 +105,7 @@ func (o *Options) applyDefaults() error {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	o.Logger = slog.New(withRequestID{o.Logger.Handler()})
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
 		o.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -189,7 +191,7 @@ func New(opts Options) (http.Handler, error) {
 	})
 	gql.AddTransport(transport.SSE{KeepAlivePingInterval: opts.KeepAliveInterval})
 	gql.AddTransport(transport.GET{})
-	gql.AddTransport(transport.POST{})
+	gql.AddTransport(postTransport{})
 	gql.SetQueryCache(lru.New[*ast.QueryDocument](1000))
 	gql.SetParserTokenLimit(opts.MaxTokens)
 	gql.SetValidationRulesFn(documentBudget{maxFields: opts.MaxFields, maxWidth: opts.MaxWidth}.rules)
@@ -219,30 +221,46 @@ func New(opts Options) (http.Handler, error) {
 	}
 	gql.Use(metrics)
 	gql.Use(graph.Audit{Log: opts.Logger})
+	useTracing(gql)
 
 	mux := http.NewServeMux()
 	mux.Handle("/graphql", checkOrigin(origins, limitBody(opts.MaxBodyBytes, authenticate(opts.Keys, rateLimited(streamDeadlines(opts.StreamWriteTimeout, gql))))))
 	gi := graphiql.Handler("/graphiql", "/graphql")
 	mux.Handle("/graphiql", gi)
 	mux.Handle("/graphiql/", gi)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
+	opsRoutes(mux, opts.Registry, opts.Ready, opts.Logger)
+	dash := dashboard.Handler("/graphql", "/graphiql")
+	mux.Handle("/{$}", dash)
+	mux.Handle(dashboard.AssetsDir, dash)
+	return logRequests(opts.Logger, mux), nil
+}
+
+// Ops is the handler of the operational paths alone, /metrics, /healthz and /readyz, for
+// processes that serve no API (workers, the region's clock): the API serves the same paths
+// beside /graphql.
+func Ops(reg prometheus.Gatherer, ready func(context.Context) error, log *slog.Logger) http.Handler {
+	mux := http.NewServeMux()
+	opsRoutes(mux, reg, ready, log)
+	return mux
+}
+
+// opsRoutes adds /metrics; /healthz, which answers while the process runs; and /readyz,
+// which answers only while ready does (within 2 s).
+func opsRoutes(mux *http.ServeMux, reg prometheus.Gatherer, ready func(context.Context) error, log *slog.Logger) {
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		if err := opts.Ready(ctx); err != nil {
-			opts.Logger.WarnContext(ctx, "not ready", "err", err)
+		if err := ready(ctx); err != nil {
+			log.WarnContext(ctx, "not ready", "err", err)
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
 		}
 		w.Write([]byte("ok\n"))
 	})
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
-		http.Redirect(w, r, "/graphiql", http.StatusFound)
-	})
-	return mux, nil
 }
 
 // authenticate admits only requests with a valid bearer token and puts the principal in the
@@ -270,6 +288,7 @@ func authenticate(keys *auth.Keys, next http.Handler) http.Handler {
 			writeError(w, http.StatusUnauthorized, instance.CodeUnauthenticated, err.Error())
 			return
 		}
+		requestInfoFrom(r.Context()).set(p.Subject, "")
 		next.ServeHTTP(w, r.WithContext(auth.WithPrincipal(r.Context(), p)))
 	})
 }

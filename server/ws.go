@@ -507,6 +507,7 @@ func websocketInit(keys *auth.Keys, log *slog.Logger) transport.WebsocketInitFun
 		if err != nil {
 			return refuse(ctx, log, CloseForbidden, "Forbidden", err)
 		}
+		requestInfoFrom(ctx).set(p.Subject, "")
 		return context.WithValue(auth.WithPrincipal(ctx, p), socketAuthenticated{}, true), nil, nil
 	}
 }
