@@ -202,7 +202,8 @@ func (m message) ref() entryRef { return entryRef{m.shard, m.id} }
 // started outlives it. Setup must have been called (by any process) before.
 //
 // Shutdown order: readers, the reclaimer, the forwarder and the janitor stop first, so no new
-// work is taken; messages read but not yet begun stay pending for other consumers. In-flight
+// work is taken; messages read but not yet begun are handed back to their streams for other
+// consumers (handBack; should that fail, they stay pending until reclaimed). In-flight
 // handlers then get ShutdownTimeout to finish and record their outcome; after it their
 // contexts are cancelled and their messages, too, stay pending.
 func (c *Consumer) Start(ctx context.Context) error {
@@ -305,11 +306,16 @@ func (c *Consumer) read(ctx context.Context, shards []int, work chan<- message) 
 			}
 			continue
 		}
+		var read []message
 		for _, s := range streams {
 			for _, xm := range s.Messages {
-				if !deliver(ctx, work, toMessage(shardOf[s.Stream], xm)) {
-					return
-				}
+				read = append(read, toMessage(shardOf[s.Stream], xm))
+			}
+		}
+		for i, m := range read {
+			if !deliver(ctx, work, m) {
+				c.handBack(read[i:])
+				return
 			}
 		}
 	}
@@ -334,12 +340,36 @@ func (c *Consumer) reclaim(work chan<- message) func(context.Context) {
 				}
 				return
 			}
-			for _, xm := range msgs {
+			for i, xm := range msgs {
 				c.metrics.reclaimed.Inc()
 				if !deliver(ctx, work, toMessage(shard, xm)) {
+					left := make([]message, 0, len(msgs)-i)
+					for _, xm := range msgs[i:] {
+						left = append(left, toMessage(shard, xm))
+					}
+					c.handBack(left)
 					return
 				}
 			}
+		}
+	}
+}
+
+// handBack returns messages taken but not begun when the consumer stops: a read takes up to
+// Concurrency messages of every shard at once, and without this a stopping worker would
+// strand them all for a lease. It runs after ctx ended, so with a context of its own; if it
+// fails, the messages are reclaimed after the lease as before.
+func (c *Consumer) handBack(msgs []message) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	byShard := map[int][]any{}
+	for _, m := range msgs {
+		byShard[m.shard] = append(byShard[m.shard], m.id)
+	}
+	for shard, ids := range byShard {
+		args := append([]any{c.q.opts.Group, c.opts.Name}, ids...)
+		if err := handBackScript.Run(ctx, c.q.rdb, []string{streamKey(shard)}, args...).Err(); err != nil {
+			c.logError(ctx, "hand back", err)
 		}
 	}
 }

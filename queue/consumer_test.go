@@ -1005,3 +1005,44 @@ func TestLostLeaseCancelsHandlerAndDoesNotAck(t *testing.T) {
 		t.Errorf("ok = %v: the stale run's outcome was recorded", n)
 	}
 }
+
+// A stopping consumer hands back what it read but never began: another consumer takes those
+// messages at once, long before their lease (ten minutes here) would let it reclaim them.
+func TestShutdownHandsBackUnbegunMessages(t *testing.T) {
+	rdb, q := newTestQueue(t, Options{Shards: 1})
+	ctx := context.Background()
+	keys := []string{"k1", "k2", "k3", "k4", "k5", "k6"}
+	for _, k := range keys {
+		if err := q.Enqueue(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release := make(chan struct{})
+	first := newRunLog()
+	r := startConsumer(t, q, HandlerFunc(func(ctx context.Context, task Task) (time.Duration, error) {
+		first.begin(task)
+		<-release
+		return 0, nil
+	}), ConsumerOptions{Name: "stopping", Concurrency: 2, Lease: 10 * time.Minute})
+	// Two handlers busy, and a second read of two more messages waiting for a free handler.
+	eventually.Holds(t, waitLimit, func() bool { return pendingCount(t, rdb, q, 0) == 4 },
+		"pending %d, want 2 running and 2 read", pendingCount(t, rdb, q, 0))
+	r.cancel()
+	close(release)
+	r.stop()
+	if n := pendingCount(t, rdb, q, 0); n != 0 {
+		t.Fatalf("pending after shutdown = %d, want the unbegun messages handed back", n)
+	}
+
+	heir := newRunLog()
+	startConsumer(t, q, HandlerFunc(func(ctx context.Context, task Task) (time.Duration, error) {
+		heir.begin(task)
+		return 0, nil
+	}), ConsumerOptions{Name: "heir", Lease: 10 * time.Minute})
+	waitIdle(t, q, keys...)
+	for _, k := range keys {
+		if runs := first.count(k) + heir.count(k); runs != 1 {
+			t.Errorf("%s ran %d times, want once", k, runs)
+		}
+	}
+}

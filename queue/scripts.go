@@ -202,7 +202,31 @@ enqueue(key)
 return key
 `)
 
+// handBackScript returns messages a stopping consumer read but never began to the stream as
+// new entries, with the same fields, so that another consumer's next read takes them at once
+// instead of waiting a lease to reclaim them. Their keys stay waiting ("q") throughout. A
+// message the consumer no longer owns, or whose entry was trimmed, is left alone.
+//
+// KEYS[1] stream
+// ARGV[1] group, ARGV[2] consumer, ARGV[3…] message ids
+// Returns how many were handed back.
+var handBackScript = redis.NewScript(ownsLua + `
+local n = 0
+for i = 3, #ARGV do
+  if owns(ARGV[1], ARGV[2], ARGV[i]) then
+    local e = redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i])
+    if #e == 1 then
+      redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
+      redis.call('XDEL', KEYS[1], ARGV[i])
+      redis.call('XADD', KEYS[1], '*', unpack(e[1][2]))
+      n = n + 1
+    end
+  end
+end
+return n
+`)
+
 var scripts = []*redis.Script{
 	enqueueScript, enqueueAfterScript, forwardScript, beginScript, finishScript, buryScript,
-	renewScript, pruneConsumersScript, requeueDeadScript,
+	renewScript, pruneConsumersScript, requeueDeadScript, handBackScript,
 }
