@@ -21,29 +21,26 @@ func EventCursor(r Record) string {
 	return base64.RawURLEncoding.EncodeToString([]byte("e1:" + r.Cursor))
 }
 
-// DecodeEventCursor returns the log position an event cursor names.
+// DecodeEventCursor returns the log position an event cursor names. It accepts only cursors
+// as EventCursor writes them: the base64 decoder alone also reads them with line breaks or
+// stray low bits.
 func DecodeEventCursor(c string) (string, error) {
 	b, err := base64.RawURLEncoding.DecodeString(c)
 	pos, ok := strings.CutPrefix(string(b), "e1:")
-	if err != nil || !ok || !validStreamID(pos) {
+	if err != nil || !ok || !validStreamID(pos) || base64.RawURLEncoding.EncodeToString(b) != c {
 		return "", Errorf(CodeBadUserInput, "after: %q is not a cursor of this history", truncate(c, 64))
 	}
 	return pos, nil
 }
 
-// validStreamID accepts "<ms>-<seq>" with both parts decimal, as Redis stream ids are.
+// validStreamID accepts "<ms>-<seq>" as Redis writes stream ids: both parts unsigned 64-bit
+// decimals without leading zeros. Redis refuses larger parts, which would surface as an
+// internal error, and PositionLess could not order them.
 func validStreamID(s string) bool {
 	ms, seq, ok := strings.Cut(s, "-")
 	isNum := func(p string) bool {
-		if p == "" || len(p) > 20 {
-			return false
-		}
-		for _, c := range p {
-			if c < '0' || c > '9' {
-				return false
-			}
-		}
-		return true
+		n, err := strconv.ParseUint(p, 10, 64)
+		return err == nil && strconv.FormatUint(n, 10) == p
 	}
 	return ok && isNum(ms) && isNum(seq)
 }

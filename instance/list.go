@@ -52,10 +52,13 @@ func Cursor(inst *Instance) string {
 	return base64.RawURLEncoding.EncodeToString([]byte("i1:" + inst.ID))
 }
 
+// decodeCursor accepts only cursors as Cursor writes them: the base64 decoder alone also
+// reads them with line breaks or stray low bits, and checkID also takes upper-case ids, which
+// sort before every stored one and would restart the listing.
 func decodeCursor(c string) (string, error) {
 	b, err := base64.RawURLEncoding.DecodeString(c)
 	id, ok := strings.CutPrefix(string(b), "i1:")
-	if err != nil || !ok || checkID(id) != nil {
+	if err != nil || !ok || checkID(id) != nil || id != strings.ToLower(id) || base64.RawURLEncoding.EncodeToString(b) != c {
 		return "", Errorf(CodeBadUserInput, "after: %q is not a cursor of this listing", truncate(c, 64))
 	}
 	return id, nil

@@ -3,9 +3,12 @@ package server
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"strings"
 
 	"github.com/99designs/gqlgen/graphql"
+	"github.com/99designs/gqlgen/graphql/errcode"
+	"github.com/99designs/gqlgen/graphql/handler/transport"
 	"github.com/vektah/gqlparser/v2/ast"
 	"github.com/vektah/gqlparser/v2/gqlerror"
 	"github.com/vektah/gqlparser/v2/validator/core"
@@ -163,4 +166,27 @@ func (d depthLimit) MutateOperationContext(_ context.Context, oc *graphql.Operat
 		return err
 	}
 	return nil
+}
+
+// postTransport is gqlgen's POST transport refusing subscriptions, which it would otherwise
+// serve by holding the request open until the first event, however long that takes, and
+// answering with that event alone. Subscriptions stream over a WebSocket or SSE, and those
+// transports are tried first.
+type postTransport struct{ transport.POST }
+
+func (t postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
+	t.POST.Do(w, r, noSubscriptions{exec})
+}
+
+// noSubscriptions refuses subscription operations once parsed and validated, before they run.
+type noSubscriptions struct{ graphql.GraphExecutor }
+
+func (e noSubscriptions) CreateOperationContext(ctx context.Context, params *graphql.RawParams) (*graphql.OperationContext, gqlerror.List) {
+	oc, errs := e.GraphExecutor.CreateOperationContext(ctx, params)
+	if len(errs) == 0 && oc.Operation != nil && oc.Operation.Operation == ast.Subscription {
+		err := gqlerror.Errorf("subscriptions stream over a WebSocket or Server-Sent Events (Accept: text/event-stream), not a plain POST")
+		errcode.Set(err, errcode.ValidationFailed)
+		return oc, gqlerror.List{err}
+	}
+	return oc, errs
 }

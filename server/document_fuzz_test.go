@@ -1,0 +1,232 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vektah/gqlparser/v2/ast"
+	"github.com/vektah/gqlparser/v2/parser"
+	"github.com/vektah/gqlparser/v2/validator"
+
+	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/graph"
+	"github.com/computeql/computeql/instance"
+)
+
+// The fuzzed API's limits are small so that mutated documents cross them often.
+const (
+	fuzzDepth  = 4
+	fuzzFields = 30
+	fuzzWidth  = 6
+	fuzzTokens = 300
+	// fuzzDeadline bounds one request: far above what any document within the token limit
+	// needs, even under -race, so only a runaway parse, validation or resolver reaches it.
+	fuzzDeadline = 5 * time.Second
+)
+
+// resolverCodes are the codes a document that passed every limit may still get, from the
+// resolvers (COMPLEXITY_LIMIT_EXCEEDED is checked apart). INTERNAL is not among them: no
+// document a client can write may cause one.
+var resolverCodes = []string{
+	string(instance.CodeNotFound), string(instance.CodeForbidden), string(instance.CodeBadUserInput),
+	string(instance.CodeUnprocessable), string(instance.CodeCursorExpired),
+}
+
+// shape is an operation's size with fragments expanded, measured the naive way: by walking
+// every expansion, independently of the memoised measurer the server uses.
+type shape struct {
+	depth, fields, widest int
+	// over says the walk stopped because the fields passed fuzzFields.
+	over bool
+	// cyclic says a fragment spreads itself, through others or not. Validation refuses the
+	// document then, and the server's measurer, which measures each fragment once, may
+	// size it differently from a walk.
+	cyclic bool
+}
+
+// naiveWalk expands every fragment spread where it occurs, accumulating the shape.
+type naiveWalk struct {
+	fragments map[string]*ast.FragmentDefinition
+	s         shape
+}
+
+// set walks one selection set and returns its depth and its fields directly in it,
+// fragments flattened.
+func (w *naiveWalk) set(sel ast.SelectionSet, onPath map[string]bool) (depth, direct int) {
+	for _, s := range sel {
+		if w.s.over {
+			return depth, direct
+		}
+		switch s := s.(type) {
+		case *ast.Field:
+			w.s.fields++
+			w.s.over = w.s.fields > fuzzFields
+			direct++
+			d, _ := w.measure(s.SelectionSet, onPath)
+			if strings.HasPrefix(s.Name, "__") {
+				d = 0
+			}
+			depth = max(depth, 1+d)
+		case *ast.InlineFragment:
+			d, n := w.set(s.SelectionSet, onPath)
+			depth, direct = max(depth, d), direct+n
+		case *ast.FragmentSpread:
+			f := w.fragments[s.Name]
+			w.s.cyclic = w.s.cyclic || onPath[s.Name]
+			if f == nil || onPath[s.Name] {
+				continue
+			}
+			onPath[s.Name] = true
+			d, n := w.set(f.SelectionSet, onPath)
+			delete(onPath, s.Name)
+			depth, direct = max(depth, d), direct+n
+		}
+	}
+	return depth, direct
+}
+
+// measure walks a field's own selection set, which is a selection set of its own for width.
+func (w *naiveWalk) measure(sel ast.SelectionSet, onPath map[string]bool) (depth, direct int) {
+	depth, direct = w.set(sel, onPath)
+	w.s.widest = max(w.s.widest, direct)
+	return depth, direct
+}
+
+// measureNaively returns the shape of op, the first definition of a fragment name counting,
+// as it does for the server.
+func measureNaively(doc *ast.QueryDocument, op *ast.OperationDefinition) shape {
+	w := &naiveWalk{fragments: map[string]*ast.FragmentDefinition{}}
+	for _, f := range doc.Fragments {
+		if _, ok := w.fragments[f.Name]; !ok {
+			w.fragments[f.Name] = f
+		}
+	}
+	w.s.depth, _ = w.measure(op.SelectionSet, map[string]bool{})
+	return w.s
+}
+
+// FuzzGraphQLDocument sends documents through the whole handler as a viewer of acme, who may
+// read but change nothing, so Redis stays as it was. It checks each answer against an
+// independent reading of the document: one over the token limit fails to parse; one over
+// the field or width budget fails validation, naming the budget; one nested too deep is
+// refused with DEPTH_LIMIT_EXCEEDED and nothing runs; a subscription, which a plain POST
+// cannot stream, is refused at once; any other gets gqlparser's own verdict and, if it runs,
+// only the domain's user-facing codes. No document may cause INTERNAL or an error without a
+// code, or take fuzzDeadline.
+func FuzzGraphQLDocument(f *testing.F) {
+	a := newAPI(f, func(o *Options) {
+		o.MaxDepth, o.MaxFields, o.MaxWidth, o.MaxTokens = fuzzDepth, fuzzFields, fuzzWidth, fuzzTokens
+		o.RateLimit = -1
+	})
+	tok := a.token(f, "fuzz", auth.Grant{OrganizationID: "acme", Role: auth.RoleViewer})
+	schema := graph.NewExecutableSchema(graph.Config{}).Schema()
+	for _, s := range [][2]string{
+		{`{ me { subject grants { role } } }`, ""},
+		{`{ regions { id } }`, ""},
+		{`{ instances(organizationId: "acme") { edges { node { id } } } }`, ""},
+		{`{ instances(organizationId: "acme", first: 5, after: "aTE6MDE5MGM3YTQtNmIxZS03YzNkLTlmMDAtMWEyYjNjNGQ1ZTZm") { totalCount } }`, ""},
+		{`{ instances(organizationId: "acme", after: "aTE6bm90LWFuLWlk") { totalCount } }`, ""},
+		{`{ instance(id: "0190C7A4-6B1E-7C3D-9F00-1A2B3C4D5E6F") { id } }`, ""},
+		{`{ instanceEvents(id: "0190c7a4-6b1e-7c3d-9f00-1a2b3c4d5e6f", after: "ZTE6OTk5OTk5OTk5OTk5OTk5OTk5OTktMA") { edges { cursor } } }`, ""},
+		{`query A { me { subject } } query B { regions { id } }`, "B"},
+		{`query A { me { subject } } query B { regions { id } }`, ""},
+		{`query A { me { subject } }`, "C"},
+		{`query($id: ID!) { instance(id: $id) { id } }`, ""},
+		{`mutation { deleteInstance(input: {id: "0190c7a4-6b1e-7c3d-9f00-1a2b3c4d5e6f"}) { instance { id } } }`, ""},
+		{`{ me { ...P } } fragment P on Principal { subject ...P }`, ""},
+		{`{ ...F0 } fragment F0 on Query { ...F1 ...F1 } fragment F1 on Query { ...F2 ...F2 } fragment F2 on Query { ...F3 ...F3 } fragment F3 on Query { me { subject } }`, ""},
+		{`{ me { subject subject subject subject subject subject subject } }`, ""},
+		{`{ me { a: subject a: grants { role } } }`, ""},
+		{`{ __schema { types { fields { type { ofType { name } } } } } }`, ""},
+		{`{ instances(organizationId: "acme") { edges { node { status { conditions { reason } } } } } }`, ""},
+		{strings.Repeat("{ me ", 40) + strings.Repeat("}", 40), ""},
+		{"{ me { subject " + strings.Repeat("subject ", fuzzTokens) + "} }", ""},
+		{`{ me { subject } } fragment Unused on Query { regions { id } }`, ""},
+		{`fragment Only on Query { regions { id } }`, ""},
+		{`{ me { subject }`, ""},
+		{`"\u{0}" { me }`, ""},
+		{``, ""},
+		{`subscription { instanceEvents(organizationId: "acme") { cursor } }`, ""},
+	} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, query, operationName string) {
+		body, err := json.Marshal(map[string]any{"query": query, "operationName": operationName})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), fuzzDeadline)
+		defer cancel()
+		req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/graphql", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		start := time.Now()
+		res := a.send(t, tok, req)
+		if took := time.Since(start); took >= fuzzDeadline {
+			t.Fatalf("took %s: %s", took, res.Raw)
+		}
+		codes := res.codes()
+		if len(codes) == 0 && res.Data == nil || slices.Contains(codes, "") || slices.Contains(codes, string(instance.CodeInternal)) {
+			t.Fatalf("no data, or an error without a code or INTERNAL: status %d %s", res.Status, res.Raw)
+		}
+		refused := func(status int, code string) {
+			t.Helper()
+			if res.Status != status || res.Data != nil || slices.ContainsFunc(codes, func(c string) bool { return c != code }) {
+				t.Fatalf("want status %d, no data and only %s; got status %d %s", status, code, res.Status, res.Raw)
+			}
+		}
+		doc, err := parser.ParseQueryWithTokenLimit(&ast.Source{Input: query}, fuzzTokens)
+		if err != nil {
+			refused(http.StatusUnprocessableEntity, "GRAPHQL_PARSE_FAILED")
+			return
+		}
+		if len(doc.Operations) == 0 {
+			refused(http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+			return
+		}
+		for _, op := range doc.Operations {
+			switch s := measureNaively(doc, op); {
+			case s.cyclic:
+				refused(http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+				return
+			case s.over || s.widest > fuzzWidth:
+				refused(http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+				if !strings.Contains(string(res.Raw), "the limit is") {
+					t.Fatalf("%+v is over budget but the refusal does not say so: %s", s, res.Raw)
+				}
+				return
+			}
+		}
+		if errs := validator.Validate(schema, doc); len(errs) > 0 {
+			refused(http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+			return
+		}
+		op := doc.Operations.ForName(operationName)
+		if op == nil || len(op.VariableDefinitions) > 0 && res.Status == http.StatusUnprocessableEntity {
+			// No such operation, or variables it requires were not sent.
+			refused(http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+			return
+		}
+		if s := measureNaively(doc, op); s.depth > fuzzDepth {
+			refused(http.StatusOK, "DEPTH_LIMIT_EXCEEDED")
+			return
+		}
+		if slices.Contains(codes, "COMPLEXITY_LIMIT_EXCEEDED") {
+			refused(http.StatusOK, "COMPLEXITY_LIMIT_EXCEEDED")
+			return
+		}
+		if op.Operation == ast.Subscription {
+			refused(http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+			return
+		}
+		if res.Status != http.StatusOK || slices.ContainsFunc(codes, func(c string) bool { return !slices.Contains(resolverCodes, c) }) {
+			t.Fatalf("a document within every limit got status %d %s", res.Status, res.Raw)
+		}
+	})
+}
