@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/eventually"
 )
 
 // The two GraphQL WebSocket protocols: graphql-transport-ws (the graphql-ws npm client) and
@@ -512,27 +513,24 @@ func TestWebSocketReadLimit(t *testing.T) {
 // graphql-transport-ws gets "ping" messages (answered with "pong"), and both get ping frames;
 // a client that answers stays connected.
 func TestWebSocketKeepAlive(t *testing.T) {
-	const interval = 100 * time.Millisecond
+	// Long enough that a loaded machine's scheduling delays stay well inside the 2×interval a
+	// peer may be silent; the test waits for the keep-alives rather than for time to pass.
+	const interval = 300 * time.Millisecond
 	a, s := wsServer(t, func(o *Options) { o.KeepAliveInterval = interval })
 	for _, proto := range wsProtocols {
 		t.Run(proto, func(t *testing.T) {
 			c := mustDialWS(t, wsURL(s), proto, wsDial{})
 			c.mustAck(a.admin(t))
-			time.Sleep(10 * interval)
-			select {
-			case <-c.done:
-				t.Fatalf("socket closed: %v", c.err)
-			default:
-			}
-			if n := c.pingFrames.Load(); n < 3 {
-				t.Errorf("%d ping frames in %v", n, 10*interval)
-			}
 			msgs := &c.pingMsgs
 			if proto == protoLegacyWS {
 				msgs = &c.kaMsgs
 			}
-			if n := msgs.Load(); n < 3 {
-				t.Errorf("%d keep-alive messages in %v", n, 10*interval)
+			eventually.Holds(t, 30*interval, func() bool { return c.pingFrames.Load() >= 3 && msgs.Load() >= 3 },
+				"%d ping frames and %d keep-alive messages, want 3 of each", c.pingFrames.Load(), msgs.Load())
+			select {
+			case <-c.done:
+				t.Fatalf("socket closed: %v", c.err)
+			default:
 			}
 			c.start("1", `{ me { subject } }`)
 			if m := c.next(); m.Type != c.dataType() {
