@@ -79,25 +79,32 @@ func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 		rw := &recordingWriter{ResponseWriter: w}
 		ctx := context.WithValue(r.Context(), requestInfoKey{}, ri)
 		next.ServeHTTP(rw, r.WithContext(ctx))
-		level := slog.LevelInfo
-		switch r.URL.Path {
-		case "/healthz", "/readyz", "/metrics":
-			level = slog.LevelDebug
-		}
-		ri.mu.Lock()
-		subject, operation := ri.subject, ri.operation
-		ri.mu.Unlock()
-		status := rw.status
-		if rw.hijacked {
-			status = http.StatusSwitchingProtocols
-		} else if status == 0 {
-			status = http.StatusOK
-		}
-		log.LogAttrs(ctx, level, "request",
-			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Int("status", status),
-			slog.Int64("bytes", rw.bytes), slog.Duration("duration", time.Since(start)),
-			slog.String("subject", subject), slog.String("operation", operation), slog.String("remote", r.RemoteAddr))
+		logRequest(ctx, log, r, ri, rw, start)
 	})
+}
+
+// logRequest writes the line of a request that ended. It is apart from logRequests so that
+// the frame of a WebSocket's handler, which lives as long as its connection, stays small:
+// every byte of stack there is paid once per subscriber.
+func logRequest(ctx context.Context, log *slog.Logger, r *http.Request, ri *requestInfo, rw *recordingWriter, start time.Time) {
+	level := slog.LevelInfo
+	switch r.URL.Path {
+	case "/healthz", "/readyz", "/metrics":
+		level = slog.LevelDebug
+	}
+	ri.mu.Lock()
+	subject, operation := ri.subject, ri.operation
+	ri.mu.Unlock()
+	status := rw.status
+	if rw.hijacked {
+		status = http.StatusSwitchingProtocols
+	} else if status == 0 {
+		status = http.StatusOK
+	}
+	log.LogAttrs(ctx, level, "request",
+		slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Int("status", status),
+		slog.Int64("bytes", rw.bytes), slog.Duration("duration", time.Since(start)),
+		slog.String("subject", subject), slog.String("operation", operation), slog.String("remote", r.RemoteAddr))
 }
 
 // recordingWriter notes the status and size of a response. It passes on flushing (SSE) and

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -221,7 +222,7 @@ func (g *gorillaWebsocket) Accept(w http.ResponseWriter, r *http.Request, option
 	})
 	c.extendLiveness()
 	if g.pingInterval > 0 {
-		go c.pinger(g.pingInterval)
+		c.startPinging(g.pingInterval)
 	}
 	if slot, ok := r.Context().Value(acceptedKey{}).(*acceptedSlot); ok {
 		slot.conn = c
@@ -261,7 +262,9 @@ type gorillaConn struct {
 
 	once sync.Once
 	done chan struct{} // closed when the network connection is closed
-	err  error
+	// pingTimer sends the next ping frame; nil when pings are off.
+	pingTimer *time.Timer
+	err       error
 }
 
 var (
@@ -364,6 +367,9 @@ func (c *gorillaConn) shutdown() {
 		}
 		c.err = c.ws.Close()
 		close(c.done)
+		if c.pingTimer != nil {
+			c.pingTimer.Stop()
+		}
 		if c.metrics != nil {
 			c.metrics.open.Dec()
 		}
@@ -416,32 +422,34 @@ func (c *gorillaConn) applyReadDeadlineLocked() error {
 	return c.ws.SetReadDeadline(d)
 }
 
-// pinger sends a ping frame every interval until the connection closes; a ping that cannot be
-// written within the write timeout closes the connection.
-func (c *gorillaConn) pinger(interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
+// startPinging sends a ping frame every interval until the connection closes; a ping that
+// cannot be written within the write timeout closes the connection. A timer that runs the
+// ping, rather than a goroutine that waits for a ticker, costs an idle connection no stack:
+// with thousands of idle subscribers that is kilobytes each.
+func (c *gorillaConn) startPinging(interval time.Duration) {
+	// Created stopped, so that the callback never runs before c.pingTimer is set.
+	c.pingTimer = time.AfterFunc(time.Duration(math.MaxInt64), func() {
 		select {
 		case <-c.done:
 			return
-		case <-t.C:
-			err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.writeTimeout))
-			if errors.Is(err, websocket.ErrCloseSent) {
-				return
-			}
-			if err != nil {
-				c.shutdown()
-				return
-			}
+		default:
 		}
-	}
+		err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.writeTimeout))
+		switch {
+		case errors.Is(err, websocket.ErrCloseSent):
+		case err != nil:
+			c.shutdown()
+		default:
+			c.pingTimer.Reset(interval)
+		}
+	})
+	c.pingTimer.Reset(interval)
 }
 
 // websocketTransport is gqlgen's WebSocket transport with one repair: gqlgen's Do can return
 // without closing the socket it accepted (a connection_init whose payload is not a JSON object
 // is dropped with neither a close frame nor a Close), which would leave the hijacked
-// connection and its pinger open for as long as the peer cares to keep it. Do closes such a
+// connection and its ping timer running for as long as the peer cares to keep it. Do closes such a
 // socket, and otherwise waits for gqlgen's own close, so that the request (and its context)
 // lasts exactly as long as the socket.
 type websocketTransport struct {
