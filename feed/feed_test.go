@@ -18,6 +18,7 @@ import (
 	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/feed"
 	"github.com/computeql/computeql/instance"
+	"github.com/computeql/computeql/metrictest"
 	"github.com/computeql/computeql/quota"
 	"github.com/computeql/computeql/redistest"
 	"github.com/computeql/computeql/store"
@@ -200,37 +201,17 @@ func TestSlowSubscriberIsCutOffAndOthersAreNot(t *testing.T) {
 	}
 	// The metrics tell the same story: 20 events to the fast subscriber and 4 to the slow
 	// one, one dropped, which cut the slow one off; one reader stays for the fast one.
-	eventually.Holds(t, 5*time.Second, func() bool { return gauge(t, reg, "computeql_subscriptions_active") == 1 },
-		"active subscriptions %v, want 1", gauge(t, reg, "computeql_subscriptions_active"))
+	eventually.Holds(t, 5*time.Second, func() bool { return metrictest.Value(t, reg, "computeql_subscriptions_active") == 1 },
+		"active subscriptions %v, want 1", metrictest.Value(t, reg, "computeql_subscriptions_active"))
 	for name, want := range map[string]float64{
 		"computeql_feed_events_delivered_total": 24,
 		"computeql_feed_events_dropped_total":   1,
 		"computeql_feed_readers":                1,
 	} {
-		if got := gauge(t, reg, name); got != want {
+		if got := metrictest.Value(t, reg, name); got != want {
 			t.Errorf("%s = %v, want %v", name, got, want)
 		}
 	}
-}
-
-// gauge reads the single value of a counter or gauge from reg.
-func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() == name {
-			m := f.GetMetric()[0]
-			if c := m.GetCounter(); c != nil {
-				return c.GetValue()
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
 }
 
 // TestReaderCatchesUpAfterLosingRedis: killing the reader's connection loses no event.
@@ -345,7 +326,7 @@ func TestInstanceSubscriptions(t *testing.T) {
 	if got := messages(t, wide, 1); fmt.Sprint(got) != "[a3]" {
 		t.Errorf("organization-wide got %v, want [a3]", got)
 	}
-	if got := gauge(t, reg, "computeql_subscriptions_active"); got != 3 {
+	if got := metrictest.Value(t, reg, "computeql_subscriptions_active"); got != 3 {
 		t.Errorf("active subscriptions = %v, want 3", got)
 	}
 	select {

@@ -8,12 +8,13 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/computeql/computeql/metrictest"
 )
 
 // fakeClient answers the calls the tests make with err, and records the span context each
@@ -122,10 +123,10 @@ func TestInstrumentRecordsEachCall(t *testing.T) {
 				if op == tc.op {
 					calls, errs = 1, wantErrors
 				}
-				if got := sampleCount(t, reg, "computeql_region_call_duration_seconds", op); got != calls {
+				if got := metrictest.Value(t, reg, "computeql_region_call_duration_seconds", "op", op); got != calls {
 					t.Errorf("duration samples{op=%s} = %v, want %v", op, got, calls)
 				}
-				if got := counter(t, reg, "computeql_region_call_errors_total", op); got != errs {
+				if got := metrictest.Value(t, reg, "computeql_region_call_errors_total", "op", op); got != errs {
 					t.Errorf("errors{op=%s} = %v, want %v", op, got, errs)
 				}
 			}
@@ -172,7 +173,7 @@ func TestInstrumentOptionalParts(t *testing.T) {
 	if _, err := c.CreateServer(context.Background(), ServerSpec{}); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("call returned %v", err)
 	}
-	if got := counter(t, reg, "computeql_region_call_errors_total", "CreateServer"); got != 1 {
+	if got := metrictest.Value(t, reg, "computeql_region_call_errors_total", "op", "CreateServer"); got != 1 {
 		t.Errorf("metrics without a tracer: errors = %v, want 1", got)
 	}
 	if fake.seen[0].IsValid() {
@@ -182,39 +183,4 @@ func TestInstrumentOptionalParts(t *testing.T) {
 	if _, err := Instrument(fake, nil, reg); err == nil {
 		t.Error("registering the metrics twice with one registry succeeded")
 	}
-}
-
-// sampleCount is the sample count of the histogram name{op}.
-func sampleCount(t *testing.T, reg *prometheus.Registry, name, op string) float64 {
-	t.Helper()
-	return float64(series(t, reg, name, op).GetHistogram().GetSampleCount())
-}
-
-// counter is the value of the counter name{op}.
-func counter(t *testing.T, reg *prometheus.Registry, name, op string) float64 {
-	t.Helper()
-	return series(t, reg, name, op).GetCounter().GetValue()
-}
-
-// series returns the series name{op}; every op's series exists from the start.
-func series(t *testing.T, reg *prometheus.Registry, name, op string) *dto.Metric {
-	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "op" && l.GetValue() == op {
-					return m
-				}
-			}
-		}
-	}
-	t.Fatalf("no series %s{op=%q}", name, op)
-	return nil
 }

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/computeql/computeql/metrictest"
 )
 
 // testClock is a clock that moves only when the test says.
@@ -236,7 +238,7 @@ func TestRateLimitHTTP(t *testing.T) {
 			served("alice", alice)
 			wantRateLimited(t, send(alice), 1, rate)
 
-			if got := metricValue(t, reg, "computeql_rate_limited_total"); got != 4 {
+			if got := metrictest.Value(t, reg, "computeql_rate_limited_total"); got != 4 {
 				t.Errorf("computeql_rate_limited_total = %v, want 4", got)
 			}
 		})
@@ -352,7 +354,7 @@ func TestRateLimitWebSocket(t *testing.T) {
 			req.Header.Set("Authorization", "Bearer "+alice)
 			wantRateLimited(t, a.serve(req), 1, "1 requests per second with bursts of 3")
 
-			if got := metricValue(t, reg, "computeql_rate_limited_total"); got != 2 {
+			if got := metrictest.Value(t, reg, "computeql_rate_limited_total"); got != 2 {
 				t.Errorf("computeql_rate_limited_total = %v, want 2", got)
 			}
 		})

@@ -24,6 +24,7 @@ import (
 
 	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/eventually"
+	"github.com/computeql/computeql/metrictest"
 )
 
 // The two GraphQL WebSocket protocols: graphql-transport-ws (the graphql-ws npm client) and
@@ -592,7 +593,7 @@ func TestWebSocketClosesOnShutdown(t *testing.T) {
 		c.mustAck(a.admin(t))
 		clients = append(clients, c)
 	}
-	if n := metricValue(t, reg, "computeql_websocket_connections"); n != 2 {
+	if n := metrictest.Value(t, reg, "computeql_websocket_connections"); n != 2 {
 		t.Errorf("open connections gauge = %v, want 2", n)
 	}
 	shutdown()
@@ -601,32 +602,12 @@ func TestWebSocketClosesOnShutdown(t *testing.T) {
 		wantClose(t, err, websocket.CloseGoingAway, "server shutting down")
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for metricValue(t, reg, "computeql_websocket_connections") != 0 && time.Now().Before(deadline) {
+	for metrictest.Value(t, reg, "computeql_websocket_connections") != 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if n := metricValue(t, reg, "computeql_websocket_connections"); n != 0 {
+	if n := metrictest.Value(t, reg, "computeql_websocket_connections"); n != 0 {
 		t.Errorf("open connections gauge = %v after shutdown", n)
 	}
-}
-
-// metricValue is the value of an unlabelled gauge or counter in the registry.
-func metricValue(tb testing.TB, reg *prometheus.Registry, name string) float64 {
-	tb.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			m := mf.GetMetric()[0]
-			if g := m.GetGauge(); g != nil {
-				return g.GetValue()
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	tb.Fatalf("no metric %s", name)
-	return 0
 }
 
 // TestWebSocketCloseMetrics counts the refusals by close code.

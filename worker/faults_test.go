@@ -9,6 +9,7 @@ import (
 
 	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/instance"
+	"github.com/computeql/computeql/metrictest"
 	"github.com/computeql/computeql/queue"
 	"github.com/computeql/computeql/quota"
 	"github.com/computeql/computeql/region"
@@ -48,7 +49,7 @@ func TestDuplicateServersAreDeleted(t *testing.T) {
 	if srv := e.server(t, inst); srv.ID != kept.ID || inst.Status.MACAddress != kept.MAC {
 		t.Errorf("instance on server %s (MAC %s), want the kept %s (MAC %s)", srv.ID, inst.Status.MACAddress, kept.ID, kept.MAC)
 	}
-	if n := metric(t, e.reg, "computeql_reconcile_duplicate_servers_total"); n != 1 {
+	if n := metrictest.Value(t, e.reg, "computeql_reconcile_duplicate_servers_total"); n != 1 {
 		t.Errorf("%v duplicate servers counted, want 1", n)
 	}
 	e.wantUsed(t, sum(inst))
@@ -127,7 +128,7 @@ func TestConvergesDespiteRegionErrors(t *testing.T) {
 		t.Fatalf("charges add up to %v", want)
 	}
 	e.wantUsed(t, want)
-	if n := metric(t, e.reg, "computeql_reconcile_total", "outcome", "error"); n == 0 {
+	if n := metrictest.Value(t, e.reg, "computeql_reconcile_total", "outcome", "error"); n == 0 {
 		t.Error("no reconcile failed: the faults were not injected")
 	}
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/instance"
+	"github.com/computeql/computeql/metrictest"
 	"github.com/computeql/computeql/quota"
 	"github.com/computeql/computeql/region"
 )
@@ -106,7 +107,7 @@ func TestNetworkingUpdatesInPlace(t *testing.T) {
 		t.Errorf("instance MAC %s, want the unchanged %s", after.Status.MACAddress, old.MAC)
 	}
 	e.wantUsed(t, quota.Amounts{quota.Servers: 1, quota.CPUs: 2, quota.MemoryGiB: 4, quota.PublicIPs: 1})
-	if n := metric(t, e.reg, "computeql_reconcile_rebuilds_total"); n != 0 {
+	if n := metrictest.Value(t, e.reg, "computeql_reconcile_rebuilds_total"); n != 0 {
 		t.Errorf("%v rebuilds for an in-place change", n)
 	}
 }
@@ -169,7 +170,7 @@ func TestRebuildOnlyWhenAllowed(t *testing.T) {
 		t.Errorf("condition after the rebuild %+v, want Provisioned", c)
 	}
 	e.wantUsed(t, quota.Amounts{quota.Servers: 1, quota.CPUs: 4, quota.MemoryGiB: 16})
-	if n := metric(t, e.reg, "computeql_reconcile_rebuilds_total"); n != 1 {
+	if n := metrictest.Value(t, e.reg, "computeql_reconcile_rebuilds_total"); n != 1 {
 		t.Errorf("%v rebuilds counted, want 1", n)
 	}
 }

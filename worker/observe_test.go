@@ -6,6 +6,7 @@ import (
 
 	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/logtest"
+	"github.com/computeql/computeql/metrictest"
 )
 
 // TestReconcileIsLoggedAndTimed: every reconcile is one log line naming the instance, its
@@ -25,7 +26,7 @@ func TestReconcileIsLoggedAndTimed(t *testing.T) {
 		return running
 	}, "no reconcile log line of %s reaching RUNNING", inst.ID)
 	lines := len(rec.Since(0, "reconcile"))
-	if got := metric(t, e.reg, "computeql_reconcile_duration_seconds"); got < float64(lines) {
+	if got := metrictest.Value(t, e.reg, "computeql_reconcile_duration_seconds"); got < float64(lines) {
 		t.Errorf("reconcile histogram has %v observations, fewer than the %d reconciles logged", got, lines)
 	}
 }

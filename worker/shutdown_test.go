@@ -10,6 +10,7 @@ import (
 
 	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/instance"
+	"github.com/computeql/computeql/metrictest"
 	"github.com/computeql/computeql/worker"
 )
 
@@ -28,7 +29,7 @@ func TestShutdownWhileReconciling(t *testing.T) {
 	baseline := runtime.NumGoroutine()
 	e.start(t)
 	eventually.Holds(t, convergeLimit, func() bool {
-		return metric(t, e.reg, "computeql_queue_inflight") > 0
+		return metrictest.Value(t, e.reg, "computeql_queue_inflight") > 0
 	}, "reconciles in flight")
 
 	start := time.Now()

@@ -7,6 +7,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/computeql/computeql/eventually"
+	"github.com/computeql/computeql/metrictest"
 	"github.com/computeql/computeql/region"
 )
 
@@ -26,16 +27,16 @@ func TestResyncHealsLostEnqueue(t *testing.T) {
 		t.Fatalf("%s waits on the queue (%v): the enqueue was not lost", second.Key(), err)
 	}
 	e.waitRunning(t, second.ID)
-	if n := metric(t, e.reg, "computeql_resync_enqueued_total"); n < 2 {
+	if n := metrictest.Value(t, e.reg, "computeql_resync_enqueued_total"); n < 2 {
 		t.Errorf("the instances ran but the resync enqueued %v keys, want at least 2", n)
 	}
 	// The passes also count the instances: both provisioned in acme, none elsewhere.
 	eventually.Holds(t, 5*time.Second, func() bool {
-		return metric(t, e.reg, "computeql_instances", "organization", "acme", "provisioning", "PROVISIONED") == 2 &&
-			metric(t, e.reg, "computeql_instances", "organization", "acme", "provisioning", "PENDING") == 0
+		return metrictest.Value(t, e.reg, "computeql_instances", "organization", "acme", "provisioning", "PROVISIONED") == 2 &&
+			metrictest.Value(t, e.reg, "computeql_instances", "organization", "acme", "provisioning", "PENDING") == 0
 	}, "acme's instances counted as %v provisioned, %v pending; want 2 and 0",
-		metric(t, e.reg, "computeql_instances", "organization", "acme", "provisioning", "PROVISIONED"),
-		metric(t, e.reg, "computeql_instances", "organization", "acme", "provisioning", "PENDING"))
+		metrictest.Value(t, e.reg, "computeql_instances", "organization", "acme", "provisioning", "PROVISIONED"),
+		metrictest.Value(t, e.reg, "computeql_instances", "organization", "acme", "provisioning", "PENDING"))
 }
 
 // DOMAIN.md §5 (reverse edge): server events whose owner cannot be found are counted by
@@ -55,14 +56,14 @@ func TestWatcherCountsOrphanEvents(t *testing.T) {
 	// The watcher reads events from the moment it starts; until then (a few milliseconds after
 	// the worker starts) a server made is not seen, so make one until one is.
 	counted(t, stray(nil), func() bool {
-		return metric(t, e.reg, "computeql_region_orphan_events_total", "reason", "untagged") > 0
+		return metrictest.Value(t, e.reg, "computeql_region_orphan_events_total", "reason", "untagged") > 0
 	}, "an untagged server event counted")
-	if n := metric(t, e.reg, "computeql_region_orphan_events_total", "reason", "unknown_instance"); n != 0 {
+	if n := metrictest.Value(t, e.reg, "computeql_region_orphan_events_total", "reason", "unknown_instance"); n != 0 {
 		t.Errorf("%v events of an unknown instance before there was one", n)
 	}
 	unknown := uuid.NewString()
 	counted(t, stray(map[string]string{region.InstanceTag: unknown}), func() bool {
-		return metric(t, e.reg, "computeql_region_orphan_events_total", "reason", "unknown_instance") > 0
+		return metrictest.Value(t, e.reg, "computeql_region_orphan_events_total", "reason", "unknown_instance") > 0
 	}, "an event of an unknown instance counted")
 }
 
