@@ -21,7 +21,7 @@ import (
 
 	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/quota"
-	"github.com/computeql/computeql/redistest"
+	"github.com/computeql/computeql/redisproc"
 	"github.com/computeql/computeql/region"
 	"github.com/computeql/computeql/region/sim"
 	"github.com/computeql/computeql/store"
@@ -46,7 +46,7 @@ type system struct {
 	dir string
 	// Embedded only.
 	embedded bool
-	redis    *redistest.Server
+	redis    *redisproc.Server
 	api      *child
 	workers  []*child
 }
@@ -116,7 +116,7 @@ func (s *system) startRedis() error {
 			return fmt.Errorf("write catalogue: %w", err)
 		}
 	}
-	if s.redis, err = redistest.Start(); err != nil {
+	if s.redis, err = redisproc.Start(); err != nil {
 		return fmt.Errorf("the embedded benchmark needs a real redis-server on the PATH, as the in-memory Redis of `computeql` would measure nothing real; install one (apt-get install redis-server) or point --target and --redis at a running system: %w", err)
 	}
 	s.redisURL = "redis://" + s.redis.Addr + "/0"
