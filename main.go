@@ -237,8 +237,8 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	if err != nil {
 		return err
 	}
+	ready := readiness(ctx, rdb, st)
 	if c.opsListen != "" {
-		ready := func(ctx context.Context) error { return rdb.Ping(ctx).Err() }
 		stopOps, err := serveAside("--ops-listen", c.opsListen, server.Ops(reg, ready, log), log)
 		if err != nil {
 			return err
@@ -259,7 +259,7 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	var srv *http.Server
 	var ln net.Listener
 	if role == "all" || role == "api" {
-		if srv, ln, err = apiServer(ctx, c, cat, st, q, rc, keys, rdb, log, reg); err != nil {
+		if srv, ln, err = apiServer(ctx, c, cat, st, q, rc, keys, ready, log, reg); err != nil {
 			return err
 		}
 		if role == "all" {
@@ -306,8 +306,24 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	return errors.Join(errs...)
 }
 
+// readiness answers /readyz. A process is not ready once it has begun to shut down (its
+// event readers, queue consumers and region watcher stop with it), nor while Redis does not
+// answer or lacks the store's scripts, which a Redis restarted without persistence has
+// forgotten and this loads again.
+func readiness(process context.Context, rdb redis.UniversalClient, st *store.Store) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if process.Err() != nil {
+			return errors.New("shutting down")
+		}
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("redis: %w", err)
+		}
+		return st.Load(ctx)
+	}
+}
+
 // apiServer builds the HTTP server of the API role and its listener.
-func apiServer(ctx context.Context, c config, cat *region.Catalog, st *store.Store, q *queue.Queue, rc region.Client, keys *auth.Keys, rdb redis.UniversalClient, log *slog.Logger, reg *prometheus.Registry) (*http.Server, net.Listener, error) {
+func apiServer(ctx context.Context, c config, cat *region.Catalog, st *store.Store, q *queue.Queue, rc region.Client, keys *auth.Keys, ready func(context.Context) error, log *slog.Logger, reg *prometheus.Registry) (*http.Server, net.Listener, error) {
 	svc, err := instance.NewService(instance.Options{Catalog: cat, Store: st, Queue: q, Region: rc, Logger: log})
 	if err != nil {
 		return nil, nil, err
@@ -319,7 +335,7 @@ func apiServer(ctx context.Context, c config, cat *region.Catalog, st *store.Sto
 	h, err := server.New(server.Options{
 		Service: svc, Feed: events, Keys: keys, Logger: log, Registry: reg, RateLimit: c.rateLimit, RateBurst: c.rateBurst,
 		DisableIntrospection: !c.introspection,
-		Ready:                func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
+		Ready:                ready,
 	})
 	if err != nil {
 		return nil, nil, err
