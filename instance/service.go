@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"time"
 
@@ -165,6 +167,19 @@ func (s *Service) enqueue(ctx context.Context, inst *Instance) {
 	}
 }
 
+// internal is the error of a store call that failed. When the store could not be reached
+// (refused or cut connections, timeouts: Redis restarting, a network blip) it is UNAVAILABLE,
+// which tells the caller that retrying later is right; anything else is INTERNAL.
 func internal(op string, err error) error {
+	if unreachable(err) {
+		return &Error{Code: CodeUnavailable, Message: "the store did not answer; retry", Err: fmt.Errorf("%s: %w", op, err)}
+	}
 	return &Error{Code: CodeInternal, Message: "internal error", Err: fmt.Errorf("%s: %w", op, err)}
+}
+
+// unreachable recognises a failure to reach the store rather than a failure of the request.
+func unreachable(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, context.DeadlineExceeded)
 }
