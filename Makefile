@@ -2,7 +2,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: run test cluster-test vet fmt-check generate generate-check bench gobench bench-compile fuzz lint
+.PHONY: run test cluster-test chaos vet fmt-check generate generate-check bench gobench bench-compile fuzz lint
 
 ## run: the whole system in one process with an embedded in-memory Redis and demo data.
 run:
@@ -12,8 +12,9 @@ run:
 ## (with Chromium installed, the browser tests of e2e/ too, their screenshots in
 ## artifacts/browser/), and every benchmark compiled and run once so none rots.
 test: fmt-check vet generate-check
-	COMPUTEQL_ARTIFACTS=$(CURDIR)/artifacts $(GO) test -race -count=1 -skip '^TestDeploymentOnCluster$$' $(PKGS)
+	COMPUTEQL_ARTIFACTS=$(CURDIR)/artifacts $(GO) test -race -count=1 -skip '^TestDeploymentOnCluster$$|^TestChaos' $(PKGS)
 	@if command -v redis-server >/dev/null; then $(MAKE) cluster-test; else echo "no redis-server: cluster-test not run"; fi
+	$(MAKE) chaos CHAOS=small CHAOSFLAGS=
 	$(MAKE) bench-compile
 
 ## cluster-test: the end-to-end suite of e2e/deployment (separate api and worker processes of the
@@ -22,6 +23,17 @@ test: fmt-check vet generate-check
 ## its run of all packages leaves this test out.
 cluster-test:
 	$(GO) test -race -count=1 -run '^TestDeploymentOnCluster$$' ./e2e/deployment
+
+## chaos: the reliability suite of e2e/chaos (README "Reliability"): worker kills, Redis
+## restarts, an API restart under subscribers, region faults and network blips against the
+## built binary and real redis-servers, each followed by the invariant checker; every scenario
+## logs its row of the README's table (REPORT). CHAOS=full is the table's sizes; make test runs
+## CHAOS=small, here, once: its run of all packages leaves these tests out. The scenarios run
+## at once (-parallel 6): they spend most of their time waiting out the queue's 30 s lease.
+CHAOS ?= full
+CHAOSFLAGS ?= -v
+chaos:
+	COMPUTEQL_CHAOS=$(CHAOS) $(GO) test -race -count=1 -parallel 6 -timeout 30m $(CHAOSFLAGS) -run '^TestChaos' ./e2e/chaos
 
 vet:
 	$(GO) vet $(PKGS)
