@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/computeql/computeql/instance"
@@ -22,12 +23,28 @@ type Watcher struct {
 // Start watches until ctx ends, starting from now. Events missed while no watcher ran are
 // not replayed; the periodic resync covers them. Several workers may each run a watcher:
 // the queue coalesces the duplicate wake-ups.
+//
+// Events are handled several at once (wakeParallel): each wake is two round trips, and one
+// after another they fell behind a region building thousands of servers, so that every later
+// event, however urgent, waited behind the backlog. Their order does not matter: a wake only
+// adds the owner's key to the queue, which coalesces.
 func (w *Watcher) Start(ctx context.Context) error {
 	cursor := ""
+	slot := make(chan struct{}, wakeParallel)
+	var wakes sync.WaitGroup
+	defer wakes.Wait()
 	for ctx.Err() == nil {
 		err := w.Region.Watch(ctx, cursor, func(ev region.Event) error {
 			cursor = ev.Cursor
-			w.wake(ctx, ev)
+			select {
+			case slot <- struct{}{}:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			wakes.Go(func() {
+				defer func() { <-slot }()
+				w.wake(ctx, ev)
+			})
 			return nil
 		})
 		if err != nil && ctx.Err() == nil {
@@ -37,6 +54,9 @@ func (w *Watcher) Start(ctx context.Context) error {
 	}
 	return nil
 }
+
+// wakeParallel is how many events one watcher handles at once.
+const wakeParallel = 8
 
 func (w *Watcher) wake(ctx context.Context, ev region.Event) {
 	id := ev.Tags[region.InstanceTag]

@@ -39,7 +39,7 @@ const (
 	eventsCap = 100_000           // events kept (approximately)
 	dueBatch  = 500               // transitions applied per tick at most
 	// advanceParallel is how many transitions one clock applies at once.
-	advanceParallel = 16
+	advanceParallel = 8
 	macPrefix       = "fa:16:3e" // the OpenStack prefix, so MACs look familiar
 )
 
