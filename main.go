@@ -153,6 +153,7 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	if err != nil {
 		return err
 	}
+	redis.SetLogger(redisLog{log})
 	shutdownTracing, err := telemetry.Setup(ctx, telemetry.Config{Endpoint: c.otlpEndpoint, Role: role, Logger: log})
 	if err != nil {
 		return err
@@ -381,6 +382,14 @@ func serveAside(flagName, addr string, h http.Handler, log *slog.Logger) (stop f
 	}()
 	log.Info("serving", "flag", flagName, "addr", ln.Addr().String())
 	return func() { srv.Close(); <-done }, nil
+}
+
+// redisLog puts go-redis's own messages (failed dials while Redis is away, for instance)
+// into the process's structured log instead of plain lines on standard error.
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.WarnContext(ctx, "redis client", "detail", fmt.Sprintf(format, v...))
 }
 
 // newLogger writes structured records to w: JSON for machines, text for a person at a

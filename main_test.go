@@ -21,6 +21,7 @@ import (
 
 	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/eventually"
+	"github.com/computeql/computeql/logtest"
 	"github.com/computeql/computeql/redistest"
 	"github.com/computeql/computeql/region/sim"
 	"github.com/computeql/computeql/store"
@@ -384,4 +385,15 @@ func cachedScripts(t *testing.T, rdb *redis.Client) int {
 	}
 	t.Fatal("INFO memory has no number_of_cached_scripts")
 	return 0
+}
+
+// TestRedisClientLogsAreStructured: go-redis's own messages become warn records of the
+// process's log.
+func TestRedisClientLogsAreStructured(t *testing.T) {
+	rec := &logtest.Recorder{}
+	redisLog{rec.Logger()}.Printf(context.Background(), "redis: connection pool: failed to dial after %d attempts", 5)
+	got := rec.Since(0, "redis client")
+	if len(got) != 1 || got[0].Level != slog.LevelWarn || got[0].Attrs["detail"] != "redis: connection pool: failed to dial after 5 attempts" {
+		t.Errorf("logged %v", got)
+	}
 }
