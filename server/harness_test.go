@@ -115,8 +115,9 @@ func assemble(rdb *redis.Client, fopts feed.Options, mutate ...func(*Options)) (
 }
 
 // runWorkers starts what realises instances behind the API: a worker and the simulated
-// region's clock, both stopped when the test ends. mutate may change the worker's options.
-func (a *api) runWorkers(tb testing.TB, mutate ...func(*worker.Options)) {
+// region's clock, both stopped when the test ends or, before, by the returned stop. mutate may
+// change the worker's options.
+func (a *api) runWorkers(tb testing.TB, mutate ...func(*worker.Options)) (stop func()) {
 	tb.Helper()
 	quiet := slog.New(slog.DiscardHandler)
 	q, err := queue.New(a.rdb, queue.Options{})
@@ -152,7 +153,9 @@ func (a *api) runWorkers(tb testing.TB, mutate ...func(*worker.Options)) {
 		}
 	})
 	wg.Go(func() { _ = a.region.Run(ctx) })
-	tb.Cleanup(func() { cancel(); wg.Wait() })
+	stop = func() { cancel(); wg.Wait() }
+	tb.Cleanup(stop)
+	return stop
 }
 
 // token mints a token for a principal with the grants.

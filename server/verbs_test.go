@@ -30,6 +30,9 @@ const verbLimit = 10 * time.Second
 type pausableClock struct {
 	mu     sync.Mutex
 	frozen time.Time
+	// stopWorkers stops the worker and the ticker behind the API, for a test that must set
+	// the region up without a worker reacting.
+	stopWorkers func()
 }
 
 func (c *pausableClock) now() time.Time {
@@ -69,7 +72,7 @@ func (a *api) realise(tb testing.TB) *pausableClock {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	(&api{rdb: a.rdb, region: clocked}).runWorkers(tb)
+	clock.stopWorkers = (&api{rdb: a.rdb, region: clocked}).runWorkers(tb)
 	return clock
 }
 
@@ -394,7 +397,7 @@ func TestVerbsReachTheSubscriber(t *testing.T) {
 // errors. Each refusal is recorded with its outcome.
 func TestVerbRefusalsAreUserErrors(t *testing.T) {
 	a, s := wsServer(t)
-	a.realise(t)
+	workers := a.realise(t)
 	op := a.operator(t)
 	admin := a.admin(t)
 	c := subscribeWS(t, s, protoTransportWS, op, verbSubQuery)
@@ -449,7 +452,9 @@ func TestVerbRefusalsAreUserErrors(t *testing.T) {
 	}
 	wantAction(t, c.await(action(caID, "SSH_KEY"))[0], "olga", "UNPROCESSABLE")
 
-	// Two servers behind one instance: the verbs refuse to pick one.
+	// Two servers behind one instance: the verbs refuse to pick one. The workers are stopped
+	// first: one would find the duplicate and delete it before the verb is called.
+	workers.stopWorkers()
 	inst := a.instanceScope(t, id)
 	extra, err := a.region.CreateServer(context.Background(), region.ServerSpec{Scope: inst, Name: "refused", FlavorID: "g1.small",
 		ImageID: "ubuntu-24.04", Tags: map[string]string{region.InstanceTag: id}})
