@@ -22,38 +22,8 @@ import (
 	"github.com/computeql/computeql/store"
 )
 
-// Instance is an instance as the API shows it, with what the invariants look at.
-type Instance struct {
-	ID             string  `json:"id"`
-	Name           string  `json:"name"`
-	OrganizationID string  `json:"organizationId"`
-	ProjectID      string  `json:"projectId"`
-	NetworkID      string  `json:"networkId"`
-	FlavorID       string  `json:"flavorId"`
-	Region         *idOnly `json:"region"`
-	Networking     struct {
-		PublicIP bool `json:"publicIP"`
-	} `json:"networking"`
-	Generation         int64   `json:"generation"`
-	ObservedGeneration int64   `json:"observedGeneration"`
-	DesiredPowerState  string  `json:"desiredPowerState"`
-	DeletedAt          *string `json:"deletedAt"`
-	Status             struct {
-		ProvisioningStatus string `json:"provisioningStatus"`
-		PowerState         string `json:"powerState"`
-		Conditions         []struct {
-			Reason  string `json:"reason"`
-			Message string `json:"message"`
-		} `json:"conditions"`
-	} `json:"status"`
-}
-
-type idOnly struct {
-	ID string `json:"id"`
-}
-
-const instanceFields = `id name organizationId projectId networkId flavorId region { id } networking { publicIP }
-	generation observedGeneration desiredPowerState deletedAt status { provisioningStatus powerState conditions { reason message } }`
+// Instance is an instance as the API shows it.
+type Instance = harness.Instance
 
 // State is everything the invariants judge, read at one moment: the instances and quota
 // usage as the API shows them, and from Redis the stored instances, the region's servers, the
@@ -111,7 +81,7 @@ func (c *Checker) Read(ctx context.Context) (*State, error) {
 	s := &State{Used: map[string]map[string]int64{}, Log: map[string][]instance.Record{}}
 	st := store.New(c.Redis)
 	for _, org := range c.Organizations {
-		insts, err := c.instances(ctx, org)
+		insts, err := c.API.Instances(ctx, org)
 		if err != nil {
 			return nil, err
 		}
@@ -154,38 +124,6 @@ func (c *Checker) Read(ctx context.Context) (*State, error) {
 		return nil, err
 	}
 	return s, nil
-}
-
-// instances lists every instance of the organization through the API.
-func (c *Checker) instances(ctx context.Context, org string) ([]Instance, error) {
-	var out []Instance
-	var after *string
-	for {
-		var data struct {
-			Instances struct {
-				Edges []struct {
-					Node Instance `json:"node"`
-				} `json:"edges"`
-				PageInfo struct {
-					HasNextPage bool    `json:"hasNextPage"`
-					EndCursor   *string `json:"endCursor"`
-				} `json:"pageInfo"`
-			} `json:"instances"`
-		}
-		err := c.API.Do(ctx, `query($org: ID!, $after: String) { instances(organizationId: $org, first: 100, after: $after) {
-			edges { node { `+instanceFields+` } } pageInfo { hasNextPage endCursor } } }`,
-			map[string]any{"org": org, "after": after}, &data)
-		if err != nil {
-			return nil, fmt.Errorf("list instances of %s: %w", org, err)
-		}
-		for _, e := range data.Instances.Edges {
-			out = append(out, e.Node)
-		}
-		if !data.Instances.PageInfo.HasNextPage {
-			return out, nil
-		}
-		after = data.Instances.PageInfo.EndCursor
-	}
 }
 
 // ReadLog reads an organization's whole event log from Redis, oldest first.

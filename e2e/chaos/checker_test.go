@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/computeql/computeql/e2e/harness"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/queue"
 	"github.com/computeql/computeql/region"
@@ -37,7 +38,7 @@ func cleanState() (*Checker, *State) {
 	}
 	add := func(id, name, flavor string, publicIP bool, status string, state region.ServerState) {
 		inst := Instance{ID: id, Name: name, OrganizationID: "acme", ProjectID: "web", NetworkID: "net-acme-web-eu", FlavorID: flavor,
-			Region: &idOnly{ID: "eu-west"}, Generation: 1, ObservedGeneration: 1, DesiredPowerState: "RUNNING"}
+			Region: &harness.IDOnly{ID: "eu-west"}, Generation: 1, ObservedGeneration: 1, DesiredPowerState: "RUNNING"}
 		inst.Networking.PublicIP = publicIP
 		inst.Status.ProvisioningStatus, inst.Status.PowerState = status, string(state)
 		if state == region.ServerError {

@@ -20,16 +20,14 @@ import (
 
 // Instance is an instance as the API shows it, with what the invariants need.
 type Instance struct {
-	ID             string `json:"id"`
-	Name           string `json:"name"`
-	OrganizationID string `json:"organizationId"`
-	ProjectID      string `json:"projectId"`
-	NetworkID      string `json:"networkId"`
-	FlavorID       string `json:"flavorId"`
-	Region         *struct {
-		ID string `json:"id"`
-	} `json:"region"`
-	Networking struct {
+	ID             string  `json:"id"`
+	Name           string  `json:"name"`
+	OrganizationID string  `json:"organizationId"`
+	ProjectID      string  `json:"projectId"`
+	NetworkID      string  `json:"networkId"`
+	FlavorID       string  `json:"flavorId"`
+	Region         *IDOnly `json:"region"`
+	Networking     struct {
 		PublicIP bool `json:"publicIP"`
 	} `json:"networking"`
 	Generation         int64   `json:"generation"`
@@ -40,21 +38,32 @@ type Instance struct {
 		ProvisioningStatus string `json:"provisioningStatus"`
 		PowerState         string `json:"powerState"`
 		HealthStatus       string `json:"healthStatus"`
+		Conditions         []struct {
+			Reason  string `json:"reason"`
+			Message string `json:"message"`
+		} `json:"conditions"`
 	} `json:"status"`
+}
+
+// IDOnly is an object of which only the id is selected.
+type IDOnly struct {
+	ID string `json:"id"`
 }
 
 // InstanceFields selects every field of Instance.
 const InstanceFields = `id name organizationId projectId networkId flavorId region { id } networking { publicIP }
-	generation observedGeneration desiredPowerState deletedAt status { provisioningStatus powerState healthStatus }`
+	generation observedGeneration desiredPowerState deletedAt
+	status { provisioningStatus powerState healthStatus conditions { reason message } }`
 
-// Settled reports whether nothing is left to do for the instance: not being deleted, its
-// newest spec realised, and provisioned in the power state asked for, or given up on (ERROR).
+// Settled reports whether nothing is left to do for the instance: not being deleted, and
+// either given up on (ERROR, whose generation is never realised) or provisioned in the power
+// state asked for with its newest spec realised.
 func (i *Instance) Settled() bool {
-	if i.DeletedAt != nil || i.ObservedGeneration != i.Generation {
+	if i.DeletedAt != nil {
 		return false
 	}
 	return i.Status.ProvisioningStatus == "ERROR" ||
-		i.Status.ProvisioningStatus == "PROVISIONED" && i.Status.PowerState == i.DesiredPowerState
+		i.ObservedGeneration == i.Generation && i.Status.ProvisioningStatus == "PROVISIONED" && i.Status.PowerState == i.DesiredPowerState
 }
 
 // Running reports whether the instance is provisioned and running.
