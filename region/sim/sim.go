@@ -98,8 +98,9 @@ func New(rdb redis.UniversalClient, opts Options) (*Sim, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	if opts.BuildDelay < 0 || opts.DeleteDelay < 0 || opts.PowerDelay < 0 || opts.Tick < 0 || opts.Faults.ErrorRate < 0 || opts.Faults.ErrorRate > 1 {
-		return nil, errors.New("sim: delays must not be negative and ErrorRate must be in [0, 1]")
+	if opts.BuildDelay < 0 || opts.DeleteDelay < 0 || opts.PowerDelay < 0 || opts.Tick < 0 || opts.Faults.SlowCalls < 0 ||
+		opts.Faults.ErrorRate < 0 || opts.Faults.ErrorRate > 1 {
+		return nil, errors.New("sim: delays (SlowCalls too) must not be negative and ErrorRate must be in [0, 1]")
 	}
 	return &Sim{rdb: rdb, opts: opts}, nil
 }

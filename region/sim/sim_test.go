@@ -679,6 +679,7 @@ func TestOptions(t *testing.T) {
 		{"negative Tick", Options{Catalog: cat, Tick: -time.Millisecond}, false},
 		{"negative ErrorRate", Options{Catalog: cat, Faults: Faults{ErrorRate: -0.01}}, false},
 		{"ErrorRate above 1", Options{Catalog: cat, Faults: Faults{ErrorRate: 1.01}}, false},
+		{"negative SlowCalls", Options{Catalog: cat, Faults: Faults{SlowCalls: -time.Millisecond}}, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
