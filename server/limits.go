@@ -175,16 +175,36 @@ func (d depthLimit) MutateOperationContext(_ context.Context, oc *graphql.Operat
 type postTransport struct{ transport.POST }
 
 func (t postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
-	t.POST.Do(w, r, noSubscriptions{exec})
+	t.POST.Do(w, r, refuseOperations{exec, map[ast.Operation]string{ast.Subscription: streamOnly}})
 }
 
-// noSubscriptions refuses subscription operations once parsed and validated, before they run.
-type noSubscriptions struct{ graphql.GraphExecutor }
+// getTransport is gqlgen's GET transport refusing what GET must not carry, with a code: gqlgen
+// itself answers 406 with an error that has none.
+type getTransport struct{ transport.GET }
 
-func (e noSubscriptions) CreateOperationContext(ctx context.Context, params *graphql.RawParams) (*graphql.OperationContext, gqlerror.List) {
+func (t getTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
+	t.GET.Do(w, r, refuseOperations{exec, map[ast.Operation]string{
+		ast.Mutation:     "mutations change state and are sent with POST, never GET (which caches and crawlers may repeat)",
+		ast.Subscription: streamOnly,
+	}})
+}
+
+const streamOnly = "subscriptions stream over a WebSocket or Server-Sent Events (Accept: text/event-stream), not a plain request"
+
+// refuseOperations refuses the operations a transport must not serve, once parsed and
+// validated and before they run, with GRAPHQL_VALIDATION_FAILED and a message saying why.
+type refuseOperations struct {
+	graphql.GraphExecutor
+	refused map[ast.Operation]string
+}
+
+func (e refuseOperations) CreateOperationContext(ctx context.Context, params *graphql.RawParams) (*graphql.OperationContext, gqlerror.List) {
 	oc, errs := e.GraphExecutor.CreateOperationContext(ctx, params)
-	if len(errs) == 0 && oc.Operation != nil && oc.Operation.Operation == ast.Subscription {
-		err := gqlerror.Errorf("subscriptions stream over a WebSocket or Server-Sent Events (Accept: text/event-stream), not a plain POST")
+	if len(errs) > 0 || oc.Operation == nil {
+		return oc, errs
+	}
+	if why, ok := e.refused[oc.Operation.Operation]; ok {
+		err := gqlerror.Errorf("%s", why)
 		errcode.Set(err, errcode.ValidationFailed)
 		return oc, gqlerror.List{err}
 	}

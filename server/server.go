@@ -190,7 +190,7 @@ func New(opts Options) (http.Handler, error) {
 		grace: opts.StreamWriteTimeout + time.Second,
 	})
 	gql.AddTransport(transport.SSE{KeepAlivePingInterval: opts.KeepAliveInterval})
-	gql.AddTransport(transport.GET{})
+	gql.AddTransport(getTransport{})
 	gql.AddTransport(postTransport{})
 	gql.SetQueryCache(lru.New[*ast.QueryDocument](1000))
 	gql.SetParserTokenLimit(opts.MaxTokens)
