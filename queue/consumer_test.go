@@ -225,18 +225,7 @@ func TestAddsDuringRunCoalesceIntoOneFollowUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, started, "the first run")
-	var wg sync.WaitGroup
-	for range 10 {
-		wg.Go(func() {
-			for range 100 {
-				if err := q.Enqueue(ctx, "k"); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
+	enqueueConcurrently(t, q, "k", 10, 100)
 	shard := q.Shard("k")
 	if st := rdb.HGet(ctx, stateKey(shard), "k").Val(); st != "d" {
 		t.Errorf("state during the run = %q, want d", st)

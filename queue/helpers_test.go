@@ -286,3 +286,20 @@ func anotherProcess(t *testing.T, opts Options, clientName string) *Queue {
 	}
 	return q
 }
+
+// enqueueConcurrently adds key n times from each of producers goroutines at once.
+func enqueueConcurrently(t *testing.T, q *Queue, key string, producers, n int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for range producers {
+		wg.Go(func() {
+			for range n {
+				if err := q.Enqueue(context.Background(), key); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}

@@ -249,18 +249,7 @@ func TestConsumersShareTheWork(t *testing.T) {
 func TestEnqueueOfWaitingKeyCoalesces(t *testing.T) {
 	rdb, q := newTestQueue(t, Options{Shards: 4})
 	ctx := context.Background()
-	var wg sync.WaitGroup
-	for range 10 {
-		wg.Go(func() {
-			for range 100 {
-				if err := q.Enqueue(ctx, "k"); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
+	enqueueConcurrently(t, q, "k", 10, 100)
 	shard := q.Shard("k")
 	if n := rdb.XLen(ctx, streamKey(shard)).Val(); n != 1 {
 		t.Errorf("1000 adds of a waiting key left %d stream entries, want 1", n)

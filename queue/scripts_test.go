@@ -154,14 +154,7 @@ func runScriptCases(t *testing.T, cases []scriptCase) {
 	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			rdb := redisServer.Client(t)
-			q, err := New(rdb, Options{Shards: 1, Group: tableGroup})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := q.Setup(context.Background()); err != nil {
-				t.Fatal(err)
-			}
+			rdb, _ := newTestQueue(t, Options{Shards: 1, Group: tableGroup})
 			ids := seedShard(t, rdb, tc.init)
 			res, err := tc.run(context.Background(), rdb, ids).Result()
 			got := fmt.Sprint(res)
@@ -474,14 +467,7 @@ func TestRequeueDeadScript(t *testing.T) {
 
 func TestRenewScript(t *testing.T) {
 	ctx := context.Background()
-	rdb := redisServer.Client(t)
-	q, err := New(rdb, Options{Shards: 1, Group: tableGroup})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := q.Setup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	rdb, _ := newTestQueue(t, Options{Shards: 1, Group: tableGroup})
 	ids := seedShard(t, rdb, rawShard{pending: map[string]string{"mine": "c1", "theirs": "c2"}})
 	// Both messages have gone unrenewed for 100s.
 	for key, c := range map[string]string{"mine": "c1", "theirs": "c2"} {
@@ -519,14 +505,7 @@ func TestRenewScript(t *testing.T) {
 
 func TestPruneConsumersScript(t *testing.T) {
 	ctx := context.Background()
-	rdb := redisServer.Client(t)
-	q, err := New(rdb, Options{Shards: 1, Group: tableGroup})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := q.Setup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	rdb, q := newTestQueue(t, Options{Shards: 1, Group: tableGroup})
 	for _, c := range []string{"ghost", "ghost2", "self"} {
 		if err := rdb.XGroupCreateConsumer(ctx, streamKey(0), tableGroup, c).Err(); err != nil {
 			t.Fatal(err)

@@ -239,9 +239,7 @@ func wantClose(tb testing.TB, err error, code int, reason string) {
 func wsServer(tb testing.TB, mutate ...func(*Options)) (*api, *httptest.Server) {
 	tb.Helper()
 	a := newAPI(tb, mutate...)
-	s := httptest.NewServer(a.handler)
-	tb.Cleanup(s.Close)
-	return a, s
+	return a, serveAPI(tb, a)
 }
 
 // TestWebSocketAuth: connection_init authenticates; no token closes with 4401, a bad one with
