@@ -452,7 +452,7 @@ func (c *Consumer) run(ctx context.Context, m message) runResult {
 	res, err := beginScript.Run(ctx, c.q.rdb, c.shardKeys(m.shard),
 		c.q.opts.Group, c.opts.Name, m.id, m.key, c.q.opts.MaxDeliveries, now, c.q.opts.DeadLetterMaxLen).Slice()
 	if err != nil {
-		c.logError(ctx, "begin "+m.key, err)
+		c.logError(ctx, "begin", err, "key", m.key)
 		return runResult{outcome: "error", err: err} // pending: retried once reclaimed
 	}
 	switch res[0] {
@@ -536,7 +536,7 @@ func (c *Consumer) renew(ctx context.Context, m message, cancel context.CancelFu
 		ok, err := renewScript.Run(ctx, c.q.rdb, []string{streamKey(m.shard)}, c.q.opts.Group, c.opts.Name, m.id).Int()
 		if err != nil {
 			if ctx.Err() == nil {
-				c.logError(ctx, "renew lease of "+m.key, err)
+				c.logError(ctx, "renew lease", err, "key", m.key)
 			}
 			continue // a transient failure; the lease lasts three renewal periods
 		}
@@ -559,7 +559,7 @@ func (c *Consumer) finish(ctx context.Context, m message, t Task, again time.Dur
 			herr.Error(), t.Attempt, now.UnixMilli(), c.q.opts.DeadLetterMaxLen).Text()
 		switch {
 		case err != nil:
-			c.logError(ctx, "dead-letter "+m.key, err)
+			c.logError(ctx, "dead-letter", err, "key", m.key)
 			return "error", err
 		case res == "ok":
 			c.buried(ctx, m.key, herr.Error())
@@ -582,7 +582,7 @@ func (c *Consumer) finish(ctx context.Context, m message, t Task, again time.Dur
 		c.q.opts.Group, c.opts.Name, m.id, m.key, status, errText, at).Text()
 	switch {
 	case err != nil:
-		c.logError(ctx, "finish "+m.key, err)
+		c.logError(ctx, "finish", err, "key", m.key)
 		return "error", err
 	case res == "lost":
 		c.metrics.handled.WithLabelValues("lost").Inc()
@@ -625,8 +625,9 @@ func (c *Consumer) sleep(ctx context.Context, d time.Duration) {
 const logInterval = 5 * time.Second
 
 // logError counts failures of the consumer's own loops, which retry by themselves, and logs
-// them at most once per logInterval per operation.
-func (c *Consumer) logError(ctx context.Context, op string, err error) {
+// them at most once per logInterval per operation. op is a fixed name, the key (if any) an
+// attribute: a name per key would log every key's failure and keep a map entry for each.
+func (c *Consumer) logError(ctx context.Context, op string, err error, attrs ...any) {
 	c.metrics.errors.Inc()
 	c.logMu.Lock()
 	now := time.Now()
@@ -636,6 +637,6 @@ func (c *Consumer) logError(ctx context.Context, op string, err error) {
 	}
 	c.logMu.Unlock()
 	if !quiet {
-		c.opts.Logger.ErrorContext(ctx, "queue: "+op, "consumer", c.opts.Name, "err", err)
+		c.opts.Logger.ErrorContext(ctx, "queue: "+op, append([]any{"consumer", c.opts.Name, "err", err}, attrs...)...)
 	}
 }

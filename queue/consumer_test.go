@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/computeql/computeql/eventually"
+	"github.com/computeql/computeql/logtest"
 )
 
 // Semantics 2: a handler that outlasts its lease renews it, so no consumer reclaims the key
@@ -1033,5 +1034,34 @@ func TestShutdownHandsBackUnbegunMessages(t *testing.T) {
 		if runs := first.count(k) + heir.count(k); runs != 1 {
 			t.Errorf("%s ran %d times, want once", k, runs)
 		}
+	}
+}
+
+// Failures of one operation are logged once per interval whatever key they concern, and
+// counted every time.
+func TestErrorsLoggedOncePerOperation(t *testing.T) {
+	_, q := newTestQueue(t, Options{Shards: 1})
+	rec := &logtest.Recorder{}
+	c, err := q.NewConsumer(HandlerFunc(func(context.Context, Task) (time.Duration, error) { return 0, nil }),
+		testConsumerOptions(ConsumerOptions{Logger: rec.Logger()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("redis is away")
+	for i := range 50 {
+		c.logError(context.Background(), "begin", boom, "key", fmt.Sprint("k", i))
+	}
+	c.logError(context.Background(), "finish", boom, "key", "k0")
+	if n := len(rec.Since(0, "queue: begin")); n != 1 {
+		t.Errorf("50 failed begins of 50 keys logged %d lines, want 1", n)
+	}
+	if n := len(rec.Since(0, "queue: finish")); n != 1 {
+		t.Errorf("a failed finish logged %d lines, want 1", n)
+	}
+	if got := rec.Since(0, "queue: begin")[0].Attrs["key"]; got != "k0" {
+		t.Errorf("the begin line names key %q, want k0", got)
+	}
+	if n := counterValue(t, c.metrics.errors); n != 51 {
+		t.Errorf("errors counted %v, want 51", n)
 	}
 }
