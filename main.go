@@ -238,7 +238,7 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	if err != nil {
 		return err
 	}
-	ready := readiness(ctx, rdb, st)
+	ready := readiness(ctx, rdb)
 	if c.opsListen != "" {
 		stopOps, err := serveAside("--ops-listen", c.opsListen, server.Ops(reg, ready, log), log)
 		if err != nil {
@@ -309,9 +309,9 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 
 // readiness answers /readyz. A process is not ready once it has begun to shut down (its
 // event readers, queue consumers and region watcher stop with it), nor while Redis does not
-// answer or lacks the store's scripts, which a Redis restarted without persistence has
-// forgotten and this loads again.
-func readiness(process context.Context, rdb redis.UniversalClient, st *store.Store) func(context.Context) error {
+// answer. Scripts need no check: every call falls back from EVALSHA to EVAL, so a Redis that
+// forgot them serves as before.
+func readiness(process context.Context, rdb redis.UniversalClient) func(context.Context) error {
 	return func(ctx context.Context) error {
 		if process.Err() != nil {
 			return errors.New("shutting down")
@@ -319,7 +319,7 @@ func readiness(process context.Context, rdb redis.UniversalClient, st *store.Sto
 		if err := rdb.Ping(ctx).Err(); err != nil {
 			return fmt.Errorf("redis: %w", err)
 		}
-		return st.Load(ctx)
+		return nil
 	}
 }
 

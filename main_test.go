@@ -12,19 +12,15 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/logtest"
 	"github.com/computeql/computeql/redistest"
 	"github.com/computeql/computeql/region/sim"
-	"github.com/computeql/computeql/store"
 )
 
 const secret = "main-test-secret-main-test-secret"
@@ -333,8 +329,8 @@ func TestParseFaults(t *testing.T) {
 	}
 }
 
-// TestReadiness: ready while Redis answers, loading the store's scripts again when a restarted
-// Redis has forgotten them; not ready once the process shuts down, nor when Redis is gone.
+// TestReadiness: ready while Redis answers; not ready once the process shuts down, nor when
+// Redis is gone.
 func TestReadiness(t *testing.T) {
 	srv, err := redistest.Start()
 	if err != nil {
@@ -343,23 +339,12 @@ func TestReadiness(t *testing.T) {
 	rdb := srv.Client(t)
 	process, shutDown := context.WithCancel(context.Background())
 	defer shutDown()
-	ready := readiness(process, rdb, store.New(rdb))
+	ready := readiness(process, rdb)
 	ctx := context.Background()
 
 	if err := ready(ctx); err != nil {
 		t.Fatalf("not ready with Redis up: %v", err)
 	}
-	rdb.ScriptFlush(ctx)
-	if n := cachedScripts(t, rdb); n != 0 {
-		t.Fatalf("%d scripts cached after SCRIPT FLUSH", n)
-	}
-	if err := ready(ctx); err != nil {
-		t.Fatalf("not ready after the scripts were flushed: %v", err)
-	}
-	if n := cachedScripts(t, rdb); n == 0 {
-		t.Error("readiness did not load the scripts again")
-	}
-
 	srv.Stop()
 	if err := ready(ctx); err == nil {
 		t.Error("ready with Redis gone")
@@ -368,23 +353,6 @@ func TestReadiness(t *testing.T) {
 	if err := ready(ctx); err == nil || !strings.Contains(err.Error(), "shutting down") {
 		t.Errorf("readiness during shutdown: %v", err)
 	}
-}
-
-// cachedScripts is how many scripts Redis holds, from INFO's number_of_cached_scripts.
-func cachedScripts(t *testing.T, rdb *redis.Client) int {
-	t.Helper()
-	info := rdb.Info(context.Background(), "memory").Val()
-	for line := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "number_of_cached_scripts:"); ok {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatal("INFO memory has no number_of_cached_scripts")
-	return 0
 }
 
 // TestRedisClientLogsAreStructured: go-redis's own messages become warn records of the
