@@ -4,50 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/computeql/computeql/e2e/harness"
 	"github.com/computeql/computeql/region"
 )
 
-// The computeql command, built once for the tests that run its roles as the embedded system.
-var (
-	buildOnce sync.Once
-	builtExe  string
-	buildErr  error
-)
-
-func computeql() (string, error) {
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "computeql-bench-test-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		exe := filepath.Join(dir, "computeql")
-		if out, err := exec.Command("go", "build", "-o", exe, "github.com/computeql/computeql").CombinedOutput(); err != nil {
-			os.RemoveAll(dir)
-			buildErr = fmt.Errorf("go build: %w\n%s", err, out)
-			return
-		}
-		builtExe = exe
-	})
-	return builtExe, buildErr
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if builtExe != "" {
-		os.RemoveAll(filepath.Dir(builtExe))
-	}
-	os.Exit(code)
-}
+// TestMain removes the computeql command the tests built with the end-to-end harness.
+func TestMain(m *testing.M) { harness.Main(m) }
 
 // tinyConfig is a whole run at the smallest sizes that exercise every phase.
 func tinyConfig(t *testing.T) Config {
@@ -62,11 +30,7 @@ func tinyConfig(t *testing.T) Config {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exe, err := computeql()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.exe = exe
+	cfg.exe = harness.Binary(t)
 	return cfg
 }
 
