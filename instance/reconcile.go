@@ -124,7 +124,7 @@ func (i *Instance) StopWhenBuilt(s *region.Server) bool {
 	if i.DesiredPower() != IntentStopped || s.State != region.ServerRunning {
 		return false
 	}
-	building := i.Status.ProvisioningStatus == ProvisioningPending || i.Status.ProvisioningStatus == ProvisioningProvisioning
+	building := i.Status.Building()
 	return building || i.Generation > i.Status.ObservedGeneration
 }
 

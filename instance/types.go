@@ -165,6 +165,11 @@ type Status struct {
 	ObservedGeneration int64 `json:"observedGeneration"`
 }
 
+// Building reports whether the instance's server is not built yet: pending or provisioning.
+func (s Status) Building() bool {
+	return s.ProvisioningStatus == ProvisioningPending || s.ProvisioningStatus == ProvisioningProvisioning
+}
+
 // Instance is a virtual machine as users see it.
 type Instance struct {
 	ID             string

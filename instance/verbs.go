@@ -257,7 +257,7 @@ func (s *Service) perform(ctx context.Context, inst *Instance, fn func(*region.S
 		}
 		return "", Errorf(CodeConsistency, "instance %q is backed by %d servers (%s) instead of one; the workers will delete the extra ones, retry then",
 			inst.ID, len(live), strings.Join(ids, ", "))
-	case len(live) == 0 && inst.Status.ProvisioningStatus != ProvisioningPending && inst.Status.ProvisioningStatus != ProvisioningProvisioning:
+	case len(live) == 0 && !inst.Status.Building():
 		return "", Errorf(CodeConsistency, "instance %q has no server in the region (it is %s); the workers will recreate it, retry then",
 			inst.ID, inst.Status.ProvisioningStatus)
 	case len(live) == 0:

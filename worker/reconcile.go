@@ -121,12 +121,14 @@ func (r *Reconciler) writeStatus(ctx context.Context, inst *instance.Instance, s
 }
 
 func (r *Reconciler) reconcile(ctx context.Context, inst *instance.Instance) (time.Duration, error) {
+	// An instance whose network is gone is marked for deletion before its servers are looked
+	// for: marking it needs none of them.
+	if !inst.Deleting() && !r.NetworkExists(inst.NetworkID) {
+		return r.networkDeleted(ctx, inst)
+	}
 	servers, err := r.Region.FindServers(ctx, inst.Scope(), region.InstanceTag, inst.ID)
 	if err != nil {
 		return 0, fmt.Errorf("find servers: %w", err)
-	}
-	if !inst.Deleting() && !r.NetworkExists(inst.NetworkID) {
-		return r.networkDeleted(ctx, inst)
 	}
 	if inst.Deleting() {
 		return r.deprovision(ctx, inst, servers)
