@@ -26,6 +26,12 @@ type Resync struct {
 
 // Start runs a pass now and then every Interval until ctx ends.
 func (r *Resync) Start(ctx context.Context) error {
+	if r.Interval <= 0 {
+		r.Interval = 30 * time.Second
+	}
+	if r.DriftEvery <= 0 {
+		r.DriftEvery = 10
+	}
 	t := time.NewTicker(r.Interval)
 	defer t.Stop()
 	for pass := 0; ; pass++ {
@@ -73,6 +79,5 @@ func (r *Resync) Pass(ctx context.Context, all bool) {
 }
 
 func unsettled(i *instance.Instance) bool {
-	return i.Deleting() || i.Status.ObservedGeneration < i.Generation ||
-		i.Status.ProvisioningStatus == instance.ProvisioningPending || i.Status.ProvisioningStatus == instance.ProvisioningProvisioning
+	return i.Deleting() || i.Status.ObservedGeneration < i.Generation || i.Status.Building()
 }

@@ -63,9 +63,6 @@ func New(opts Options) (*Worker, error) {
 	if opts.Yield == 0 {
 		opts.Yield = time.Second
 	}
-	if opts.ResyncInterval == 0 {
-		opts.ResyncInterval = 30 * time.Second
-	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -95,7 +92,7 @@ func New(opts Options) (*Worker, error) {
 		consumer: consumer,
 		watcher:  &Watcher{Region: opts.Region, Store: opts.Store, Queue: opts.Queue, Logger: opts.Logger, Metrics: m},
 		resync: &Resync{Store: opts.Store, Queue: opts.Queue, Organizations: opts.Organizations,
-			Interval: opts.ResyncInterval, DriftEvery: 10, Logger: opts.Logger, Metrics: m},
+			Interval: opts.ResyncInterval, Logger: opts.Logger, Metrics: m},
 	}, nil
 }
 
