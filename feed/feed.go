@@ -180,10 +180,6 @@ func (f *Feed) SubscribeInstance(ctx context.Context, org, instanceID, after str
 	if err != nil {
 		return nil, nil, err
 	}
-	if instanceID != "" {
-		watched := match
-		match = func(r *instance.Record) bool { return r.Instance.ID == instanceID && watched(r) }
-	}
 	s := &Subscription{c: make(chan *instance.Record, f.opts.Buffer), match: match, instance: instanceID, of: of, feed: f}
 	of.mu.Lock()
 	s.Start = of.last
@@ -202,8 +198,9 @@ func (f *Feed) SubscribeInstance(ctx context.Context, org, instanceID, after str
 		return nil, nil, err
 	}
 	replay := all[:0]
+	// Live events reach only the subscriptions of their instance; the replay is filtered here.
 	for _, r := range all {
-		if match(&r) {
+		if (instanceID == "" || r.Instance.ID == instanceID) && match(&r) {
 			replay = append(replay, r)
 		}
 	}
@@ -213,16 +210,25 @@ func (f *Feed) SubscribeInstance(ctx context.Context, org, instanceID, after str
 // join returns the organization's feed, starting its reader for the first subscriber.
 func (f *Feed) join(ctx context.Context, org string) (*orgFeed, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if of, ok := f.orgs[org]; ok {
+	of, ok := f.orgs[org]
+	f.mu.Unlock()
+	if ok {
 		return of, nil
 	}
+	// Read outside the lock, which every subscribe, leave and scrape of every organization
+	// takes: a slow Redis must not stall them all. Two first subscribers may both read; the
+	// first to come back starts the reader.
 	last, err := f.log.LastEvent(ctx, org)
 	if err != nil {
 		return nil, err
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if of, ok := f.orgs[org]; ok {
+		return of, nil
+	}
 	rctx, cancel := context.WithCancel(f.ctx)
-	of := &orgFeed{org: org, last: last, subs: map[string]map[*Subscription]struct{}{}, cancel: cancel}
+	of = &orgFeed{org: org, last: last, subs: map[string]map[*Subscription]struct{}{}, cancel: cancel}
 	f.orgs[org] = of
 	f.wg.Go(func() { f.read(rctx, of) })
 	return of, nil

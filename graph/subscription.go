@@ -27,13 +27,11 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 	if !pr.SeesOrganization(org) || project != "" && !pr.Allows(org, project, auth.RoleViewer) {
 		return nil, instance.Errorf(instance.CodeNotFound, "organization %q or project %q not found", org, project)
 	}
-	var only *instance.Instance
-	if instanceID != "" {
-		if only, err = r.Service.Get(ctx, instanceID); err != nil {
+	// A watched instance must be readable and of the organization. Without after, the snapshot
+	// reads it anyway once the subscription is live; with after, it is checked first.
+	if instanceID != "" && after != "" {
+		if _, err := r.watched(ctx, org, instanceID); err != nil {
 			return nil, err
-		}
-		if only.OrganizationID != org {
-			return nil, instance.Errorf(instance.CodeNotFound, "instance %q not found", instanceID)
 		}
 	}
 	pos := ""
@@ -44,8 +42,7 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 	}
 	match := func(rec *instance.Record) bool {
 		i := rec.Instance
-		return (project == "" || i.ProjectID == project) && (instanceID == "" || i.ID == instanceID) &&
-			pr.Allows(org, i.ProjectID, auth.RoleViewer)
+		return (project == "" || i.ProjectID == project) && pr.Allows(org, i.ProjectID, auth.RoleViewer)
 	}
 	sub, replay, err := r.Feed.SubscribeInstance(ctx, org, instanceID, pos, match)
 	if errors.Is(err, instance.ErrCursorExpired) {
@@ -56,7 +53,7 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 	}
 	var snapshot []*instance.Instance
 	if after == "" {
-		if snapshot, err = r.snapshot(ctx, org, project, only); err != nil {
+		if snapshot, err = r.snapshot(ctx, org, project, instanceID); err != nil {
 			sub.Close()
 			return nil, err
 		}
@@ -138,11 +135,24 @@ func versioned(k instance.EventKind) bool {
 	return k == instance.EventCreated || k == instance.EventUpdated || k == instance.EventStatusChanged || k == instance.EventRebuildStarted
 }
 
+// watched reads the instance a subscription watches: NOT_FOUND unless the subscriber may read
+// it and it belongs to the organization subscribed to.
+func (r *Resolver) watched(ctx context.Context, org, id string) (*instance.Instance, error) {
+	inst, err := r.Service.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if inst.OrganizationID != org {
+		return nil, instance.Errorf(instance.CodeNotFound, "instance %q not found", id)
+	}
+	return inst, nil
+}
+
 // snapshot lists every instance the subscription starts with: the one it watches (read after
 // the subscription went live), or those of the organization or project.
-func (r *Resolver) snapshot(ctx context.Context, org, project string, only *instance.Instance) ([]*instance.Instance, error) {
-	if only != nil {
-		inst, err := r.Service.Get(ctx, only.ID)
+func (r *Resolver) snapshot(ctx context.Context, org, project, instanceID string) ([]*instance.Instance, error) {
+	if instanceID != "" {
+		inst, err := r.watched(ctx, org, instanceID)
 		if err != nil {
 			return nil, err
 		}
