@@ -23,3 +23,9 @@ func Holds(tb testing.TB, limit time.Duration, cond func() bool, format string, 
 		time.Sleep(pollEvery)
 	}
 }
+
+// Lazy formats as what f returns at the moment it is formatted, so that the arguments of a
+// Holds message, given before the wait, show what the wait saw last when it fails.
+type Lazy func() string
+
+func (f Lazy) String() string { return f() }

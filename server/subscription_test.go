@@ -18,6 +18,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/feed"
 )
 
@@ -201,21 +202,12 @@ func TestSubscriptionSnapshotThenLive(t *testing.T) {
 
 			a.mustDelete(t, tok, two.ID)
 			ev = c.event()
-			if ev.Kind != "UPDATED" || ev.Instance.ID != two.ID || !contains(ev.ChangedFields, "deletedAt") {
+			if ev.Kind != "UPDATED" || ev.Instance.ID != two.ID || !slices.Contains(ev.ChangedFields, "deletedAt") {
 				t.Errorf("delete event %+v", ev)
 			}
 			c.quiet(silence)
 		})
 	}
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // TestSubscriptionResume: resubscribing after the last cursor received replays exactly the
@@ -449,8 +441,14 @@ func TestSubscriptionNoGoroutineLeak(t *testing.T) {
 	a, s := wsServer(t, func(o *Options) { o.RateLimit = -1 }) // it opens 200 subscriptions as one principal
 	tok := a.admin(t)
 	a.mustCreate(t, tok, createInput("one"))
-	time.Sleep(50 * time.Millisecond)
+	// The baseline is taken once what the create left running (connections, the feed) has
+	// settled: two readings in a row agree.
 	base := runtime.NumGoroutine()
+	eventually.Holds(t, 10*time.Second, func() bool {
+		prev := base
+		base = runtime.NumGoroutine()
+		return base == prev
+	}, "the goroutine count did not settle")
 	clients := make([]*wsClient, n)
 	for i := range clients {
 		clients[i] = subscribeWS(t, s, protoTransportWS, tok, subQuery("acme", ""))
@@ -466,16 +464,11 @@ func TestSubscriptionNoGoroutineLeak(t *testing.T) {
 	for _, c := range clients {
 		c.stop()
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	g := runtime.NumGoroutine()
-	for g > base && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-		g = runtime.NumGoroutine()
-	}
-	if g > base {
-		buf := make([]byte, 1<<20)
-		t.Errorf("%d goroutines after closing %d subscriptions, baseline %d\n%s", g, n, base, buf[:runtime.Stack(buf, true)])
-	}
+	eventually.Holds(t, 10*time.Second, func() bool { return runtime.NumGoroutine() <= base },
+		"goroutines after closing %d subscriptions, baseline %d:\n%s", n, base, eventually.Lazy(func() string {
+			buf := make([]byte, 1<<20)
+			return string(buf[:runtime.Stack(buf, true)])
+		}))
 }
 
 // smallBufferListener shrinks accepted connections' send buffers, so a client that does not

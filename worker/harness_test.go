@@ -187,14 +187,8 @@ func (r *running) stop(limit time.Duration) error {
 	return r.err
 }
 
-// lazy renders its value only when a failure message is printed, so that eventually's
-// message shows the last state polled rather than the state before polling began.
-type lazy func() string
-
-func (l lazy) String() string { return l() }
-
 // last renders the status of the instance *p holds when a failure message is printed.
-func last(p **instance.Instance) lazy { return func() string { return statusOf(*p) } }
+func last(p **instance.Instance) eventually.Lazy { return func() string { return statusOf(*p) } }
 
 // createReq is a valid request for an instance named name in acme/web (EU West).
 func createReq(name string) instance.CreateRequest {

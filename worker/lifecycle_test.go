@@ -142,7 +142,7 @@ func TestRebuildOnlyWhenAllowed(t *testing.T) {
 	eventually.Holds(t, convergeLimit, func() bool {
 		rebuilding = available(t, e.get(t, created.ID))
 		return rebuilding.Reason == instance.ReasonRebuilding
-	}, "a Rebuilding condition, last %s", lazy(func() string { return fmt.Sprintf("%+v", rebuilding) }))
+	}, "a Rebuilding condition, last %s", eventually.Lazy(func() string { return fmt.Sprintf("%+v", rebuilding) }))
 	if rebuilding.Status != instance.ConditionFalse || rebuilding.Message == "" {
 		t.Errorf("rebuilding condition %+v, want FALSE with a message", rebuilding)
 	}

@@ -73,7 +73,7 @@ func TestPowerChangesInTheRegionReachTheInstance(t *testing.T) {
 					slices.ContainsFunc(written[i+1:], func(s instance.Status) bool { return s.PowerState == st.want }) &&
 					inst.Status.PowerState == st.want
 			}, "power %s, then %s; last %s; written since: %s", st.transitional, st.want, last(&inst),
-				lazy(func() string { return powers(rec.statuses()[seen:]) }))
+				eventually.Lazy(func() string { return powers(rec.statuses()[seen:]) }))
 
 			now := e.server(t, inst)
 			if now.ID != srv.ID || now.State != st.wantServer {

@@ -345,7 +345,7 @@ func TestPowerIntentSurvivesANewServer(t *testing.T) {
 				return len(srvs) == 1 && srvs[0].ID != old.ID && srvs[0].State == region.ServerStopped &&
 					inst.Status.ProvisioningStatus == instance.ProvisioningProvisioned &&
 					inst.Status.PowerState == instance.PowerStopped && inst.Status.ObservedGeneration == inst.Generation
-			}, "a new server, STOPPED; last %s, servers %s", last(&inst), lazy(func() string { return fmt.Sprintf("%+v", srvs) }))
+			}, "a new server, STOPPED; last %s, servers %s", last(&inst), eventually.Lazy(func() string { return fmt.Sprintf("%+v", srvs) }))
 			if inst.DesiredPower() != instance.IntentStopped {
 				t.Errorf("desired power %s after the new server, want STOPPED", inst.DesiredPower())
 			}

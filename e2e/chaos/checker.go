@@ -384,7 +384,7 @@ func (c *Checker) Settle(tb testing.TB, limit time.Duration) *State {
 		last = c.Check(state)
 		return len(last) == 0
 	}, "the deployment settles with every invariant holding; last read error %v, last violations (%v):\n%v",
-		lazy(func() string { return fmt.Sprint(readErr) }), lazy(func() string { return fmt.Sprint(len(last)) }), lazy(func() string { return summarize(last) }))
+		eventually.Lazy(func() string { return fmt.Sprint(readErr) }), eventually.Lazy(func() string { return fmt.Sprint(len(last)) }), eventually.Lazy(func() string { return summarize(last) }))
 	return state
 }
 
@@ -401,9 +401,3 @@ func summarize(violations []error) string {
 	}
 	return b.String()
 }
-
-// lazy formats as what f returns when formatted, so that a failure message made before a wait
-// shows what the wait saw last.
-type lazy func() string
-
-func (f lazy) String() string { return f() }

@@ -350,6 +350,6 @@ func (c *Checker) Settled(tb testing.TB, limit time.Duration) map[string][]Insta
 	eventually.Holds(tb, limit, func() bool {
 		insts, last = c.Check(ctx)
 		return last == nil
-	}, "the deployment settles with its invariants; last check:\n%v", lazy(func() string { return fmt.Sprint(last) }))
+	}, "the deployment settles with its invariants; last check:\n%v", eventually.Lazy(func() string { return fmt.Sprint(last) }))
 	return insts
 }

@@ -94,7 +94,7 @@ func StartCluster(tb testing.TB, masters int) *Redis {
 			}
 		}
 		return true
-	}, "every node of the cluster reports it ok (last: %v)", lazy(func() string { return last }))
+	}, "every node of the cluster reports it ok (last: %v)", eventually.Lazy(func() string { return last }))
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: r.Addrs})
 	tb.Cleanup(func() { c.Close() })
 	r.Client = c
@@ -149,9 +149,3 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
-
-// lazy formats as the string f returns when formatted, so that a failure message made before
-// a wait shows what the wait saw last.
-type lazy func() string
-
-func (f lazy) String() string { return f() }
