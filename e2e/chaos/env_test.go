@@ -162,19 +162,8 @@ func (e *env) logf(format string, args ...any) {
 
 func setQuota(ctx context.Context, t *testing.T, c *harness.Client, org string, servers int) {
 	t.Helper()
-	var data struct {
-		SetQuota struct {
-			UserErrors []harness.Error `json:"userErrors"`
-		} `json:"setQuota"`
-	}
-	limits := []map[string]any{
-		{"kind": "servers", "limit": servers}, {"kind": "publicIPs", "limit": servers},
-		{"kind": "cpus", "limit": 4 * servers}, {"kind": "memoryGiB", "limit": 16 * servers},
-	}
-	err := c.Do(ctx, `mutation($in: SetQuotaInput!) { setQuota(input: $in) { userErrors { message } } }`,
-		map[string]any{"in": map[string]any{"organizationId": org, "limits": limits}}, &data)
-	if err != nil || len(data.SetQuota.UserErrors) > 0 {
-		t.Fatalf("setQuota %s: %v %v", org, err, data.SetQuota.UserErrors)
+	if err := c.SetQuota(ctx, org, map[string]int{"servers": servers, "publicIPs": servers, "cpus": 4 * servers, "memoryGiB": 16 * servers}); err != nil {
+		t.Fatal(err)
 	}
 }
 

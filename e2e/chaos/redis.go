@@ -74,7 +74,7 @@ func (r *Redis) start() error {
 	cmd := exec.Command(r.bin, "--port", port, "--bind", "127.0.0.1", "--dir", r.dir,
 		"--save", "", "--appendonly", "yes", "--appendfsync", r.Fsync,
 		"--logfile", filepath.Join(r.dir, "redis.log"))
-	cmd.SysProcAttr = sysProcAttr()
+	cmd.SysProcAttr = harness.ProcAttr()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("chaos: start redis-server: %w", err)
 	}

@@ -265,19 +265,8 @@ func scenario(t *testing.T, r *harness.Redis, stopWorker bool) {
 
 func setQuota(ctx context.Context, t *testing.T, c *harness.Client, org string, n int) {
 	t.Helper()
-	var data struct {
-		SetQuota struct {
-			UserErrors []harness.Error `json:"userErrors"`
-		} `json:"setQuota"`
-	}
-	limits := []map[string]any{
-		{"kind": "servers", "limit": n + 10}, {"kind": "publicIPs", "limit": n},
-		{"kind": "cpus", "limit": 2 * (n + 10)}, {"kind": "memoryGiB", "limit": 4 * (n + 10)},
-	}
-	err := c.Do(ctx, `mutation($in: SetQuotaInput!) { setQuota(input: $in) { userErrors { message } } }`,
-		map[string]any{"in": map[string]any{"organizationId": org, "limits": limits}}, &data)
-	if err != nil || len(data.SetQuota.UserErrors) > 0 {
-		t.Fatalf("setQuota %s: %v %v", org, err, data.SetQuota.UserErrors)
+	if err := c.SetQuota(ctx, org, map[string]int{"servers": n + 10, "publicIPs": n, "cpus": 2 * (n + 10), "memoryGiB": 4 * (n + 10)}); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -103,6 +103,28 @@ func (c *Client) Instances(ctx context.Context, org string) ([]Instance, error) 
 	}
 }
 
+// SetQuota sets the organization's limits (kind → limit) through the API.
+func (c *Client) SetQuota(ctx context.Context, org string, limits map[string]int) error {
+	var data struct {
+		SetQuota struct {
+			UserErrors Errors `json:"userErrors"`
+		} `json:"setQuota"`
+	}
+	var in []map[string]any
+	for kind, limit := range limits {
+		in = append(in, map[string]any{"kind": kind, "limit": limit})
+	}
+	err := c.Do(ctx, `mutation($in: SetQuotaInput!) { setQuota(input: $in) { userErrors { message } } }`,
+		map[string]any{"in": map[string]any{"organizationId": org, "limits": in}}, &data)
+	if err == nil && len(data.SetQuota.UserErrors) > 0 {
+		err = data.SetQuota.UserErrors
+	}
+	if err != nil {
+		return fmt.Errorf("set the quota of %s: %w", org, err)
+	}
+	return nil
+}
+
 // Quota is an organization's limits and usage by kind, through the API.
 type Quota struct{ Limit, Used map[string]int64 }
 

@@ -6,4 +6,4 @@ import "syscall"
 
 // sysProcAttr: only Linux can tie a child's life to its parent's; elsewhere the test's cleanup
 // is all that stops the processes.
-func sysProcAttr() *syscall.SysProcAttr { return nil }
+func ProcAttr() *syscall.SysProcAttr { return nil }

@@ -179,7 +179,7 @@ func (p *Process) start(tb testing.TB) {
 	cmd := exec.Command(p.d.bin, args...)
 	cmd.Env = p.d.env()
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = sysProcAttr()
+	cmd.SysProcAttr = ProcAttr()
 	if err := cmd.Start(); err != nil {
 		tb.Fatalf("harness: start %s: %v", p.Name, err)
 	}

@@ -27,12 +27,6 @@ type Redis struct {
 	Addrs []string
 }
 
-// Cluster reports whether r is a Redis Cluster.
-func (r *Redis) Cluster() bool {
-	_, ok := r.Client.(*redis.ClusterClient)
-	return ok
-}
-
 // StartRedis starts a redis-server on a free loopback port for the test, stopped when it ends;
 // extraArgs go to redis-server.
 func StartRedis(tb testing.TB, extraArgs ...string) *Redis {
