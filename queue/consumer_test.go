@@ -1017,6 +1017,9 @@ func TestShutdownHandsBackUnbegunMessages(t *testing.T) {
 	// Two handlers busy, and a second read of two more messages waiting for a free handler.
 	eventually.Holds(t, waitLimit, func() bool { return pendingCount(t, rdb, q, 0) == 4 },
 		"pending %d, want 2 running and 2 read", pendingCount(t, rdb, q, 0))
+	if bl, err := q.Backlog(ctx); err != nil || bl[0].PendingBy["stopping"] != 4 || bl[0].Depth != 6 {
+		t.Fatalf("backlog %+v (%v), want 4 pending to the stopping consumer of 6 messages", bl, err)
+	}
 	r.cancel()
 	close(release)
 	r.stop()

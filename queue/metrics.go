@@ -103,19 +103,17 @@ const scrapeTimeout = 2 * time.Second
 func (b *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
 	defer cancel()
-	for shard := range b.q.opts.Shards {
+	backlog, err := b.q.Backlog(ctx)
+	if err != nil {
+		return // a scrape without the backlog says Redis is away better than zeros would
+	}
+	for shard, bl := range backlog {
 		label := strconv.Itoa(shard)
-		if n, err := b.q.rdb.XLen(ctx, streamKey(shard)).Result(); err == nil {
-			ch <- prometheus.MustNewConstMetric(depthDesc, prometheus.GaugeValue, float64(n), label)
-		}
-		if p, err := b.q.rdb.XPending(ctx, streamKey(shard), b.q.opts.Group).Result(); err == nil {
-			ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(p.Count), label)
-		}
-		if n, err := b.q.rdb.ZCard(ctx, delayedKey(shard)).Result(); err == nil {
-			ch <- prometheus.MustNewConstMetric(delayedDesc, prometheus.GaugeValue, float64(n), label)
-		}
-		if n, err := b.q.rdb.XLen(ctx, deadKey(shard)).Result(); err == nil {
-			ch <- prometheus.MustNewConstMetric(deadDesc, prometheus.GaugeValue, float64(n), label)
+		for _, m := range []struct {
+			desc *prometheus.Desc
+			n    int64
+		}{{depthDesc, bl.Depth}, {pendingDesc, bl.Pending}, {delayedDesc, bl.Delayed}, {deadDesc, bl.Dead}} {
+			ch <- prometheus.MustNewConstMetric(m.desc, prometheus.GaugeValue, float64(m.n), label)
 		}
 	}
 }

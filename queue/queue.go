@@ -126,6 +126,47 @@ func (q *Queue) Enqueue(ctx context.Context, key string) error {
 	return nil
 }
 
+// Backlog is one shard's work as Redis holds it.
+type Backlog struct {
+	// Depth counts the stream's messages: waiting or being handled.
+	Depth int64
+	// Pending counts messages delivered to a consumer and not finished, and PendingBy splits
+	// them by consumer name.
+	Pending   int64
+	PendingBy map[string]int64
+	// Delayed counts keys scheduled to run later; Dead the dead letters kept.
+	Delayed, Dead int64
+}
+
+// Backlog reads every shard's backlog, index by shard, in one pipelined round trip.
+func (q *Queue) Backlog(ctx context.Context) ([]Backlog, error) {
+	type shardCmds struct {
+		depth, delayed, dead *redis.IntCmd
+		pending              *redis.XPendingCmd
+	}
+	cmds := make([]shardCmds, q.opts.Shards)
+	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for shard := range cmds {
+			cmds[shard] = shardCmds{
+				depth:   p.XLen(ctx, streamKey(shard)),
+				pending: p.XPending(ctx, streamKey(shard), q.opts.Group),
+				delayed: p.ZCard(ctx, delayedKey(shard)),
+				dead:    p.XLen(ctx, deadKey(shard)),
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("queue backlog: %w", err)
+	}
+	out := make([]Backlog, len(cmds))
+	for shard, c := range cmds {
+		p := c.pending.Val()
+		out[shard] = Backlog{Depth: c.depth.Val(), Pending: p.Count, PendingBy: p.Consumers, Delayed: c.delayed.Val(), Dead: c.dead.Val()}
+	}
+	return out, nil
+}
+
 // Waiting reports whether a message for the key waits in the queue or is being handled.
 func (q *Queue) Waiting(ctx context.Context, key string) (bool, error) {
 	n, err := q.rdb.HExists(ctx, stateKey(q.Shard(key)), key).Result()

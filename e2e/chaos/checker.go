@@ -2,15 +2,14 @@ package chaos
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/computeql/computeql/e2e/harness"
@@ -146,37 +145,25 @@ func ReadLog(ctx context.Context, rdb redis.UniversalClient, org string) ([]inst
 // backlogGauges are the queue's figures that must all be 0 once everything settled.
 var backlogGauges = []string{"computeql_queue_depth", "computeql_queue_pending", "computeql_queue_delayed"}
 
-// backlog reads the queue's backlog by shard through the queue's own collector: a consumer
-// that is never started registers it.
+// backlog reads the queue's backlog by shard, as the gauges of /metrics name its figures.
 func backlog(rdb redis.UniversalClient) (map[string]map[string]float64, error) {
 	q, err := queue.New(rdb, queue.Options{})
 	if err != nil {
 		return nil, err
 	}
-	reg := prometheus.NewRegistry()
-	never := queue.HandlerFunc(func(context.Context, queue.Task) (time.Duration, error) {
-		return 0, errors.New("chaos: the checker's consumer never runs")
-	})
-	if _, err := q.NewConsumer(never, queue.ConsumerOptions{Name: "chaos-checker", Registerer: reg}); err != nil {
+	shards, err := q.Backlog(context.Background())
+	if err != nil {
 		return nil, err
 	}
-	families, err := reg.Gather()
-	if err != nil {
-		return nil, fmt.Errorf("queue metrics: %w", err)
-	}
 	out := map[string]map[string]float64{}
-	for _, f := range families {
-		if !slices.Contains(backlogGauges, f.GetName()) {
-			continue
-		}
-		out[f.GetName()] = map[string]float64{}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "shard" {
-					out[f.GetName()][l.GetValue()] = m.GetGauge().GetValue()
-				}
-			}
-		}
+	for _, g := range backlogGauges {
+		out[g] = map[string]float64{}
+	}
+	for shard, bl := range shards {
+		label := strconv.Itoa(shard)
+		out["computeql_queue_depth"][label] = float64(bl.Depth)
+		out["computeql_queue_pending"][label] = float64(bl.Pending)
+		out["computeql_queue_delayed"][label] = float64(bl.Delayed)
 	}
 	return out, nil
 }

@@ -17,9 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/computeql/computeql/eventually"
+	"github.com/computeql/computeql/queue"
 )
 
 // Role is what a process of the binary does: its subcommand.
@@ -423,33 +422,21 @@ func (d *Deployment) Token(tb testing.TB, args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// queueShards and queueGroup are the work queue's defaults (queue.Options), which the binary
-// uses; queueStream is its shard stream's key (queue/keys.go).
-const (
-	queueShards = 16
-	queueGroup  = "workers"
-)
-
-func queueStream(shard int) string { return "cq:{q" + strconv.Itoa(shard) + "}:s" }
-
 // Holding returns how many queue messages the process's worker has been delivered and not
 // finished: work in its hands. Consumers are named host-pid-random.
 func (p *Process) Holding(ctx context.Context) (int64, error) {
-	rdb := p.d.Redis.Client
-	cmds := make([]*redis.XPendingCmd, queueShards)
-	_, err := rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
-		for shard := range queueShards {
-			cmds[shard] = pl.XPending(ctx, queueStream(shard), queueGroup)
-		}
-		return nil
-	})
+	q, err := queue.New(p.d.Redis.Client, queue.Options{})
+	if err != nil {
+		return 0, err
+	}
+	backlog, err := q.Backlog(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("harness: pending messages: %w", err)
 	}
 	mark := "-" + strconv.Itoa(p.Pid()) + "-"
 	var n int64
-	for _, c := range cmds {
-		for name, count := range c.Val().Consumers {
+	for _, bl := range backlog {
+		for name, count := range bl.PendingBy {
 			if strings.Contains(name, mark) {
 				n += count
 			}
