@@ -89,6 +89,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, err
 		checkCompatible(&p, flavor, image)
 	}
 	networking := checkNetworking(&p, s.cat, req.Networking.apply(Networking{}), network)
+	checkRegionOffers(&p, s.cat, regionID, flavor, networking.PublicIP)
 	caID := deref(req.SSHCertificateAuthorityID)
 	if caID != "" {
 		checkSSHCA(&p, s.cat, caID, org, project)
@@ -314,6 +315,7 @@ func (s *Service) Update(ctx context.Context, req UpdateRequest) (*Instance, err
 		if flavor != nil && image != nil {
 			checkCompatible(&p, flavor, image)
 		}
+		checkRegionOffers(&p, s.cat, next.RegionID, flavor, false)
 		if flavor != nil {
 			cost = charge(flavor, next.Networking.PublicIP)
 		}
@@ -325,6 +327,7 @@ func (s *Service) Update(ctx context.Context, req UpdateRequest) (*Instance, err
 	}
 	if next.Networking.PublicIP != cur.Networking.PublicIP {
 		cost = withPublicIP(cost, next.Networking.PublicIP)
+		checkRegionOffers(&p, s.cat, next.RegionID, nil, next.Networking.PublicIP)
 	}
 	delta := cost.Sub(cur.Charge)
 	if p.any() {

@@ -121,6 +121,24 @@ func checkCompatible(p *problems, f *region.Flavor, img *region.Image) {
 	}
 }
 
+// checkRegionOffers refuses what the region's kind of hosts cannot give: a libvirt region has
+// neither GPUs, bare metal nor public addresses. regionID is "" when the network is unknown and
+// flavor nil when unusable; both were reported already.
+func checkRegionOffers(p *problems, cat *region.Catalog, regionID string, flavor *region.Flavor, publicIP bool) {
+	r, ok := cat.Region(regionID)
+	if !ok {
+		return
+	}
+	if flavor != nil {
+		if why := r.RunsFlavor(flavor); why != "" {
+			p.add(CodeUnprocessable, path("flavorId"), "region %q cannot run flavor %q: %s", r.ID, flavor.ID, why)
+		}
+	}
+	if publicIP && !r.OffersPublicIPs() {
+		p.add(CodeUnprocessable, path("networking", "publicIP"), "region %q offers no public IP addresses", r.ID)
+	}
+}
+
 // checkNetworking validates security groups (on the network, no duplicates) and source CIDRs,
 // and returns the networking with CIDRs in canonical form. network is nil when unknown.
 func checkNetworking(p *problems, cat *region.Catalog, n Networking, network *region.Network) Networking {

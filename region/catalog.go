@@ -40,10 +40,68 @@ const (
 	ImageStateFailed   ImageState = "failed"
 )
 
+// Region drivers: what serves a region's servers.
+const (
+	// DriverSim is the simulated region, the default: servers live in Redis and follow a clock.
+	DriverSim = "sim"
+	// DriverLibvirt is libvirt hosts running QEMU: servers are virtual machines.
+	DriverLibvirt = "libvirt"
+)
+
 // Region is a location that offers flavors and images and holds networks.
 type Region struct {
 	ID   string `json:"id"`
 	Name string `json:"name"`
+	// Driver names what serves the region's servers: DriverSim or DriverLibvirt. Defaults to
+	// DriverSim.
+	Driver string `json:"driver,omitempty"`
+	// Libvirt configures a DriverLibvirt region; it is required there and refused elsewhere.
+	Libvirt *LibvirtRegion `json:"libvirt,omitempty"`
+}
+
+// LibvirtRegion is where and how a libvirt region runs its virtual machines.
+type LibvirtRegion struct {
+	// URI is the host's libvirt connection URI: qemu:///system (optionally with
+	// ?socket=/path/to/libvirt-sock) or qemu+tcp://host[:port]/system.
+	URI string `json:"uri"`
+	// Pool is the storage pool that holds base images, overlays and seeds; it is created as a
+	// directory pool at PoolPath when missing. Defaults to "computeql".
+	Pool string `json:"pool,omitempty"`
+	// PoolPath is the directory of a pool computeql creates. Defaults to
+	// /var/lib/libvirt/images/<pool>.
+	PoolPath string `json:"poolPath,omitempty"`
+	// Accel is how guests run: kvm, tcg (QEMU's software emulation), or auto (KVM when the
+	// host's KVM can run guests, else TCG). Defaults to auto.
+	Accel string `json:"accel,omitempty"`
+	// StopTimeout is how long a graceful stop waits for the guest to power off after the ACPI
+	// power button before it is forced off, as a Go duration. Defaults to 60s.
+	StopTimeout string `json:"stopTimeout,omitempty"`
+}
+
+// Libvirt acceleration modes.
+const (
+	AccelAuto = "auto"
+	AccelKVM  = "kvm"
+	AccelTCG  = "tcg"
+)
+
+// OffersPublicIPs reports whether servers of the region can have a public IP address. A
+// libvirt region has no pool of public addresses to hand out.
+func (r *Region) OffersPublicIPs() bool { return r.Driver != DriverLibvirt }
+
+// RunsFlavor says why the region cannot run servers of the flavor, or "" when it can: a
+// libvirt region runs virtual machines on its hosts, with neither GPUs nor bare metal.
+func (r *Region) RunsFlavor(f *Flavor) string {
+	if r.Driver != DriverLibvirt {
+		return ""
+	}
+	switch {
+	case f.GPU != nil:
+		return "it runs virtual machines on libvirt hosts, without GPUs"
+	case f.Baremetal:
+		return "it runs virtual machines on libvirt hosts, not bare metal"
+	}
+	return ""
 }
 
 // Organization is a tenant. Quota is charged per organization.
@@ -135,6 +193,16 @@ type Image struct {
 	OrganizationID string            `json:"organizationId,omitempty"`
 	ProjectID      string            `json:"projectId,omitempty"`
 	Tags           map[string]string `json:"tags,omitempty"`
+
+	// What a libvirt region boots, ignored by the simulated one. File is a disk image (qcow2
+	// or raw) imported into the region's pool when missing; Volume names a volume already in
+	// the pool. Kernel and Initrd boot the guest directly (with Cmdline), with or without a
+	// disk: a guest such as a busybox initramfs needs none.
+	File    string `json:"file,omitempty"`
+	Volume  string `json:"volume,omitempty"`
+	Kernel  string `json:"kernel,omitempty"`
+	Initrd  string `json:"initrd,omitempty"`
+	Cmdline string `json:"cmdline,omitempty"`
 }
 
 // OfferedIn reports whether the flavor is offered in the region.

@@ -9,9 +9,11 @@ import (
 	"io"
 	"maps"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/computeql/computeql/quota"
 )
@@ -167,6 +169,26 @@ func lookup[T any](s []T, idx map[string]int, id string, idOf func(*T) string) (
 }
 
 func (c *Catalog) applyDefaults() {
+	for i := range c.Regions {
+		r := &c.Regions[i]
+		if r.Driver == "" {
+			r.Driver = DriverSim
+		}
+		if l := r.Libvirt; l != nil {
+			if l.Pool == "" {
+				l.Pool = "computeql"
+			}
+			if l.PoolPath == "" {
+				l.PoolPath = "/var/lib/libvirt/images/" + l.Pool
+			}
+			if l.Accel == "" {
+				l.Accel = AccelAuto
+			}
+			if l.StopTimeout == "" {
+				l.StopTimeout = "60s"
+			}
+		}
+	}
 	for i := range c.Organizations {
 		o := &c.Organizations[i]
 		if o.Quota == nil {
@@ -229,6 +251,9 @@ func (c *Catalog) validate() error {
 	c.flavorIdx = index(&p, "flavors", c.Flavors, func(f *Flavor) (string, string) { return f.ID, f.Name })
 	c.imageIdx = index(&p, "images", c.Images, func(i *Image) (string, string) { return i.ID, i.Name })
 
+	for i := range c.Regions {
+		validateRegion(&p, i, &c.Regions[i])
+	}
 	c.projects = make(map[string]map[string]bool, len(c.Organizations))
 	for i := range c.Organizations {
 		c.validateOrganization(&p, i)
@@ -258,6 +283,44 @@ func (c *Catalog) validate() error {
 	}
 
 	return errors.Join(p...)
+}
+
+// volumeName is what a libvirt pool accepts as a volume name without surprises.
+var volumeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+func validateRegion(p *problems, i int, r *Region) {
+	e := entry("regions", i, r.ID)
+	switch r.Driver {
+	case DriverSim:
+		if r.Libvirt != nil {
+			p.add(e, "libvirt settings given, but the driver is %q", r.Driver)
+		}
+	case DriverLibvirt:
+		l := r.Libvirt
+		if l == nil {
+			p.add(e, `driver "libvirt" needs "libvirt": {"uri": ...}`)
+			return
+		}
+		if _, err := ParseLibvirtURI(l.URI); err != nil {
+			p.add(e, "libvirt: %v", err)
+		}
+		if !volumeName.MatchString(l.Pool) {
+			p.add(e, "libvirt: pool %q: want letters, digits, '.', '_' and '-'", l.Pool)
+		}
+		if !filepath.IsAbs(l.PoolPath) {
+			p.add(e, "libvirt: poolPath %q is not an absolute path", l.PoolPath)
+		}
+		switch l.Accel {
+		case AccelAuto, AccelKVM, AccelTCG:
+		default:
+			p.add(e, "libvirt: unknown accel %q (want auto, kvm or tcg)", l.Accel)
+		}
+		if d, err := time.ParseDuration(l.StopTimeout); err != nil || d <= 0 {
+			p.add(e, "libvirt: stopTimeout %q is not a positive duration such as 60s", l.StopTimeout)
+		}
+	default:
+		p.add(e, "unknown driver %q (want sim or libvirt)", r.Driver)
+	}
 }
 
 func (c *Catalog) validateOrganization(p *problems, i int) {
@@ -373,6 +436,35 @@ func (c *Catalog) validateImage(p *problems, i int) {
 		p.add(e, "unknown state %q (want pending, creating, ready or failed)", im.State)
 	}
 	c.checkRegions(p, e, im.Regions)
+	c.checkBoot(p, e, im)
+}
+
+// checkBoot checks what a libvirt region would boot for the image, when one offers it.
+func (c *Catalog) checkBoot(p *problems, e string, im *Image) {
+	libvirt := false
+	for _, id := range im.Regions {
+		if r, ok := c.Region(id); ok && r.Driver == DriverLibvirt {
+			libvirt = true
+		}
+	}
+	for _, f := range []struct{ name, path string }{{"file", im.File}, {"kernel", im.Kernel}, {"initrd", im.Initrd}} {
+		if f.path != "" && !filepath.IsAbs(f.path) {
+			p.add(e, "%s %q is not an absolute path", f.name, f.path)
+		}
+	}
+	if im.Volume != "" && !volumeName.MatchString(im.Volume) {
+		p.add(e, "volume %q: want letters, digits, '.', '_' and '-'", im.Volume)
+	}
+	switch {
+	case im.File != "" && im.Volume != "":
+		p.add(e, "give file or volume, not both")
+	case im.Initrd != "" && im.Kernel == "":
+		p.add(e, "initrd given without a kernel")
+	case im.Cmdline != "" && im.Kernel == "":
+		p.add(e, "cmdline given without a kernel")
+	case libvirt && im.State == ImageStateReady && im.File == "" && im.Volume == "" && im.Kernel == "":
+		p.add(e, "offered in a libvirt region: needs a file, a volume or a kernel to boot")
+	}
 }
 
 func checkArchitecture(p *problems, e string, a Architecture) {

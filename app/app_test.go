@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"bufio"
@@ -27,7 +27,7 @@ const secret = "main-test-secret-main-test-secret"
 
 func TestTokenMintsAVerifiableToken(t *testing.T) {
 	var out bytes.Buffer
-	err := run(context.Background(), []string{"token", "--token-secret", secret, "--subject", "ci", "--org", "acme", "--project", "web", "--role", "OPERATOR", "--ttl", "5m"}, &out)
+	err := Run(context.Background(), []string{"token", "--token-secret", secret, "--subject", "ci", "--org", "acme", "--project", "web", "--role", "OPERATOR", "--ttl", "5m"}, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestTokenRefusesBadArguments(t *testing.T) {
 		"unknown cmd":   {"frobnicate"},
 		"api alone":     {"api"},
 	} {
-		if err := run(context.Background(), args, io.Discard); err == nil {
+		if err := Run(context.Background(), args, io.Discard); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
@@ -61,7 +61,7 @@ func TestTokenRefusesBadArguments(t *testing.T) {
 func TestSecretFromEnvironment(t *testing.T) {
 	t.Setenv("COMPUTEQL_TOKEN_SECRET", secret)
 	var out bytes.Buffer
-	if err := run(context.Background(), []string{"token", "--subject", "s", "--org", "acme"}, &out); err != nil {
+	if err := Run(context.Background(), []string{"token", "--subject", "s", "--org", "acme"}, &out); err != nil {
 		t.Fatal(err)
 	}
 	keys, _ := auth.NewKeys([]byte(secret))
@@ -122,7 +122,7 @@ func runEmbedded(t *testing.T, args ...string) *embedded {
 	})
 	pr, pw := io.Pipe()
 	go func() {
-		err := run(ctx, append([]string{"--listen", "127.0.0.1:0", "--token-secret", secret}, args...), pw)
+		err := Run(ctx, append([]string{"--listen", "127.0.0.1:0", "--token-secret", secret}, args...), pw)
 		pw.Close()
 		e.done <- err
 	}()

@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"bytes"
@@ -51,7 +51,7 @@ func TestOTLPEndpointFlag(t *testing.T) {
 		}
 	}
 
-	err := run(context.Background(), []string{"--listen", "127.0.0.1:0", "--otlp-endpoint", "otel-collector:4318"}, io.Discard)
+	err := Run(context.Background(), []string{"--listen", "127.0.0.1:0", "--otlp-endpoint", "otel-collector:4318"}, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "OTLP endpoint") {
 		t.Errorf("run with a malformed endpoint: %v, want an error naming it", err)
 	}

@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"bytes"
@@ -20,7 +20,7 @@ const grantSecret = "grant-test-secret-grant-test-secret"
 // the issuer and audience a server given the same flags expects.
 func TestTokenGrantsAndIssuer(t *testing.T) {
 	var out bytes.Buffer
-	err := run(context.Background(), []string{"token", "--token-secret", grantSecret, "--subject", "ci",
+	err := Run(context.Background(), []string{"token", "--token-secret", grantSecret, "--subject", "ci",
 		"--org", "acme", "--role", "member", "--grant", "globex=admin", "--grant", "initech/db=Viewer",
 		"--token-issuer", "https://id.example", "--token-audience", "api"}, &out)
 	if err != nil {
@@ -60,7 +60,7 @@ func TestTokenRefusesBadGrants(t *testing.T) {
 		"project without org": {"--grant", "acme=viewer", "--project", "web"},
 		"role without org":    {"--grant", "acme=viewer", "--role", "admin"},
 	} {
-		if err := run(context.Background(), append(base[:len(base):len(base)], args...), io.Discard); err == nil {
+		if err := Run(context.Background(), append(base[:len(base):len(base)], args...), io.Discard); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}

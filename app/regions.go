@@ -1,0 +1,53 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/computeql/computeql/region"
+	"github.com/computeql/computeql/region/sim"
+)
+
+// regionDrivers is every region driver of a process, behind one router.
+type regionDrivers struct {
+	router *region.Router
+	// runs are what the drivers do in the background until the process stops: the
+	// simulator's clock, a libvirt host's connection and its events.
+	runs []func(context.Context) error
+}
+
+// newRegionDrivers builds the driver of each catalogue region: one simulator serves every
+// simulated region, and each libvirt region has a driver of its own. Every role but api drives
+// the simulator's clock; several clocks are safe, and the region keeps moving as long as any
+// process runs.
+func newRegionDrivers(cat *region.Catalog, rdb redis.UniversalClient, role string, simOpts sim.Options, log *slog.Logger) (*regionDrivers, error) {
+	d := &regionDrivers{}
+	var routes []region.Route
+	var simulator *sim.Sim
+	for _, r := range cat.Regions {
+		switch r.Driver {
+		case region.DriverSim:
+			if simulator == nil {
+				var err error
+				if simulator, err = sim.New(rdb, simOpts); err != nil {
+					return nil, err
+				}
+				if role != "api" {
+					d.runs = append(d.runs, simulator.Run)
+				}
+			}
+			routes = append(routes, region.Route{Region: r.ID, Driver: region.DriverSim, Client: simulator})
+		default:
+			return nil, fmt.Errorf("region %q: driver %q is not built into this process", r.ID, r.Driver)
+		}
+	}
+	router, err := region.NewRouter(routes)
+	if err != nil {
+		return nil, err
+	}
+	d.router = router
+	return d, nil
+}

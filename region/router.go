@@ -1,0 +1,239 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+)
+
+// Router is a Client over the drivers of a deployment: each call goes to the driver that serves
+// the region it concerns. Drivers see their own server ids; callers see the id qualified by its
+// region, "<region>/<id>", which is how a call naming only a server finds its driver again.
+// Region ids cannot contain "/", so the split is unambiguous.
+type Router struct {
+	byRegion map[string]Client
+	// drivers are the distinct drivers, each watched and asked for images once however many
+	// regions it serves, keyed by the name their watch cursor goes under.
+	drivers map[string]Client
+}
+
+var _ Client = (*Router)(nil)
+
+// Route is one region's driver. Regions served by the same driver value (a simulator serving
+// every simulated region, say) share its watch.
+type Route struct {
+	Region string
+	// Driver names the driver instance in watch cursors; routes with the same Client must give
+	// the same name, and different Clients different names.
+	Driver string
+	Client Client
+}
+
+// NewRouter returns a router over the routes, one per region.
+func NewRouter(routes []Route) (*Router, error) {
+	r := &Router{byRegion: map[string]Client{}, drivers: map[string]Client{}}
+	for _, rt := range routes {
+		if rt.Region == "" || strings.Contains(rt.Region, "/") || rt.Client == nil {
+			return nil, fmt.Errorf("region router: bad route %+v", rt)
+		}
+		if _, dup := r.byRegion[rt.Region]; dup {
+			return nil, fmt.Errorf("region router: region %q routed twice", rt.Region)
+		}
+		if c, ok := r.drivers[rt.Driver]; ok && c != rt.Client {
+			return nil, fmt.Errorf("region router: driver name %q names two drivers", rt.Driver)
+		}
+		r.byRegion[rt.Region] = rt.Client
+		r.drivers[rt.Driver] = rt.Client
+	}
+	return r, nil
+}
+
+// ErrUnknownRegion: no driver serves the region a call concerns.
+var ErrUnknownRegion = errors.New("no driver serves the region")
+
+func (r *Router) driver(regionID string) (Client, error) {
+	c, ok := r.byRegion[regionID]
+	if !ok {
+		return nil, fmt.Errorf("region %q: %w", regionID, ErrUnknownRegion)
+	}
+	return c, nil
+}
+
+// route splits a qualified server id. An id that names no routed region is a server that
+// cannot exist.
+func (r *Router) route(id string) (Client, string, error) {
+	regionID, inner, ok := strings.Cut(id, "/")
+	c, known := r.byRegion[regionID]
+	if !ok || !known || inner == "" {
+		return nil, "", fmt.Errorf("server %q: %w", id, ErrServerNotFound)
+	}
+	return c, inner, nil
+}
+
+func qualify(s Server) Server {
+	s.ID = s.RegionID + "/" + s.ID
+	return s
+}
+
+func qualified(s Server, err error) (Server, error) {
+	if err != nil {
+		return Server{}, err
+	}
+	return qualify(s), nil
+}
+
+// FindServers implements Client.
+func (r *Router) FindServers(ctx context.Context, scope Scope, tag, value string) ([]Server, error) {
+	c, err := r.driver(scope.RegionID)
+	if err != nil {
+		return nil, err
+	}
+	servers, err := c.FindServers(ctx, scope, tag, value)
+	for i := range servers {
+		servers[i] = qualify(servers[i])
+	}
+	return servers, err
+}
+
+// CreateServer implements Client.
+func (r *Router) CreateServer(ctx context.Context, spec ServerSpec) (Server, error) {
+	c, err := r.driver(spec.RegionID)
+	if err != nil {
+		return Server{}, err
+	}
+	return qualified(c.CreateServer(ctx, spec))
+}
+
+// UpdateNetworking implements Client.
+func (r *Router) UpdateNetworking(ctx context.Context, id string, n ServerNetworking) (Server, error) {
+	c, inner, err := r.route(id)
+	if err != nil {
+		return Server{}, err
+	}
+	return qualified(c.UpdateNetworking(ctx, inner, n))
+}
+
+// GetServer implements Client.
+func (r *Router) GetServer(ctx context.Context, id string) (Server, error) {
+	c, inner, err := r.route(id)
+	if err != nil {
+		return Server{}, err
+	}
+	return qualified(c.GetServer(ctx, inner))
+}
+
+// DeleteServer implements Client.
+func (r *Router) DeleteServer(ctx context.Context, id string) error {
+	c, inner, err := r.route(id)
+	if err != nil {
+		return err
+	}
+	return c.DeleteServer(ctx, inner)
+}
+
+// StartServer implements Client.
+func (r *Router) StartServer(ctx context.Context, id string) (Server, error) {
+	c, inner, err := r.route(id)
+	if err != nil {
+		return Server{}, err
+	}
+	return qualified(c.StartServer(ctx, inner))
+}
+
+// StopServer implements Client.
+func (r *Router) StopServer(ctx context.Context, id string) (Server, error) {
+	c, inner, err := r.route(id)
+	if err != nil {
+		return Server{}, err
+	}
+	return qualified(c.StopServer(ctx, inner))
+}
+
+// RebootServer implements Client.
+func (r *Router) RebootServer(ctx context.Context, id string, hard bool) (Server, error) {
+	c, inner, err := r.route(id)
+	if err != nil {
+		return Server{}, err
+	}
+	return qualified(c.RebootServer(ctx, inner, hard))
+}
+
+// ConsoleSession implements Client.
+func (r *Router) ConsoleSession(ctx context.Context, id string) (ConsoleSession, error) {
+	c, inner, err := r.route(id)
+	if err != nil {
+		return ConsoleSession{}, err
+	}
+	return c.ConsoleSession(ctx, inner)
+}
+
+// SSHKey implements Client.
+func (r *Router) SSHKey(ctx context.Context, id string) (SSHKey, error) {
+	c, inner, err := r.route(id)
+	if err != nil {
+		return SSHKey{}, err
+	}
+	return c.SSHKey(ctx, inner)
+}
+
+// Snapshot implements Client.
+func (r *Router) Snapshot(ctx context.Context, id string, req ImageRequest) (Image, error) {
+	c, inner, err := r.route(id)
+	if err != nil {
+		return Image{}, err
+	}
+	return c.Snapshot(ctx, inner, req)
+}
+
+// Images implements Client: the images every driver made for the project.
+func (r *Router) Images(ctx context.Context, org, project string) ([]Image, error) {
+	var out []Image
+	for _, c := range r.drivers {
+		images, err := c.Images(ctx, org, project)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, images...)
+	}
+	return out, nil
+}
+
+// Watch implements Client: every driver is watched at once and fn sees their events one at a
+// time. The cursor holds each driver's own cursor, so resuming resumes every driver where it
+// was. The first driver's watch to fail ends the others and is the error returned; when ctx
+// ends it returns nil.
+func (r *Router) Watch(ctx context.Context, after string, fn func(Event) error) error {
+	cursors, err := url.ParseQuery(after)
+	if err != nil {
+		return fmt.Errorf("watch: cursor %q: %w", after, err)
+	}
+	parent := ctx
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var mu sync.Mutex // serialises fn and the cursor
+	var wg sync.WaitGroup
+	for name, c := range r.drivers {
+		wg.Go(func() {
+			err := c.Watch(ctx, cursors.Get(name), func(ev Event) error {
+				mu.Lock()
+				defer mu.Unlock()
+				cursors.Set(name, ev.Cursor)
+				ev.Cursor = cursors.Encode()
+				ev.ServerID = ev.Scope.RegionID + "/" + ev.ServerID
+				return fn(ev)
+			})
+			if err == nil {
+				err = fmt.Errorf("watch of driver %q ended", name)
+			}
+			cancel(err)
+		})
+	}
+	wg.Wait()
+	if parent.Err() != nil {
+		return nil // told to stop, like every driver's watch
+	}
+	return context.Cause(ctx)
+}
