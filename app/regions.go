@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/computeql/computeql/region"
+	"github.com/computeql/computeql/region/libvirt"
 	"github.com/computeql/computeql/region/sim"
 )
 
@@ -20,7 +21,8 @@ type regionDrivers struct {
 }
 
 // newRegionDrivers builds the driver of each catalogue region: one simulator serves every
-// simulated region, and each libvirt region has a driver of its own. Every role but api drives
+// simulated region, and each libvirt region has a driver of its own, connected to its host
+// for as long as the process runs. Every role but api drives
 // the simulator's clock; several clocks are safe, and the region keeps moving as long as any
 // process runs.
 func newRegionDrivers(cat *region.Catalog, rdb redis.UniversalClient, role string, simOpts sim.Options, log *slog.Logger) (*regionDrivers, error) {
@@ -40,6 +42,18 @@ func newRegionDrivers(cat *region.Catalog, rdb redis.UniversalClient, role strin
 				}
 			}
 			routes = append(routes, region.Route{Region: r.ID, Driver: region.DriverSim, Client: simulator})
+		case region.DriverLibvirt:
+			// Every role that calls the region keeps its own connection to the host: the API
+			// for the verbs, workers to reconcile. The region role only clocks the simulator.
+			if role == "region" {
+				continue
+			}
+			drv, err := libvirt.New(libvirt.Options{Region: r, Catalog: cat, Redis: rdb, Logger: log})
+			if err != nil {
+				return nil, err
+			}
+			d.runs = append(d.runs, drv.Run)
+			routes = append(routes, region.Route{Region: r.ID, Driver: region.DriverLibvirt + ":" + r.ID, Client: drv})
 		default:
 			return nil, fmt.Errorf("region %q: driver %q is not built into this process", r.ID, r.Driver)
 		}

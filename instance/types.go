@@ -95,6 +95,8 @@ const (
 	ReasonDeprovisioning     = "Deprovisioning"
 	ReasonRebuilding         = "Rebuilding"
 	ReasonDependencyNotReady = "DependencyNotReady"
+	// ReasonNoCapacity: the region has no room for the server now; it is tried again.
+	ReasonNoCapacity = "NoCapacity"
 )
 
 // Tag is a user-defined name/value pair on an instance.

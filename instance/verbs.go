@@ -315,16 +315,11 @@ func regionError(err error, what string) error {
 	case errors.As(err, &e):
 		return err
 	case errors.Is(err, region.ErrRefused):
-		return &Error{Code: CodeUnprocessable, Message: refusalReason(err), Err: err}
+		return &Error{Code: CodeUnprocessable, Message: region.Reason(err, region.ErrRefused), Err: err}
 	case errors.Is(err, region.ErrServerNotFound):
 		return &Error{Code: CodeNotFound, Message: fmt.Sprintf("the server of %s is gone; the workers will recreate it", what), Err: err}
 	case errors.Is(err, region.ErrUnavailable):
 		return &Error{Code: CodeUnavailable, Message: "the region did not answer; retry", Err: err}
 	}
 	return internal("region", err)
-}
-
-// refusalReason is the region's own words: the wrapping error's text without the sentinel.
-func refusalReason(err error) string {
-	return strings.TrimSuffix(strings.TrimSuffix(err.Error(), region.ErrRefused.Error()), ": ")
 }

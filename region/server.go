@@ -3,6 +3,7 @@ package region
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 )
 
@@ -124,7 +125,17 @@ var (
 	// ErrRefused: the region will not do this to the server in its state (e.g. stop a stopped
 	// server); the wrapping error says why, in words fit for users.
 	ErrRefused = errors.New("refused by the region")
+	// ErrNoCapacity: the region has no room for the server now (memory, CPUs, disk or
+	// addresses); the wrapping error says what is short, in words fit for users. Retrying
+	// later may succeed, as capacity frees.
+	ErrNoCapacity = errors.New("no capacity in the region")
 )
+
+// Reason is the region's own words in err, fit for users: its text without the sentinel
+// (ErrRefused, ErrNoCapacity, …) it wraps.
+func Reason(err, sentinel error) string {
+	return strings.TrimSuffix(strings.TrimSuffix(err.Error(), sentinel.Error()), ": ")
+}
 
 // ConsoleSession is a short-lived URL to a server's console.
 type ConsoleSession struct {

@@ -52,7 +52,9 @@ type Reconciler struct {
 	NetworkExists func(id string) bool
 	// Yield is how soon to look again while the region is still working. The region's server
 	// events usually wake the instance earlier. Defaults to 1s.
-	Yield   time.Duration
+	Yield time.Duration
+	// CapacityRetry is how soon to try again to create a server the region had no room for.
+	CapacityRetry time.Duration
 	Logger  *slog.Logger
 	Now     func() time.Time
 	Metrics *Metrics
@@ -139,7 +141,17 @@ func (r *Reconciler) reconcile(ctx context.Context, inst *instance.Instance) (ti
 	}
 	now := r.Now()
 	if len(servers) == 0 {
-		if _, err := r.Region.CreateServer(ctx, inst.ServerSpec()); err != nil {
+		switch _, err := r.Region.CreateServer(ctx, inst.ServerSpec()); {
+		case errors.Is(err, region.ErrNoCapacity):
+			// Like Nova's "no valid host": the instance waits, saying why, and is tried again
+			// as capacity may have freed.
+			msg := "The region has no room for the server now: " + region.Reason(err, region.ErrNoCapacity) + ". Retrying."
+			_, werr := r.writeStatus(ctx, inst, inst.Awaiting(instance.ReasonNoCapacity, msg, now), instance.EventStatusChanged)
+			return r.CapacityRetry, werr
+		case errors.Is(err, region.ErrRefused):
+			_, werr := r.writeStatus(ctx, inst, inst.Failed("The region refused to create the server: "+region.Reason(err, region.ErrRefused)+".", true, now), instance.EventStatusChanged)
+			return 0, werr
+		case err != nil:
 			return 0, fmt.Errorf("create server: %w", err)
 		}
 		reason, msg := instance.ReasonProvisioning, "The server is being created."

@@ -29,6 +29,9 @@ type Options struct {
 	// Yield is how soon an instance whose server is still building is looked at again.
 	// Defaults to 1s; server events usually wake it sooner.
 	Yield time.Duration
+	// CapacityRetry is how soon a server the region had no room for is tried again.
+	// Defaults to 15s.
+	CapacityRetry time.Duration
 	// ResyncInterval defaults to 30s.
 	ResyncInterval time.Duration
 	// Consumer tunes the queue consumer; Concurrency, OnDeadLetter, Logger, Registerer and
@@ -63,6 +66,9 @@ func New(opts Options) (*Worker, error) {
 	if opts.Yield == 0 {
 		opts.Yield = time.Second
 	}
+	if opts.CapacityRetry == 0 {
+		opts.CapacityRetry = 15 * time.Second
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -76,7 +82,7 @@ func New(opts Options) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	rec := &Reconciler{Store: opts.Store, Region: opts.Region, NetworkExists: opts.NetworkExists, Yield: opts.Yield, Logger: opts.Logger, Now: opts.Now, Metrics: m}
+	rec := &Reconciler{Store: opts.Store, Region: opts.Region, NetworkExists: opts.NetworkExists, Yield: opts.Yield, CapacityRetry: opts.CapacityRetry, Logger: opts.Logger, Now: opts.Now, Metrics: m}
 	co := opts.Consumer
 	co.Concurrency, co.OnDeadLetter, co.Logger, co.Registerer = opts.Concurrency, rec.MarkFailed, opts.Logger, opts.Registerer
 	var h queue.Handler = rec

@@ -1,0 +1,278 @@
+// Package libvirt is a region driver for a libvirt host running QEMU: servers are libvirt
+// domains, disks are qcow2 overlays of base volumes in a storage pool, networks are libvirt
+// NAT networks whose DHCP hands each server the address the driver reserved for it, and user
+// data and keys reach the guest through a cloud-init NoCloud seed attached as a second disk.
+//
+// The host is the truth. A domain's metadata holds the server's scope, tags and spec; the
+// driver keeps only an index from tag to domain, rebuilt from the host whenever it connects
+// and kept current by the host's lifecycle events, so every process serving the region sees
+// every server, whoever made it.
+package libvirt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	golibvirt "github.com/digitalocean/go-libvirt"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/computeql/computeql/region"
+)
+
+// Options configure a driver.
+type Options struct {
+	// Region is the catalogue region the driver serves, with its libvirt settings. Required.
+	Region region.Region
+	// Catalog resolves flavors, images and networks. Required.
+	Catalog *region.Catalog
+	// Redis keeps each project's SSH key pair, which every process must hand out alike.
+	// Required.
+	Redis redis.UniversalClient
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Now defaults to time.Now.
+	Now func() time.Time
+	// Retry is how long to wait before dialling the host again after it went away. Defaults
+	// to 2s.
+	Retry time.Duration
+	// Tick is how often stops past their timeout are forced. Defaults to 1s.
+	Tick time.Duration
+}
+
+// Driver is a libvirt region. Its methods are safe for concurrent use; Run keeps its
+// connection to the host, and until Run has connected every call is ErrUnavailable.
+type Driver struct {
+	opts        Options
+	uri         region.LibvirtURI
+	stopTimeout time.Duration
+	log         *slog.Logger
+
+	mu    sync.RWMutex
+	conn  *golibvirt.Libvirt // nil while the host cannot be reached
+	accel string             // "kvm" or "qemu", the domain type, decided at connect
+	pool  golibvirt.StoragePool
+
+	index   *index
+	watches *broadcaster
+	// stopping are the servers whose graceful stop this process watches, to force them off
+	// after the stop timeout.
+	stopping idSet
+	// allocate serialises address reservations and image imports of this process; the host
+	// refuses a duplicate address reservation from another process, which is then retried.
+	allocate sync.Mutex
+}
+
+var _ region.Client = (*Driver)(nil)
+
+// New returns a driver of the region; it connects when Run starts.
+func New(opts Options) (*Driver, error) {
+	r := opts.Region
+	if r.Driver != region.DriverLibvirt || r.Libvirt == nil {
+		return nil, fmt.Errorf("libvirt: region %q is not a libvirt region", r.ID)
+	}
+	if opts.Catalog == nil || opts.Redis == nil {
+		return nil, errors.New("libvirt: Catalog and Redis are required")
+	}
+	uri, err := region.ParseLibvirtURI(r.Libvirt.URI)
+	if err != nil {
+		return nil, fmt.Errorf("libvirt: region %q: %w", r.ID, err)
+	}
+	stop, err := time.ParseDuration(r.Libvirt.StopTimeout)
+	if err != nil || stop <= 0 {
+		return nil, fmt.Errorf("libvirt: region %q: stopTimeout %q is not a positive duration", r.ID, r.Libvirt.StopTimeout)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Retry <= 0 {
+		opts.Retry = 2 * time.Second
+	}
+	if opts.Tick <= 0 {
+		opts.Tick = time.Second
+	}
+	return &Driver{
+		opts: opts, uri: uri, stopTimeout: stop, log: opts.Logger.With("region", r.ID),
+		index: newIndex(), watches: newBroadcaster(),
+	}, nil
+}
+
+// errUnreachable is every call's answer while the host cannot be reached.
+func (d *Driver) errUnreachable(op string) error {
+	return fmt.Errorf("%s: libvirt host of region %s cannot be reached: %w", op, d.opts.Region.ID, region.ErrUnavailable)
+}
+
+// host returns the connection, or ErrUnavailable while there is none.
+func (d *Driver) host(op string) (*golibvirt.Libvirt, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.conn == nil {
+		return nil, d.errUnreachable(op)
+	}
+	return d.conn, nil
+}
+
+// Connected reports whether the driver is connected to its host.
+func (d *Driver) Connected() bool {
+	_, err := d.host("")
+	return err == nil
+}
+
+// fault wraps an error of a call to the host: a lost connection is ErrUnavailable, so that
+// callers retry, anything else is the host's refusal or failure as it said it.
+func (d *Driver) fault(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var lerr golibvirt.Error
+	if errors.As(err, &lerr) {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return fmt.Errorf("%s: %v: %w", op, err, region.ErrUnavailable)
+}
+
+// Run keeps the driver connected to its host until ctx ends: it dials, prepares the storage
+// pool, rebuilds the index from the host's domains, tells watchers to look at every server
+// again (nothing that happened while disconnected is missed), then follows the host's
+// lifecycle events and forces stops past their timeout, and dials again when the host goes
+// away.
+func (d *Driver) Run(ctx context.Context) error {
+	for ctx.Err() == nil {
+		err := d.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		d.log.WarnContext(ctx, "libvirt host connection lost; dialling again", "err", err, "retry", d.opts.Retry)
+		t := time.NewTimer(d.opts.Retry)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	return nil
+}
+
+// session is one connection's life.
+func (d *Driver) session(ctx context.Context) error {
+	conn := golibvirt.NewWithDialer(dialer{d.uri})
+	if err := conn.ConnectToURI(golibvirt.ConnectURI(d.uri.Name)); err != nil {
+		return fmt.Errorf("connect %s %s: %w", d.uri.Network, d.uri.Address, err)
+	}
+	defer conn.Disconnect()
+	events, err := conn.LifecycleEvents(ctx)
+	if err != nil {
+		return fmt.Errorf("subscribe to lifecycle events: %w", err)
+	}
+	accel, err := d.acceleration(conn)
+	if err != nil {
+		return err
+	}
+	pool, err := d.ensurePool(conn)
+	if err != nil {
+		return err
+	}
+	servers, err := d.listServers(conn)
+	if err != nil {
+		return err
+	}
+	all := make([]indexed, len(servers))
+	for i, s := range servers {
+		all[i] = s.indexed()
+		if !s.rec.StopBy.IsZero() {
+			d.stopping.add(s.id) // a stop whose process went away is finished here
+		}
+	}
+	d.index.replace(all)
+	d.mu.Lock()
+	d.conn, d.accel, d.pool = conn, accel, pool
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		d.conn = nil
+		d.mu.Unlock()
+	}()
+	d.log.InfoContext(ctx, "connected to libvirt host", "uri", d.opts.Region.Libvirt.URI, "domain_type", accel, "servers", len(servers))
+	for _, s := range all {
+		d.watches.publish(region.Event{Kind: region.ServerUpdated, ServerID: s.id, Scope: s.scope, Tags: s.tags})
+	}
+	tick := time.NewTicker(d.opts.Tick)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-conn.Disconnected():
+			return errors.New("disconnected")
+		case ev, ok := <-events:
+			if !ok {
+				return errors.New("lifecycle events ended")
+			}
+			d.lifecycle(conn, ev)
+		case <-tick.C:
+			d.forceStops(ctx, conn)
+		}
+	}
+}
+
+// dialer reaches the host at its URI's address.
+type dialer struct{ uri region.LibvirtURI }
+
+func (d dialer) Dial() (net.Conn, error) {
+	return net.DialTimeout(d.uri.Network, d.uri.Address, 5*time.Second)
+}
+
+// acceleration decides the domain type: kvm where asked for, qemu (TCG) where asked for, and
+// for auto, kvm when the host offers it and, on a local host, its KVM is not the PVM variant,
+// which cannot run stock guest kernels.
+func (d *Driver) acceleration(conn *golibvirt.Libvirt) (string, error) {
+	switch d.opts.Region.Libvirt.Accel {
+	case region.AccelKVM:
+		return "kvm", nil
+	case region.AccelTCG:
+		return "qemu", nil
+	}
+	caps, err := conn.ConnectGetCapabilities()
+	if err != nil {
+		return "", fmt.Errorf("read host capabilities: %w", err)
+	}
+	if !offersKVM(caps) {
+		return "qemu", nil
+	}
+	if d.uri.Network == "unix" {
+		if _, err := os.Stat("/sys/module/kvm_pvm"); err == nil {
+			return "qemu", nil
+		}
+	}
+	return "kvm", nil
+}
+
+// listServers reads every server of the region on the host.
+func (d *Driver) listServers(conn *golibvirt.Libvirt) ([]*server, error) {
+	doms, _, err := conn.ConnectListAllDomains(1, 0)
+	if err != nil {
+		return nil, fmt.Errorf("list domains: %w", err)
+	}
+	var out []*server
+	for _, dom := range doms {
+		s, err := readServer(conn, dom)
+		switch {
+		case errors.Is(err, errNotOurs), golibvirt.IsNotFound(err):
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("read domain %s: %w", dom.Name, err)
+		}
+		if s.rec.Spec.RegionID == d.opts.Region.ID {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}

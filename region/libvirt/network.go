@@ -1,0 +1,213 @@
+package libvirt
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	golibvirt "github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/computeql/computeql/region"
+)
+
+// networkName is the libvirt network of a catalogue network.
+func networkName(n *region.Network) string { return namePrefix + n.ID }
+
+// bridgeName is at most 15 characters, the kernel's limit, and the same for the same network
+// on every process.
+func bridgeName(n *region.Network) string {
+	sum := sha256.Sum256([]byte(n.ID))
+	return "cq" + hex.EncodeToString(sum[:])[:11]
+}
+
+// gateway is the host's address on the network: the prefix's first.
+func gateway(p netip.Prefix) netip.Addr { return p.Masked().Addr().Next() }
+
+// ensureNetwork returns the libvirt network of a catalogue network, defining and starting a
+// NAT network with DHCP on its prefix when it is missing or inactive. Addresses are handed out
+// only to the reservations the driver makes, one per server.
+func (d *Driver) ensureNetwork(conn *golibvirt.Libvirt, n *region.Network) (golibvirt.Network, error) {
+	name := networkName(n)
+	net, err := conn.NetworkLookupByName(name)
+	if isCode(err, golibvirt.ErrNoNetwork) {
+		gw := gateway(n.Prefix)
+		def := libvirtxml.Network{
+			Name:    name,
+			Forward: &libvirtxml.NetworkForward{Mode: "nat"},
+			Bridge:  &libvirtxml.NetworkBridge{Name: bridgeName(n), STP: "on", Delay: "0"},
+			IPs: []libvirtxml.NetworkIP{{
+				Address: gw.String(), Prefix: uint(n.Prefix.Bits()),
+				// A one-address range right after the gateway, never reserved for a
+				// server: dnsmasq serves the reservations only within a range's subnet,
+				// and this range leaves it at most one address for a stray client.
+				DHCP: &libvirtxml.NetworkDHCP{Ranges: []libvirtxml.NetworkDHCPRange{{Start: gw.Next().String(), End: gw.Next().String()}}},
+			}},
+		}
+		doc, merr := def.Marshal()
+		if merr != nil {
+			return net, merr
+		}
+		if net, err = conn.NetworkDefineXML(doc); err != nil {
+			return net, fmt.Errorf("define network %s: %w", name, err)
+		}
+		_ = conn.NetworkSetAutostart(net, 1)
+	}
+	if err != nil {
+		return net, fmt.Errorf("look up network %s: %w", name, err)
+	}
+	active, err := conn.NetworkIsActive(net)
+	if err != nil {
+		return net, fmt.Errorf("network %s: %w", name, err)
+	}
+	if active == 0 {
+		if err := conn.NetworkCreate(net); err != nil && !isCode(err, golibvirt.ErrOperationInvalid) {
+			return net, fmt.Errorf("start network %s: %w", name, err)
+		}
+	}
+	return net, nil
+}
+
+// errNetworkFull: every address of the network's prefix is reserved or leased.
+var errNetworkFull = fmt.Errorf("no free address: %w", region.ErrNoCapacity)
+
+// reserve picks a free address of the prefix and reserves it for the MAC in the network's
+// DHCP. An address is free when no reservation holds it and no lease does: dnsmasq would not
+// hand out an address still leased to a deleted server's MAC. A reservation another process
+// made meanwhile makes the host refuse ours, and the next address is tried.
+func (d *Driver) reserve(conn *golibvirt.Libvirt, net golibvirt.Network, n *region.Network, mac, hostname string) (string, error) {
+	d.allocate.Lock()
+	defer d.allocate.Unlock()
+	used, err := usedAddresses(conn, net)
+	if err != nil {
+		return "", err
+	}
+	gw := gateway(n.Prefix)
+	used[gw.Next().String()] = true // the placeholder range
+	last := lastAddress(n.Prefix)
+	for ip := gw.Next().Next(); n.Prefix.Contains(ip) && ip.Less(last); ip = ip.Next() {
+		if used[ip.String()] {
+			continue
+		}
+		host := libvirtxml.NetworkDHCPHost{MAC: mac, IP: ip.String(), Name: hostname}
+		doc, err := xmlOf(host)
+		if err != nil {
+			return "", err
+		}
+		err = conn.NetworkUpdate(net, uint32(golibvirt.NetworkUpdateCommandAddLast), uint32(golibvirt.NetworkSectionIPDhcpHost), -1, doc,
+			golibvirt.NetworkUpdateAffectLive|golibvirt.NetworkUpdateAffectConfig)
+		if err == nil {
+			return ip.String(), nil
+		}
+		if !isCode(err, golibvirt.ErrOperationInvalid) {
+			return "", fmt.Errorf("reserve %s in network %s: %w", ip, net.Name, err)
+		}
+	}
+	return "", errNetworkFull
+}
+
+// release removes the MAC's reservation; a reservation already gone is no error.
+func release(conn *golibvirt.Libvirt, netName, mac string) error {
+	if netName == "" || mac == "" {
+		return nil
+	}
+	net, err := conn.NetworkLookupByName(netName)
+	if isCode(err, golibvirt.ErrNoNetwork) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	hosts, err := reservations(conn, net)
+	if err != nil {
+		return err
+	}
+	for _, h := range hosts {
+		if !strings.EqualFold(h.MAC, mac) {
+			continue
+		}
+		doc, err := xmlOf(libvirtxml.NetworkDHCPHost{MAC: h.MAC, IP: h.IP, Name: h.Name})
+		if err != nil {
+			return err
+		}
+		if err := conn.NetworkUpdate(net, uint32(golibvirt.NetworkUpdateCommandDelete), uint32(golibvirt.NetworkSectionIPDhcpHost), -1, doc,
+			golibvirt.NetworkUpdateAffectLive|golibvirt.NetworkUpdateAffectConfig); err != nil {
+			return fmt.Errorf("release %s in network %s: %w", h.IP, netName, err)
+		}
+	}
+	return nil
+}
+
+func reservations(conn *golibvirt.Libvirt, net golibvirt.Network) ([]libvirtxml.NetworkDHCPHost, error) {
+	doc, err := conn.NetworkGetXMLDesc(net, 0)
+	if err != nil {
+		return nil, fmt.Errorf("network %s: %w", net.Name, err)
+	}
+	var def libvirtxml.Network
+	if err := def.Unmarshal(doc); err != nil {
+		return nil, fmt.Errorf("network %s: %w", net.Name, err)
+	}
+	var hosts []libvirtxml.NetworkDHCPHost
+	for _, ip := range def.IPs {
+		if ip.DHCP != nil {
+			hosts = append(hosts, ip.DHCP.Hosts...)
+		}
+	}
+	return hosts, nil
+}
+
+func usedAddresses(conn *golibvirt.Libvirt, net golibvirt.Network) (map[string]bool, error) {
+	hosts, err := reservations(conn, net)
+	if err != nil {
+		return nil, err
+	}
+	used := map[string]bool{}
+	for _, h := range hosts {
+		used[h.IP] = true
+	}
+	leases, _, err := conn.NetworkGetDhcpLeases(net, nil, 1<<16, 0)
+	if err != nil {
+		return nil, fmt.Errorf("leases of network %s: %w", net.Name, err)
+	}
+	for _, l := range leases {
+		used[l.Ipaddr] = true
+	}
+	return used, nil
+}
+
+// leased reports whether the guest with the MAC holds a lease of the address.
+func leased(conn *golibvirt.Libvirt, netName, mac, ip string) (bool, error) {
+	net, err := conn.NetworkLookupByName(netName)
+	if err != nil {
+		return false, err
+	}
+	leases, _, err := conn.NetworkGetDhcpLeases(net, golibvirt.OptString{strings.ToLower(mac)}, 16, 0)
+	if err != nil {
+		return false, err
+	}
+	for _, l := range leases {
+		if l.Ipaddr == ip {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// lastAddress is the prefix's broadcast address.
+func lastAddress(p netip.Prefix) netip.Addr {
+	a := p.Masked().Addr().As4()
+	host := uint32(1)<<(32-p.Bits()) - 1
+	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3]) | host
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// xmlOf marshals a network section for NetworkUpdate.
+func xmlOf(host libvirtxml.NetworkDHCPHost) (string, error) {
+	doc, err := host.Marshal()
+	if err != nil {
+		return "", fmt.Errorf("dhcp host: %w", err)
+	}
+	return doc, nil
+}

@@ -1,0 +1,590 @@
+package libvirt
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	golibvirt "github.com/digitalocean/go-libvirt"
+	"github.com/google/uuid"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/computeql/computeql/region"
+	"github.com/computeql/computeql/region/libvirt/nocloud"
+)
+
+// Capacity rules, as Nova's defaults have them: memory is never overcommitted and the host
+// keeps some for itself; a vCPU may be shared by up to cpuAllocationRatio guest vCPUs.
+const (
+	hostReservedKiB    = 512 << 10
+	cpuAllocationRatio = 16
+)
+
+// FindServers implements region.Client through the index.
+func (d *Driver) FindServers(ctx context.Context, scope region.Scope, tag, value string) ([]region.Server, error) {
+	conn, err := d.host("find servers")
+	if err != nil {
+		return nil, err
+	}
+	var out []region.Server
+	for _, id := range d.index.find(scope, tag, value) {
+		srv, err := d.get(conn, id)
+		if errors.Is(err, region.ErrServerNotFound) {
+			continue // deleted since it was indexed
+		}
+		if err != nil {
+			return nil, fmt.Errorf("find servers: %w", err)
+		}
+		out = append(out, srv)
+	}
+	return out, nil
+}
+
+// GetServer implements region.Client.
+func (d *Driver) GetServer(ctx context.Context, id string) (region.Server, error) {
+	conn, err := d.host("get server")
+	if err != nil {
+		return region.Server{}, err
+	}
+	srv, err := d.get(conn, id)
+	if err != nil {
+		return region.Server{}, fmt.Errorf("get server: %w", err)
+	}
+	return srv, nil
+}
+
+// lookup reads the server with the id from the host.
+func (d *Driver) lookup(conn *golibvirt.Libvirt, id string) (*server, error) {
+	u, ok := parseUUID(id)
+	if !ok {
+		return nil, fmt.Errorf("server %q: %w", id, region.ErrServerNotFound)
+	}
+	dom, err := conn.DomainLookupByUUID(u)
+	if golibvirt.IsNotFound(err) {
+		return nil, fmt.Errorf("server %s: %w", id, region.ErrServerNotFound)
+	}
+	if err != nil {
+		return nil, d.fault("look up server "+id, err)
+	}
+	s, err := readServer(conn, dom)
+	switch {
+	case errors.Is(err, errNotOurs), golibvirt.IsNotFound(err):
+		return nil, fmt.Errorf("server %s: %w", id, region.ErrServerNotFound)
+	case err != nil:
+		return nil, d.fault("read server "+id, err)
+	}
+	if s.rec.Spec.RegionID != d.opts.Region.ID {
+		return nil, fmt.Errorf("server %s: %w", id, region.ErrServerNotFound)
+	}
+	return s, nil
+}
+
+func (d *Driver) get(conn *golibvirt.Libvirt, id string) (region.Server, error) {
+	s, err := d.lookup(conn, id)
+	if err != nil {
+		return region.Server{}, err
+	}
+	return d.observe(conn, s), nil
+}
+
+// observe is the region's view of a server. A server is BUILDING until its guest takes the
+// address reserved for it; the first time it is seen to, that is recorded, so that every
+// process agrees it was built.
+func (d *Driver) observe(conn *golibvirt.Libvirt, s *server) region.Server {
+	if s.state == golibvirt.DomainRunning && !s.rec.Built && s.rec.Error == "" {
+		if ok, err := leased(conn, s.rec.Network, s.rec.MAC, s.rec.IP); err == nil && ok {
+			s.rec.Built = true
+			if err := writeRecord(conn, s); err != nil {
+				d.log.Warn("record that a server was built", "server", s.id, "err", err)
+			}
+		}
+	}
+	state, msg := s.regionState()
+	srv := region.Server{
+		ID: s.id, ServerSpec: s.rec.Spec, State: state, Message: msg, Health: region.HealthUnknown,
+		MAC: s.rec.MAC, CreatedAt: s.rec.CreatedAt,
+	}
+	if s.rec.Built {
+		srv.PrivateIP = s.rec.IP
+	}
+	switch state {
+	case region.ServerRunning:
+		srv.Health = region.HealthHealthy
+		if s.agentConnected() {
+			if _, err := conn.QEMUDomainAgentCommand(s.dom, `{"execute":"guest-ping"}`, 2, 0); err != nil {
+				srv.Health = region.HealthDegraded
+			}
+		}
+	case region.ServerError:
+		srv.Health = region.HealthError
+	}
+	return srv
+}
+
+// CreateServer implements region.Client. What the host refuses for the server itself (an
+// image volume missing, a full pool, a domain that does not start) makes a server in ERROR
+// that says why and holds nothing: no disk, seed or address reservation is left behind.
+// A host too full for the flavor is ErrNoCapacity, and nothing is made.
+func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (region.Server, error) {
+	conn, err := d.host("create server")
+	if err != nil {
+		return region.Server{}, err
+	}
+	d.mu.RLock()
+	pool, domainType := d.pool, d.accel
+	d.mu.RUnlock()
+	network, flavor, image, err := d.resolve(spec)
+	if err != nil {
+		return region.Server{}, fmt.Errorf("create server: %w", err)
+	}
+	if err := d.capacity(conn, pool, flavor); err != nil {
+		return region.Server{}, err // says what is short, as users read it
+	}
+	seed, err := d.seed(ctx, spec)
+	if err != nil {
+		return region.Server{}, fmt.Errorf("create server: %w", err)
+	}
+	id := uuid.NewString()
+	name := namePrefix + id
+	rec := &record{Spec: spec, CreatedAt: d.opts.Now().UTC(), MAC: randomMAC(), Network: networkName(network)}
+	net, err := d.ensureNetwork(conn, network)
+	if err != nil {
+		return region.Server{}, d.fault("create server", err)
+	}
+	if rec.IP, err = d.reserve(conn, net, network, rec.MAC, spec.Name); errors.Is(err, region.ErrNoCapacity) {
+		return region.Server{}, fmt.Errorf("network %s has %w", network.ID, err)
+	} else if err != nil {
+		return region.Server{}, d.fault("create server", err)
+	}
+	dom := domainSpec{name: name, id: id, domainType: domainType, flavor: flavor, image: image, rec: rec, network: rec.Network}
+	built, err := d.build(conn, pool, dom, seed)
+	if err == nil {
+		return d.observe(conn, built), nil
+	}
+	// Undo everything, then keep a domain that only records why, so the owner sees the error.
+	cleanup := errors.Join(deleteVolumes(conn, pool, rec.Volumes), release(conn, rec.Network, rec.MAC))
+	if errors.Is(err, region.ErrUnavailable) {
+		return region.Server{}, fmt.Errorf("create server: %w", errors.Join(err, cleanup))
+	}
+	if cleanup != nil {
+		d.log.Warn("clean up after a failed create", "server", id, "err", cleanup)
+	}
+	rec.Volumes, rec.IP, rec.Network = nil, "", ""
+	rec.Error = "The virtual machine could not be created: " + userMessage(err)
+	dom.disk, dom.seed = "", ""
+	doc, xerr := domainXML(dom)
+	if xerr != nil {
+		return region.Server{}, fmt.Errorf("create server: %w", xerr)
+	}
+	tomb, derr := conn.DomainDefineXML(doc)
+	if derr != nil {
+		return region.Server{}, d.fault("create server: record its failure", derr)
+	}
+	s, rerr := readServer(conn, tomb)
+	if rerr != nil {
+		return region.Server{}, d.fault("create server", rerr)
+	}
+	d.index.add(s.indexed())
+	return d.observe(conn, s), nil
+}
+
+// resolve finds what the spec names in the catalogue, refusing what this region cannot run.
+func (d *Driver) resolve(spec region.ServerSpec) (*region.Network, *region.Flavor, *region.Image, error) {
+	cat, r := d.opts.Catalog, &d.opts.Region
+	network, ok := cat.Network(spec.NetworkID)
+	if spec.RegionID != r.ID || !ok || network.Region != r.ID {
+		return nil, nil, nil, fmt.Errorf("network %q is not in region %s: %w", spec.NetworkID, r.ID, region.ErrRefused)
+	}
+	flavor, ok := cat.Flavor(spec.FlavorID)
+	if !ok {
+		return nil, nil, nil, fmt.Errorf("flavor %q does not exist: %w", spec.FlavorID, region.ErrRefused)
+	}
+	if why := r.RunsFlavor(flavor); why != "" {
+		return nil, nil, nil, fmt.Errorf("region %s cannot run flavor %s: %s: %w", r.ID, flavor.ID, why, region.ErrRefused)
+	}
+	image, ok := cat.Image(spec.ImageID)
+	if !ok {
+		return nil, nil, nil, fmt.Errorf("image %q does not exist: %w", spec.ImageID, region.ErrRefused)
+	}
+	if spec.Networking.PublicIP {
+		return nil, nil, nil, fmt.Errorf("region %s offers no public IP addresses: %w", r.ID, region.ErrRefused)
+	}
+	return network, flavor, image, nil
+}
+
+// capacity checks that the host has room for the flavor: its memory, its vCPUs shared at
+// cpuAllocationRatio, and the flavor's disk free in the pool (overlays grow as guests write).
+func (d *Driver) capacity(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, f *region.Flavor) error {
+	_, memKiB, cpus, _, _, _, _, _, err := conn.NodeGetInfo()
+	if err != nil {
+		return d.fault("host capacity", err)
+	}
+	doms, _, err := conn.ConnectListAllDomains(1, golibvirt.ConnectListDomainsActive)
+	if err != nil {
+		return d.fault("host capacity", err)
+	}
+	var usedKiB, usedCPUs uint64
+	for _, dom := range doms {
+		_, maxMem, _, vcpus, _, err := conn.DomainGetInfo(dom)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		usedKiB += maxMem
+		usedCPUs += uint64(vcpus)
+	}
+	needKiB := uint64(f.MemoryGiB) << 20
+	switch {
+	case usedKiB+needKiB+hostReservedKiB > memKiB:
+		return fmt.Errorf("the host of region %s has %d MiB of memory free and flavor %s needs %d MiB: %w",
+			d.opts.Region.ID, free(memKiB, usedKiB+hostReservedKiB)>>10, f.ID, needKiB>>10, region.ErrNoCapacity)
+	case usedCPUs+uint64(f.CPUs) > uint64(cpus)*cpuAllocationRatio:
+		return fmt.Errorf("the host of region %s has %d vCPUs free and flavor %s needs %d: %w",
+			d.opts.Region.ID, free(uint64(cpus)*cpuAllocationRatio, usedCPUs), f.ID, f.CPUs, region.ErrNoCapacity)
+	}
+	_, _, _, available, err := conn.StoragePoolGetInfo(pool)
+	if err != nil {
+		return d.fault("pool capacity", err)
+	}
+	if need := uint64(f.DiskGB) * 1_000_000_000; need > available {
+		return fmt.Errorf("the storage pool of region %s has %d GB free and flavor %s needs %d GB: %w",
+			d.opts.Region.ID, available/1_000_000_000, f.ID, f.DiskGB, region.ErrNoCapacity)
+	}
+	return nil
+}
+
+func free(total, used uint64) uint64 {
+	if used > total {
+		return 0
+	}
+	return total - used
+}
+
+// seed is what the guest learns at first boot: its instance id and hostname, the user data,
+// and either the SSH certificate authority it trusts or the project's public key.
+func (d *Driver) seed(ctx context.Context, spec region.ServerSpec) ([]byte, error) {
+	s := nocloud.Seed{InstanceID: spec.Tags[region.InstanceTag], Hostname: spec.Name, UserData: spec.UserData}
+	if s.InstanceID == "" {
+		s.InstanceID = spec.Name
+	}
+	if id := spec.SSHCertificateAuthorityID; id != "" {
+		ca, ok := d.opts.Catalog.SSHCertificateAuthority(id)
+		if !ok {
+			return nil, fmt.Errorf("SSH certificate authority %q does not exist: %w", id, region.ErrRefused)
+		}
+		s.TrustedUserCAKeys = []string{ca.PublicKey}
+	} else {
+		key, err := d.projectKey(ctx, spec.OrganizationID, spec.ProjectID)
+		if err != nil {
+			return nil, err
+		}
+		s.AuthorizedKeys = []string{strings.TrimSpace(string(ssh.MarshalAuthorizedKey(key.PublicKey())))}
+	}
+	iso, err := s.ISO()
+	if err != nil {
+		return nil, fmt.Errorf("seed: %v: %w", err, region.ErrRefused)
+	}
+	return iso, nil
+}
+
+// build makes the server's disk and seed, defines its domain and starts it. The volumes it
+// made are in dom.rec.Volumes, for whoever undoes a failure.
+func (d *Driver) build(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, dom domainSpec, seed []byte) (*server, error) {
+	if dom.image.File != "" || dom.image.Volume != "" {
+		base, err := d.baseVolume(conn, pool, dom.image)
+		if err != nil {
+			return nil, err
+		}
+		disk, err := d.overlay(conn, pool, dom.name+".qcow2", base, uint64(dom.flavor.DiskGB)*1_000_000_000)
+		if err != nil {
+			return nil, err
+		}
+		dom.rec.Volumes = append(dom.rec.Volumes, dom.name+".qcow2")
+		dom.disk = disk.path
+	}
+	vol, err := d.upload(conn, pool, dom.name+"-seed.iso", "raw", strings.NewReader(string(seed)), uint64(len(seed)))
+	if err != nil {
+		return nil, err
+	}
+	dom.rec.Volumes = append(dom.rec.Volumes, dom.name+"-seed.iso")
+	seedVol, err := describe(conn, vol)
+	if err != nil {
+		return nil, err
+	}
+	dom.seed = seedVol.path
+	doc, err := domainXML(dom)
+	if err != nil {
+		return nil, err
+	}
+	defined, err := conn.DomainDefineXML(doc)
+	if err != nil {
+		return nil, fmt.Errorf("define domain: %w", err)
+	}
+	if err := conn.DomainCreate(defined); err != nil {
+		return nil, fmt.Errorf("start domain: %w", err)
+	}
+	s, err := readServer(conn, defined)
+	if err != nil {
+		return nil, err
+	}
+	d.index.add(s.indexed())
+	return s, nil
+}
+
+// userMessage is the host's own word on a failure, without the call chain around it.
+func userMessage(err error) string {
+	var lerr golibvirt.Error
+	if errors.As(err, &lerr) {
+		return lerr.Message
+	}
+	return strings.TrimSuffix(err.Error(), ": "+region.ErrRefused.Error())
+}
+
+// DeleteServer implements region.Client: the domain is stopped, its disk and seed deleted, its
+// address reservation released, and the domain undefined last, so that a delete cut short
+// is finished by the next one and leaves nothing behind.
+func (d *Driver) DeleteServer(ctx context.Context, id string) error {
+	conn, err := d.host("delete server")
+	if err != nil {
+		return err
+	}
+	s, err := d.lookup(conn, id)
+	if errors.Is(err, region.ErrServerNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("delete server: %w", err)
+	}
+	if s.state != golibvirt.DomainShutoff {
+		if err := conn.DomainDestroy(s.dom); err != nil && !isCode(err, golibvirt.ErrOperationInvalid) {
+			return d.fault("delete server: power off", err)
+		}
+	}
+	d.mu.RLock()
+	pool := d.pool
+	d.mu.RUnlock()
+	if err := deleteVolumes(conn, pool, s.rec.Volumes); err != nil {
+		return d.fault("delete server", err)
+	}
+	if err := release(conn, s.rec.Network, s.rec.MAC); err != nil {
+		return d.fault("delete server", err)
+	}
+	if err := conn.DomainUndefine(s.dom); err != nil && !golibvirt.IsNotFound(err) {
+		return d.fault("delete server: undefine", err)
+	}
+	d.index.remove(s.id)
+	return nil
+}
+
+// verb reads a server for a power verb, refusing one that could not be made.
+func (d *Driver) verb(op, id string) (*golibvirt.Libvirt, *server, error) {
+	conn, err := d.host(op)
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := d.lookup(conn, id)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", op, err)
+	}
+	if s.rec.Error != "" {
+		return nil, nil, fmt.Errorf("%s: the server could not be made: %w", op, region.ErrRefused)
+	}
+	return conn, s, nil
+}
+
+func running(s *server) bool {
+	return s.state == golibvirt.DomainRunning || s.state == golibvirt.DomainBlocked
+}
+
+// StartServer implements region.Client.
+func (d *Driver) StartServer(ctx context.Context, id string) (region.Server, error) {
+	conn, s, err := d.verb("start server", id)
+	if err != nil {
+		return region.Server{}, err
+	}
+	if s.state != golibvirt.DomainShutoff {
+		return region.Server{}, fmt.Errorf("start server: the server is not stopped: %w", region.ErrRefused)
+	}
+	if err := conn.DomainCreate(s.dom); err != nil {
+		return region.Server{}, d.fault("start server", err)
+	}
+	if !s.rec.StopBy.IsZero() {
+		s.rec.StopBy = time.Time{}
+		s.state = golibvirt.DomainRunning
+		if err := writeRecord(conn, s); err != nil {
+			return region.Server{}, d.fault("start server", err)
+		}
+	}
+	srv := d.observe(conn, s)
+	srv.State = region.ServerStarting
+	return srv, nil
+}
+
+// StopServer implements region.Client: the guest is asked to power off (the ACPI power
+// button) and is forced off when it has not within the region's stop timeout.
+func (d *Driver) StopServer(ctx context.Context, id string) (region.Server, error) {
+	conn, s, err := d.verb("stop server", id)
+	if err != nil {
+		return region.Server{}, err
+	}
+	if !running(s) {
+		return region.Server{}, fmt.Errorf("stop server: the server is not running: %w", region.ErrRefused)
+	}
+	if !s.rec.StopBy.IsZero() {
+		return region.Server{}, fmt.Errorf("stop server: the server is stopping already: %w", region.ErrRefused)
+	}
+	s.rec.StopBy = d.opts.Now().Add(d.stopTimeout).UTC()
+	if err := writeRecord(conn, s); err != nil {
+		return region.Server{}, d.fault("stop server", err)
+	}
+	d.stopping.add(s.id)
+	if err := conn.DomainShutdownFlags(s.dom, golibvirt.DomainShutdownAcpiPowerBtn); err != nil {
+		return region.Server{}, d.fault("stop server", err)
+	}
+	return d.observe(conn, s), nil
+}
+
+// forceStops powers off every server whose graceful stop outlived the stop timeout, and
+// forgets the stops that completed. Only servers marked stopping are read.
+func (d *Driver) forceStops(ctx context.Context, conn *golibvirt.Libvirt) {
+	for _, id := range d.stopping.list() {
+		if ctx.Err() != nil {
+			return
+		}
+		s, err := d.lookup(conn, id)
+		if err != nil || s.rec.StopBy.IsZero() {
+			d.stopping.remove(id)
+			continue
+		}
+		switch {
+		case s.state == golibvirt.DomainShutoff:
+			s.rec.StopBy = time.Time{}
+			if err := writeRecord(conn, s); err == nil {
+				d.stopping.remove(id)
+			}
+		case d.opts.Now().After(s.rec.StopBy):
+			d.log.InfoContext(ctx, "graceful stop timed out; forcing the server off", "server", s.id, "timeout", d.stopTimeout)
+			if err := conn.DomainDestroy(s.dom); err != nil && !isCode(err, golibvirt.ErrOperationInvalid) {
+				d.log.WarnContext(ctx, "force a server off", "server", s.id, "err", err)
+			}
+		}
+	}
+}
+
+// RebootServer implements region.Client: soft is the ACPI power button, after which the host
+// starts the guest again; hard is a reset.
+func (d *Driver) RebootServer(ctx context.Context, id string, hard bool) (region.Server, error) {
+	conn, s, err := d.verb("reboot server", id)
+	if err != nil {
+		return region.Server{}, err
+	}
+	if !running(s) || !s.rec.StopBy.IsZero() {
+		return region.Server{}, fmt.Errorf("reboot server: the server is not running: %w", region.ErrRefused)
+	}
+	if hard {
+		err = conn.DomainReset(s.dom, 0)
+	} else {
+		err = conn.DomainReboot(s.dom, golibvirt.DomainRebootAcpiPowerBtn)
+	}
+	if err != nil {
+		return region.Server{}, d.fault("reboot server", err)
+	}
+	srv := d.observe(conn, s)
+	srv.State = region.ServerRebooting
+	return srv, nil
+}
+
+// UpdateNetworking implements region.Client. The server keeps its domain, MAC and address;
+// security groups and allowed source addresses are recorded but not yet enforced.
+func (d *Driver) UpdateNetworking(ctx context.Context, id string, n region.ServerNetworking) (region.Server, error) {
+	conn, s, err := d.verb("update networking", id)
+	if err != nil {
+		return region.Server{}, err
+	}
+	if n.PublicIP {
+		return region.Server{}, fmt.Errorf("update networking: region %s offers no public IP addresses: %w", d.opts.Region.ID, region.ErrRefused)
+	}
+	s.rec.Spec.Networking = n
+	if err := writeRecord(conn, s); err != nil {
+		return region.Server{}, d.fault("update networking", err)
+	}
+	return d.observe(conn, s), nil
+}
+
+// ConsoleSession implements region.Client: not offered by this driver yet.
+func (d *Driver) ConsoleSession(ctx context.Context, id string) (region.ConsoleSession, error) {
+	return region.ConsoleSession{}, fmt.Errorf("console session: region %s runs on libvirt hosts, which do not offer console sessions yet: %w", d.opts.Region.ID, region.ErrRefused)
+}
+
+// Snapshot implements region.Client: not offered by this driver yet.
+func (d *Driver) Snapshot(ctx context.Context, id string, req region.ImageRequest) (region.Image, error) {
+	return region.Image{}, fmt.Errorf("snapshot: region %s runs on libvirt hosts, which do not offer snapshots yet: %w", d.opts.Region.ID, region.ErrRefused)
+}
+
+// Images implements region.Client: the driver makes no images yet.
+func (d *Driver) Images(ctx context.Context, org, project string) ([]region.Image, error) {
+	return nil, nil
+}
+
+// SSHKey implements region.Client: the project's key pair, whose public half every server of
+// the project without an SSH certificate authority authorizes.
+func (d *Driver) SSHKey(ctx context.Context, id string) (region.SSHKey, error) {
+	_, s, err := d.verb("ssh key", id)
+	if err != nil {
+		return region.SSHKey{}, err
+	}
+	spec := s.rec.Spec
+	if spec.SSHCertificateAuthorityID != "" {
+		return region.SSHKey{}, fmt.Errorf("ssh key: the server accepts certificates of SSH certificate authority %s, not the project key pair: %w", spec.SSHCertificateAuthorityID, region.ErrRefused)
+	}
+	key, err := d.projectKey(ctx, spec.OrganizationID, spec.ProjectID)
+	if err != nil {
+		return region.SSHKey{}, err
+	}
+	block, err := ssh.MarshalPrivateKey(key.private, "")
+	if err != nil {
+		return region.SSHKey{}, fmt.Errorf("ssh key: %w", err)
+	}
+	return region.SSHKey{PrivateKey: string(pem.EncodeToMemory(block))}, nil
+}
+
+// projectKeyPair is a project's SSH key pair.
+type projectKeyPair struct{ private ed25519.PrivateKey }
+
+func (k projectKeyPair) PublicKey() ssh.PublicKey {
+	pub, _ := ssh.NewPublicKey(k.private.Public()) // an ed25519 key always converts
+	return pub
+}
+
+// projectKey returns the project's key pair, made on first use. It lives in Redis, under the
+// region's hash tag, so that every process and every server of the project shares it.
+func (d *Driver) projectKey(ctx context.Context, org, project string) (projectKeyPair, error) {
+	key := "libvirt:{" + d.opts.Region.ID + "}:sshkey:" + org + "/" + project
+	_, fresh, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return projectKeyPair{}, fmt.Errorf("ssh key: %w", err)
+	}
+	// SETNX keeps the first key of the project when two requests race.
+	if err := d.opts.Redis.SetNX(ctx, key, []byte(fresh.Seed()), 0).Err(); err != nil {
+		return projectKeyPair{}, fmt.Errorf("ssh key: %v: %w", err, region.ErrUnavailable)
+	}
+	seed, err := d.opts.Redis.Get(ctx, key).Bytes()
+	if err != nil {
+		return projectKeyPair{}, fmt.Errorf("ssh key: %v: %w", err, region.ErrUnavailable)
+	}
+	if len(seed) != ed25519.SeedSize {
+		return projectKeyPair{}, fmt.Errorf("ssh key of project %s/%s is corrupt", org, project)
+	}
+	return projectKeyPair{private: ed25519.NewKeyFromSeed(seed)}, nil
+}
+
+// randomMAC is a locally administered unicast address in QEMU's 52:54:00 range.
+func randomMAC() string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on supported platforms
+	return fmt.Sprintf("52:54:00:%02x:%02x:%02x", b[0], b[1], b[2])
+}

@@ -1,0 +1,197 @@
+package libvirt
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	golibvirt "github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/computeql/computeql/region"
+)
+
+// ensurePool returns the region's storage pool, defining, building and starting it as a
+// directory pool when it is missing or inactive.
+func (d *Driver) ensurePool(conn *golibvirt.Libvirt) (golibvirt.StoragePool, error) {
+	settings := d.opts.Region.Libvirt
+	pool, err := conn.StoragePoolLookupByName(settings.Pool)
+	if isCode(err, golibvirt.ErrNoStoragePool) {
+		def := libvirtxml.StoragePool{Type: "dir", Name: settings.Pool, Target: &libvirtxml.StoragePoolTarget{Path: settings.PoolPath}}
+		doc, merr := def.Marshal()
+		if merr != nil {
+			return pool, merr
+		}
+		if pool, err = conn.StoragePoolDefineXML(doc, 0); err != nil {
+			return pool, fmt.Errorf("define storage pool %s: %w", settings.Pool, err)
+		}
+		if err = conn.StoragePoolBuild(pool, golibvirt.StoragePoolBuildNew); err != nil {
+			return pool, fmt.Errorf("build storage pool %s: %w", settings.Pool, err)
+		}
+		_ = conn.StoragePoolSetAutostart(pool, 1)
+	}
+	if err != nil {
+		return pool, fmt.Errorf("look up storage pool %s: %w", settings.Pool, err)
+	}
+	state, _, _, _, err := conn.StoragePoolGetInfo(pool)
+	if err != nil {
+		return pool, fmt.Errorf("storage pool %s: %w", settings.Pool, err)
+	}
+	if golibvirt.StoragePoolState(state) != golibvirt.StoragePoolRunning {
+		if err := conn.StoragePoolCreate(pool, 0); err != nil {
+			return pool, fmt.Errorf("start storage pool %s: %w", settings.Pool, err)
+		}
+	}
+	return pool, nil
+}
+
+// volume is a pool volume and its path on the host.
+type volume struct {
+	vol    golibvirt.StorageVol
+	path   string
+	format string
+}
+
+// baseVolume returns the image's base volume: the named volume, or the image's file imported
+// into the pool under a name of its own on first use. A missing volume or file is the image's
+// fault, reported as a refusal.
+func (d *Driver) baseVolume(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, img *region.Image) (volume, error) {
+	name := img.Volume
+	if name == "" {
+		name = namePrefix + "image-" + img.ID
+	}
+	vol, err := conn.StorageVolLookupByName(pool, name)
+	switch {
+	case err == nil:
+		return describe(conn, vol)
+	case !isCode(err, golibvirt.ErrNoStorageVol):
+		return volume{}, fmt.Errorf("look up volume %s: %w", name, err)
+	case img.Volume != "":
+		return volume{}, fmt.Errorf("image %s: volume %q is missing from pool %s: %w", img.ID, img.Volume, d.opts.Region.Libvirt.Pool, region.ErrRefused)
+	}
+	d.allocate.Lock()
+	defer d.allocate.Unlock()
+	if vol, err := conn.StorageVolLookupByName(pool, name); err == nil {
+		return describe(conn, vol) // imported meanwhile
+	}
+	f, err := os.Open(img.File)
+	if err != nil {
+		return volume{}, fmt.Errorf("image %s: %v: %w", img.ID, err, region.ErrRefused)
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return volume{}, fmt.Errorf("image %s: %w", img.ID, err)
+	}
+	format, err := diskFormat(f)
+	if err != nil {
+		return volume{}, fmt.Errorf("image %s: %w", img.ID, err)
+	}
+	vol, err = d.upload(conn, pool, name, format, f, uint64(info.Size()))
+	if err != nil {
+		return volume{}, fmt.Errorf("import image %s: %w", img.ID, err)
+	}
+	return describe(conn, vol)
+}
+
+// diskFormat tells a qcow2 file by its magic; anything else is taken as raw.
+func diskFormat(f io.ReaderAt) (string, error) {
+	magic := make([]byte, 4)
+	if _, err := f.ReadAt(magic, 0); err != nil && err != io.EOF {
+		return "", err
+	}
+	if bytes.Equal(magic, []byte("QFI\xfb")) {
+		return "qcow2", nil
+	}
+	return "raw", nil
+}
+
+// upload makes a volume holding exactly the reader's bytes. A volume left half-written by a
+// failed upload is deleted, so that it is never taken for a whole one.
+func (d *Driver) upload(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, name, format string, r io.Reader, size uint64) (golibvirt.StorageVol, error) {
+	def := libvirtxml.StorageVolume{
+		Name: name, Capacity: &libvirtxml.StorageVolumeSize{Value: size, Unit: "bytes"},
+		Target: &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "raw"}},
+	}
+	doc, err := def.Marshal()
+	if err != nil {
+		return golibvirt.StorageVol{}, err
+	}
+	vol, err := conn.StorageVolCreateXML(pool, doc, 0)
+	if err != nil {
+		return vol, fmt.Errorf("create volume %s: %w", name, err)
+	}
+	if err := conn.StorageVolUpload(vol, r, 0, size, 0); err != nil {
+		_ = conn.StorageVolDelete(vol, golibvirt.StorageVolDeleteNormal)
+		return vol, fmt.Errorf("upload volume %s: %w", name, err)
+	}
+	// A directory pool detects the format of what was written when it refreshes.
+	_ = conn.StoragePoolRefresh(pool, 0)
+	return vol, nil
+}
+
+func describe(conn *golibvirt.Libvirt, vol golibvirt.StorageVol) (volume, error) {
+	doc, err := conn.StorageVolGetXMLDesc(vol, 0)
+	if err != nil {
+		return volume{}, fmt.Errorf("volume %s: %w", vol.Name, err)
+	}
+	var def libvirtxml.StorageVolume
+	if err := def.Unmarshal(doc); err != nil {
+		return volume{}, fmt.Errorf("volume %s: %w", vol.Name, err)
+	}
+	v := volume{vol: vol, format: "raw"}
+	if def.Target != nil {
+		v.path = def.Target.Path
+		if def.Target.Format != nil && def.Target.Format.Type != "" {
+			v.format = def.Target.Format.Type
+		}
+	}
+	return v, nil
+}
+
+// overlay makes the server's disk: a qcow2 overlay of the base volume, as large as the
+// flavor's disk, so the base is shared and never written.
+func (d *Driver) overlay(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, name string, base volume, sizeBytes uint64) (volume, error) {
+	def := libvirtxml.StorageVolume{
+		Name:     name,
+		Capacity: &libvirtxml.StorageVolumeSize{Value: sizeBytes, Unit: "bytes"},
+		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "qcow2"}},
+		BackingStore: &libvirtxml.StorageVolumeBackingStore{
+			Path: base.path, Format: &libvirtxml.StorageVolumeTargetFormat{Type: base.format},
+		},
+	}
+	doc, err := def.Marshal()
+	if err != nil {
+		return volume{}, err
+	}
+	vol, err := conn.StorageVolCreateXML(pool, doc, 0)
+	if err != nil {
+		return volume{}, fmt.Errorf("create disk %s: %w", name, err)
+	}
+	return describe(conn, vol)
+}
+
+// deleteVolumes deletes the named volumes of the pool; ones already gone are no error.
+func deleteVolumes(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, names []string) error {
+	for _, name := range names {
+		vol, err := conn.StorageVolLookupByName(pool, name)
+		if isCode(err, golibvirt.ErrNoStorageVol) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("look up volume %s: %w", name, err)
+		}
+		if err := conn.StorageVolDelete(vol, golibvirt.StorageVolDeleteNormal); err != nil && !isCode(err, golibvirt.ErrNoStorageVol) {
+			return fmt.Errorf("delete volume %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// isCode reports whether err is libvirt's error with the code.
+func isCode(err error, code golibvirt.ErrorNumber) bool {
+	var e golibvirt.Error
+	return errors.As(err, &e) && e.Code == uint32(code)
+}

@@ -1,0 +1,250 @@
+package libvirt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+
+	golibvirt "github.com/digitalocean/go-libvirt"
+
+	"github.com/computeql/computeql/region"
+)
+
+// indexed is what the index keeps of a server: what never changes after it is made.
+type indexed struct {
+	id    string
+	scope region.Scope
+	tags  map[string]string
+}
+
+// index finds servers by tag without asking the host about every domain.
+type index struct {
+	mu    sync.RWMutex
+	byID  map[string]indexed
+	byTag map[string]map[string]bool // "tag=value" → server ids
+}
+
+func newIndex() *index {
+	return &index{byID: map[string]indexed{}, byTag: map[string]map[string]bool{}}
+}
+
+func (x *index) replace(servers []indexed) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.byID, x.byTag = map[string]indexed{}, map[string]map[string]bool{}
+	for _, s := range servers {
+		x.addLocked(s)
+	}
+}
+
+func (x *index) add(s indexed) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.addLocked(s)
+}
+
+func (x *index) addLocked(s indexed) {
+	x.removeLocked(s.id)
+	x.byID[s.id] = s
+	for k, v := range s.tags {
+		set := x.byTag[k+"="+v]
+		if set == nil {
+			set = map[string]bool{}
+			x.byTag[k+"="+v] = set
+		}
+		set[s.id] = true
+	}
+}
+
+// remove forgets a server and returns what was known of it.
+func (x *index) remove(id string) (indexed, bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.removeLocked(id)
+}
+
+func (x *index) removeLocked(id string) (indexed, bool) {
+	s, ok := x.byID[id]
+	if !ok {
+		return indexed{}, false
+	}
+	delete(x.byID, id)
+	for k, v := range s.tags {
+		delete(x.byTag[k+"="+v], id)
+		if len(x.byTag[k+"="+v]) == 0 {
+			delete(x.byTag, k+"="+v)
+		}
+	}
+	return s, true
+}
+
+func (x *index) get(id string) (indexed, bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	s, ok := x.byID[id]
+	return s, ok
+}
+
+func (x *index) find(scope region.Scope, tag, value string) []string {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	var ids []string
+	for id := range x.byTag[tag+"="+value] {
+		if x.byID[id].scope == scope {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// all returns every indexed server.
+func (x *index) all() []indexed {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	out := make([]indexed, 0, len(x.byID))
+	for _, s := range x.byID {
+		out = append(out, s)
+	}
+	return out
+}
+
+// lifecycle keeps the index current from one of the host's events and passes it on to
+// watchers as a server event. Domains without computeql's metadata are not servers.
+func (d *Driver) lifecycle(conn *golibvirt.Libvirt, ev golibvirt.DomainEventLifecycleMsg) {
+	id := uuidString(ev.Dom.UUID)
+	kind := region.ServerUpdated
+	var s indexed
+	switch golibvirt.DomainEventType(ev.Event) {
+	case golibvirt.DomainEventUndefined:
+		var ok bool
+		if s, ok = d.index.remove(id); !ok {
+			return
+		}
+		kind = region.ServerDeleted
+	case golibvirt.DomainEventDefined:
+		srv, err := readServer(conn, ev.Dom)
+		if err != nil {
+			if !errors.Is(err, errNotOurs) {
+				d.log.Warn("read a defined domain", "domain", ev.Dom.Name, "err", err)
+			}
+			return
+		}
+		s = srv.indexed()
+		d.index.add(s)
+		kind = region.ServerCreated
+	default:
+		var ok bool
+		if s, ok = d.index.get(id); !ok {
+			return
+		}
+	}
+	d.watches.publish(region.Event{Kind: kind, ServerID: s.id, Scope: s.scope, Tags: s.tags})
+}
+
+// broadcaster hands every server event to every watch.
+type broadcaster struct {
+	mu   sync.Mutex
+	seq  uint64
+	subs map[chan region.Event]struct{}
+}
+
+func newBroadcaster() *broadcaster {
+	return &broadcaster{subs: map[chan region.Event]struct{}{}}
+}
+
+// watchBuffer is how many events a watch may fall behind before it is ended; its watcher
+// then watches again, and a watch that resumes starts by looking at every server.
+const watchBuffer = 1024
+
+func (b *broadcaster) publish(ev region.Event) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.seq++
+	ev.Cursor = strconv.FormatUint(b.seq, 10)
+	for ch := range b.subs {
+		select {
+		case ch <- ev:
+		default:
+			delete(b.subs, ch)
+			close(ch)
+		}
+	}
+}
+
+func (b *broadcaster) subscribe() chan region.Event {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ch := make(chan region.Event, watchBuffer)
+	b.subs[ch] = struct{}{}
+	return ch
+}
+
+func (b *broadcaster) unsubscribe(ch chan region.Event) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.subs[ch]; ok {
+		delete(b.subs, ch)
+		close(ch)
+	}
+}
+
+// Watch implements region.Client. The host keeps no history of its events, so a cursor cannot
+// be replayed: a watch that resumes (after is not "") first reports every server as updated,
+// which makes its watcher look at each of them again, and then follows new events.
+func (d *Driver) Watch(ctx context.Context, after string, fn func(region.Event) error) error {
+	ch := d.watches.subscribe()
+	defer d.watches.unsubscribe(ch)
+	if after != "" {
+		for _, s := range d.index.all() {
+			if err := fn(region.Event{Cursor: after, Kind: region.ServerUpdated, ServerID: s.id, Scope: s.scope, Tags: s.tags}); err != nil {
+				return err
+			}
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-ch:
+			if !ok {
+				return fmt.Errorf("watch: fell more than %d events behind: %w", watchBuffer, region.ErrUnavailable)
+			}
+			if err := fn(ev); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// idSet is a set of server ids safe for concurrent use.
+type idSet struct {
+	mu  sync.Mutex
+	ids map[string]bool
+}
+
+func (s *idSet) add(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ids == nil {
+		s.ids = map[string]bool{}
+	}
+	s.ids[id] = true
+}
+
+func (s *idSet) remove(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.ids, id)
+}
+
+func (s *idSet) list() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.ids))
+	for id := range s.ids {
+		out = append(out, id)
+	}
+	return out
+}
