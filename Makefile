@@ -2,7 +2,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: run test cluster-test chaos vet fmt-check generate generate-check bench gobench bench-compile fuzz lint
+.PHONY: run test virt-test cluster-test chaos vet fmt-check generate generate-check bench gobench bench-compile fuzz lint
 
 ## run: the whole system in one process with an embedded in-memory Redis and demo data.
 run:
@@ -12,10 +12,20 @@ run:
 ## (with Chromium installed, the browser tests of e2e/ too, their screenshots in
 ## artifacts/browser/), and every benchmark compiled and run once so none rots.
 test: fmt-check vet generate-check
-	COMPUTEQL_ARTIFACTS=$(CURDIR)/artifacts $(GO) test -race -count=1 -skip '^TestDeploymentOnCluster$$|^TestChaos' $(PKGS)
+	COMPUTEQL_ARTIFACTS=$(CURDIR)/artifacts $(GO) test -race -count=1 -skip '^TestDeploymentOnCluster$$|^TestChaos|^TestLibvirt' $(PKGS)
 	@if command -v redis-server >/dev/null; then $(MAKE) cluster-test; else echo "no redis-server: cluster-test not run"; fi
+	@if command -v libvirtd >/dev/null && command -v qemu-system-x86_64 >/dev/null; then $(MAKE) virt-test; \
+		else echo "no libvirtd or qemu-system-x86_64: virt-test not run"; fi
 	$(MAKE) chaos CHAOS=small CHAOSFLAGS=
 	$(MAKE) bench-compile
+
+## virt-test: the libvirt region against a real libvirtd and real QEMU guests (software
+## emulation where KVM cannot run them), which the tests start themselves in network and mount
+## namespaces of their own and remove afterwards; builds the guest images first (make images).
+## make test runs it once, here, when libvirtd and QEMU are installed: its run of all packages
+## leaves these tests out.
+virt-test: images
+	COMPUTEQL_IMAGES_DIR=$(IMAGES_DIR) $(GO) test -race -count=1 -timeout 20m -run '^TestLibvirt' ./region/libvirt/
 
 ## cluster-test: the end-to-end suite of e2e/deployment (separate api and worker processes of the
 ## built binary) on a 3-master Redis Cluster it starts on loopback ports with redis-server

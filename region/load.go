@@ -51,7 +51,11 @@ var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 // misspelt key fails loudly instead of silently taking its zero value. Organizations that
 // leave quota kinds out get quota.DefaultLimits for them. Every problem found is reported,
 // joined with errors.Join, each naming the entry at fault.
-func Parse(data []byte) (*Catalog, error) {
+func Parse(data []byte) (*Catalog, error) { return parse(data, "") }
+
+// parse is Parse with relative image paths (file, kernel, initrd) taken from dir, the
+// catalogue file's directory; with no dir they are refused.
+func parse(data []byte, dir string) (*Catalog, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var c Catalog
@@ -63,19 +67,27 @@ func Parse(data []byte) (*Catalog, error) {
 		return nil, errors.New("catalog: decode: unexpected data after the catalogue object")
 	}
 	c.applyDefaults()
+	if dir != "" {
+		c.resolvePaths(dir)
+	}
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
 	return &c, nil
 }
 
-// Load reads the catalogue file at path and parses it with Parse.
+// Load reads the catalogue file at path and parses it with Parse, except that relative image
+// paths are taken from the file's directory, so a catalogue can sit beside its images.
 func Load(path string) (*Catalog, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("load catalog %s: %w", path, err)
 	}
-	c, err := Parse(data)
+	dir, err := filepath.Abs(filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("load catalog %s: %w", path, err)
+	}
+	c, err := parse(data, dir)
 	if err != nil {
 		return nil, fmt.Errorf("load catalog %s: %w", path, err)
 	}
@@ -166,6 +178,17 @@ func lookup[T any](s []T, idx map[string]int, id string, idOf func(*T) string) (
 		}
 	}
 	return nil, false
+}
+
+func (c *Catalog) resolvePaths(dir string) {
+	for i := range c.Images {
+		im := &c.Images[i]
+		for _, p := range []*string{&im.File, &im.Kernel, &im.Initrd} {
+			if *p != "" && !filepath.IsAbs(*p) {
+				*p = filepath.Join(dir, *p)
+			}
+		}
+	}
 }
 
 func (c *Catalog) applyDefaults() {

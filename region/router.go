@@ -45,6 +45,11 @@ func NewRouter(routes []Route) (*Router, error) {
 		if c, ok := r.drivers[rt.Driver]; ok && c != rt.Client {
 			return nil, fmt.Errorf("region router: driver name %q names two drivers", rt.Driver)
 		}
+		for name, c := range r.drivers {
+			if c == rt.Client && name != rt.Driver {
+				return nil, fmt.Errorf("region router: one driver is named both %q and %q", name, rt.Driver)
+			}
+		}
 		r.byRegion[rt.Region] = rt.Client
 		r.drivers[rt.Driver] = rt.Client
 	}
@@ -125,11 +130,12 @@ func (r *Router) GetServer(ctx context.Context, id string) (Server, error) {
 	return qualified(c.GetServer(ctx, inner))
 }
 
-// DeleteServer implements Client.
+// DeleteServer implements Client. An id no driver could have made names a server that is gone
+// already, which is not an error.
 func (r *Router) DeleteServer(ctx context.Context, id string) error {
 	c, inner, err := r.route(id)
 	if err != nil {
-		return err
+		return nil
 	}
 	return c.DeleteServer(ctx, inner)
 }
@@ -216,8 +222,9 @@ func (r *Router) Watch(ctx context.Context, after string, fn func(Event) error) 
 	var mu sync.Mutex // serialises fn and the cursor
 	var wg sync.WaitGroup
 	for name, c := range r.drivers {
+		from := cursors.Get(name) // before any driver's events change the cursor
 		wg.Go(func() {
-			err := c.Watch(ctx, cursors.Get(name), func(ev Event) error {
+			err := c.Watch(ctx, from, func(ev Event) error {
 				mu.Lock()
 				defer mu.Unlock()
 				cursors.Set(name, ev.Cursor)

@@ -242,7 +242,6 @@ func domainXML(s domainSpec) (string, error) {
 	dev.Serials = []libvirtxml.DomainSerial{{
 		Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
 		Target: &libvirtxml.DomainSerialTarget{Port: &port},
-		Log:    &libvirtxml.DomainChardevLog{File: "/var/log/libvirt/qemu/" + s.name + "-serial.log", Append: "off"},
 	}}
 	dev.Consoles = []libvirtxml.DomainConsole{{
 		Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},

@@ -63,6 +63,9 @@ type Driver struct {
 	// stopping are the servers whose graceful stop this process watches, to force them off
 	// after the stop timeout.
 	stopping idSet
+	// building are the servers this process watches for the lease that makes them RUNNING:
+	// the host has no event for it.
+	building idSet
 	// allocate serialises address reservations and image imports of this process; the host
 	// refuses a duplicate address reservation from another process, which is then retried.
 	allocate sync.Mutex
@@ -172,6 +175,12 @@ func (d *Driver) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("subscribe to lifecycle events: %w", err)
 	}
+	// A server's record changes without its domain's state changing (its networking, the
+	// moment it is seen built): every process hears of it through the metadata's event.
+	changes, err := conn.SubscribeEvents(ctx, golibvirt.DomainEventIDMetadataChange, golibvirt.OptDomain{})
+	if err != nil {
+		return fmt.Errorf("subscribe to metadata events: %w", err)
+	}
 	accel, err := d.acceleration(conn)
 	if err != nil {
 		return err
@@ -189,6 +198,9 @@ func (d *Driver) session(ctx context.Context) error {
 		all[i] = s.indexed()
 		if !s.rec.StopBy.IsZero() {
 			d.stopping.add(s.id) // a stop whose process went away is finished here
+		}
+		if !s.rec.Built && s.rec.Error == "" {
+			d.building.add(s.id)
 		}
 	}
 	d.index.replace(all)
@@ -217,8 +229,16 @@ func (d *Driver) session(ctx context.Context) error {
 				return errors.New("lifecycle events ended")
 			}
 			d.lifecycle(conn, ev)
+		case ev, ok := <-changes:
+			if !ok {
+				return errors.New("metadata events ended")
+			}
+			if msg, ok := ev.(*golibvirt.DomainEventCallbackMetadataChangeMsg); ok {
+				d.lifecycle(conn, golibvirt.DomainEventLifecycleMsg{Dom: msg.Dom, Event: int32(golibvirt.DomainEventResumed)})
+			}
 		case <-tick.C:
 			d.forceStops(ctx, conn)
+			d.watchBuilds(conn)
 		}
 	}
 }

@@ -40,10 +40,11 @@ func (d *Driver) ensureNetwork(conn *golibvirt.Libvirt, n *region.Network) (goli
 			Bridge:  &libvirtxml.NetworkBridge{Name: bridgeName(n), STP: "on", Delay: "0"},
 			IPs: []libvirtxml.NetworkIP{{
 				Address: gw.String(), Prefix: uint(n.Prefix.Bits()),
-				// A one-address range right after the gateway, never reserved for a
-				// server: dnsmasq serves the reservations only within a range's subnet,
-				// and this range leaves it at most one address for a stray client.
-				DHCP: &libvirtxml.NetworkDHCP{Ranges: []libvirtxml.NetworkDHCPRange{{Start: gw.Next().String(), End: gw.Next().String()}}},
+				// The range spans the prefix: libvirt caps dnsmasq's leases at the range's
+				// size (plus the reservations there were at start), and a smaller range would
+				// turn away the servers' reserved addresses. dnsmasq gives a reserved address
+				// to no other MAC, and reserve skips addresses a stray client leased.
+				DHCP: &libvirtxml.NetworkDHCP{Ranges: []libvirtxml.NetworkDHCPRange{{Start: gw.Next().String(), End: lastAddress(n.Prefix).Prev().String()}}},
 			}},
 		}
 		doc, merr := def.Marshal()
@@ -70,6 +71,10 @@ func (d *Driver) ensureNetwork(conn *golibvirt.Libvirt, n *region.Network) (goli
 	return net, nil
 }
 
+// maxConflicts bounds the addresses tried that other processes reserved meanwhile: more than
+// a few means the refusal is of something else, which trying every address would not cure.
+const maxConflicts = 4
+
 // errNetworkFull: every address of the network's prefix is reserved or leased.
 var errNetworkFull = fmt.Errorf("no free address: %w", region.ErrNoCapacity)
 
@@ -77,21 +82,22 @@ var errNetworkFull = fmt.Errorf("no free address: %w", region.ErrNoCapacity)
 // DHCP. An address is free when no reservation holds it and no lease does: dnsmasq would not
 // hand out an address still leased to a deleted server's MAC. A reservation another process
 // made meanwhile makes the host refuse ours, and the next address is tried.
-func (d *Driver) reserve(conn *golibvirt.Libvirt, net golibvirt.Network, n *region.Network, mac, hostname string) (string, error) {
+func (d *Driver) reserve(conn *golibvirt.Libvirt, net golibvirt.Network, n *region.Network, mac string) (string, error) {
 	d.allocate.Lock()
 	defer d.allocate.Unlock()
 	used, err := usedAddresses(conn, net)
 	if err != nil {
 		return "", err
 	}
-	gw := gateway(n.Prefix)
-	used[gw.Next().String()] = true // the placeholder range
 	last := lastAddress(n.Prefix)
-	for ip := gw.Next().Next(); n.Prefix.Contains(ip) && ip.Less(last); ip = ip.Next() {
+	conflicts := 0
+	for ip := gateway(n.Prefix).Next(); ip.Less(last); ip = ip.Next() {
 		if used[ip.String()] {
 			continue
 		}
-		host := libvirtxml.NetworkDHCPHost{MAC: mac, IP: ip.String(), Name: hostname}
+		// No host name: names need not be unique across projects, and libvirt refuses a
+		// second reservation with the same one. The guest learns its name from the seed.
+		host := libvirtxml.NetworkDHCPHost{MAC: mac, IP: ip.String()}
 		doc, err := xmlOf(host)
 		if err != nil {
 			return "", err
@@ -101,7 +107,7 @@ func (d *Driver) reserve(conn *golibvirt.Libvirt, net golibvirt.Network, n *regi
 		if err == nil {
 			return ip.String(), nil
 		}
-		if !isCode(err, golibvirt.ErrOperationInvalid) {
+		if conflicts++; !isCode(err, golibvirt.ErrOperationInvalid) || conflicts == maxConflicts {
 			return "", fmt.Errorf("reserve %s in network %s: %w", ip, net.Name, err)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/computeql/computeql/region"
@@ -156,7 +157,7 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 	if err != nil {
 		return region.Server{}, d.fault("create server", err)
 	}
-	if rec.IP, err = d.reserve(conn, net, network, rec.MAC, spec.Name); errors.Is(err, region.ErrNoCapacity) {
+	if rec.IP, err = d.reserve(conn, net, network, rec.MAC); errors.Is(err, region.ErrNoCapacity) {
 		return region.Server{}, fmt.Errorf("network %s has %w", network.ID, err)
 	} else if err != nil {
 		return region.Server{}, d.fault("create server", err)
@@ -164,6 +165,7 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 	dom := domainSpec{name: name, id: id, domainType: domainType, flavor: flavor, image: image, rec: rec, network: rec.Network}
 	built, err := d.build(conn, pool, dom, seed)
 	if err == nil {
+		d.building.add(built.id)
 		return d.observe(conn, built), nil
 	}
 	// Undo everything, then keep a domain that only records why, so the owner sees the error.
@@ -376,7 +378,10 @@ func (d *Driver) DeleteServer(ctx context.Context, id string) error {
 	if err := conn.DomainUndefine(s.dom); err != nil && !golibvirt.IsNotFound(err) {
 		return d.fault("delete server: undefine", err)
 	}
-	d.index.remove(s.id)
+	// The host's event would say so too; whichever comes first is reported, once.
+	if gone, ok := d.index.remove(s.id); ok {
+		d.watches.publish(region.Event{Kind: region.ServerDeleted, ServerID: gone.id, Scope: gone.scope, Tags: gone.tags})
+	}
 	return nil
 }
 
@@ -411,6 +416,9 @@ func (d *Driver) StartServer(ctx context.Context, id string) (region.Server, err
 	}
 	if err := conn.DomainCreate(s.dom); err != nil {
 		return region.Server{}, d.fault("start server", err)
+	}
+	if !s.rec.Built {
+		d.building.add(s.id)
 	}
 	if !s.rec.StopBy.IsZero() {
 		s.rec.StopBy = time.Time{}
@@ -471,6 +479,24 @@ func (d *Driver) forceStops(ctx context.Context, conn *golibvirt.Libvirt) {
 			if err := conn.DomainDestroy(s.dom); err != nil && !isCode(err, golibvirt.ErrOperationInvalid) {
 				d.log.WarnContext(ctx, "force a server off", "server", s.id, "err", err)
 			}
+		}
+	}
+}
+
+// watchBuilds looks for the lease of every server still building. The first process to see
+// it records it, and the metadata's event tells every watch. A server that no longer runs
+// (stopped while building) is looked at again when it is started.
+func (d *Driver) watchBuilds(conn *golibvirt.Libvirt) {
+	for _, id := range d.building.list() {
+		s, err := d.lookup(conn, id)
+		if err != nil {
+			if errors.Is(err, region.ErrServerNotFound) {
+				d.building.remove(id)
+			}
+			continue
+		}
+		if d.observe(conn, s); s.rec.Built || s.rec.Error != "" || !running(s) {
+			d.building.remove(id)
 		}
 	}
 }
@@ -545,41 +571,47 @@ func (d *Driver) SSHKey(ctx context.Context, id string) (region.SSHKey, error) {
 	if err != nil {
 		return region.SSHKey{}, err
 	}
-	block, err := ssh.MarshalPrivateKey(key.private, "")
-	if err != nil {
-		return region.SSHKey{}, fmt.Errorf("ssh key: %w", err)
-	}
-	return region.SSHKey{PrivateKey: string(pem.EncodeToMemory(block))}, nil
+	return region.SSHKey{PrivateKey: key.pem}, nil
 }
 
 // projectKeyPair is a project's SSH key pair.
-type projectKeyPair struct{ private ed25519.PrivateKey }
-
-func (k projectKeyPair) PublicKey() ssh.PublicKey {
-	pub, _ := ssh.NewPublicKey(k.private.Public()) // an ed25519 key always converts
-	return pub
+type projectKeyPair struct {
+	// pem is the private key in OpenSSH's form, as stored: the form holds a random check
+	// number, so the stored text, not a fresh encoding, is what every caller gets.
+	pem    string
+	signer ssh.Signer
 }
+
+func (k projectKeyPair) PublicKey() ssh.PublicKey { return k.signer.PublicKey() }
 
 // projectKey returns the project's key pair, made on first use. It lives in Redis, under the
 // region's hash tag, so that every process and every server of the project shares it.
 func (d *Driver) projectKey(ctx context.Context, org, project string) (projectKeyPair, error) {
 	key := "libvirt:{" + d.opts.Region.ID + "}:sshkey:" + org + "/" + project
-	_, fresh, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		return projectKeyPair{}, fmt.Errorf("ssh key: %w", err)
+	stored, err := d.opts.Redis.Get(ctx, key).Result()
+	if errors.Is(err, redis.Nil) {
+		_, fresh, gerr := ed25519.GenerateKey(rand.Reader)
+		if gerr != nil {
+			return projectKeyPair{}, fmt.Errorf("ssh key: %w", gerr)
+		}
+		block, merr := ssh.MarshalPrivateKey(fresh, org+"/"+project)
+		if merr != nil {
+			return projectKeyPair{}, fmt.Errorf("ssh key: %w", merr)
+		}
+		// SETNX keeps the first key of the project when two requests race.
+		if err := d.opts.Redis.SetNX(ctx, key, pem.EncodeToMemory(block), 0).Err(); err != nil {
+			return projectKeyPair{}, fmt.Errorf("ssh key: %v: %w", err, region.ErrUnavailable)
+		}
+		stored, err = d.opts.Redis.Get(ctx, key).Result()
 	}
-	// SETNX keeps the first key of the project when two requests race.
-	if err := d.opts.Redis.SetNX(ctx, key, []byte(fresh.Seed()), 0).Err(); err != nil {
+	if err != nil {
 		return projectKeyPair{}, fmt.Errorf("ssh key: %v: %w", err, region.ErrUnavailable)
 	}
-	seed, err := d.opts.Redis.Get(ctx, key).Bytes()
+	signer, err := ssh.ParsePrivateKey([]byte(stored))
 	if err != nil {
-		return projectKeyPair{}, fmt.Errorf("ssh key: %v: %w", err, region.ErrUnavailable)
+		return projectKeyPair{}, fmt.Errorf("ssh key of project %s/%s: %w", org, project, err)
 	}
-	if len(seed) != ed25519.SeedSize {
-		return projectKeyPair{}, fmt.Errorf("ssh key of project %s/%s is corrupt", org, project)
-	}
-	return projectKeyPair{private: ed25519.NewKeyFromSeed(seed)}, nil
+	return projectKeyPair{pem: stored, signer: signer}, nil
 }
 
 // randomMAC is a locally administered unicast address in QEMU's 52:54:00 range.

@@ -1,0 +1,116 @@
+package libvirt_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/computeql/computeql/eventually"
+	"github.com/computeql/computeql/redistest"
+	"github.com/computeql/computeql/region"
+	"github.com/computeql/computeql/region/libvirt"
+	"github.com/computeql/computeql/region/regiontest"
+	"github.com/computeql/computeql/virttest"
+)
+
+// ImagesEnv names the directory `make images` wrote the guest images to; make virt-test sets
+// it. Without it the tests that boot guests cannot run: they skip, or fail under CI.
+const ImagesEnv = "COMPUTEQL_IMAGES_DIR"
+
+// busybox returns the busybox guest's kernel and initramfs.
+func busybox(t *testing.T) (kernel, initrd string) {
+	dir := os.Getenv(ImagesEnv)
+	kernel, initrd = filepath.Join(dir, "busybox", "vmlinuz"), filepath.Join(dir, "busybox", "initrd.img")
+	_, kerr := os.Stat(kernel)
+	_, ierr := os.Stat(initrd)
+	if dir == "" || kerr != nil || ierr != nil {
+		msg := fmt.Sprintf("no busybox guest image in $%s=%q: run make virt-test, which builds it", ImagesEnv, dir)
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return kernel, initrd
+}
+
+// labCatalog is a libvirt region on the host with one network, a tiny flavor, the busybox
+// guest and an SSH certificate authority for the project.
+func labCatalog(t *testing.T, host *virttest.Host, kernel, initrd string) *region.Catalog {
+	caPub, _, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sshPub, err := ssh.NewPublicKey(caPub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := fmt.Sprintf(`{
+  "regions": [{"id": "lab", "name": "Lab", "driver": "libvirt",
+    "libvirt": {"uri": %q, "poolPath": %q, "accel": "tcg", "stopTimeout": "20s"}}],
+  "organizations": [{"id": "acme", "name": "Acme", "projects": [{"id": "web", "name": "Web"}]}],
+  "networks": [{"id": "lab-web", "name": "web", "organizationId": "acme", "projectId": "web", "region": "lab", "prefix": "10.91.0.0/24"}],
+  "securityGroups": [],
+  "sshCertificateAuthorities": [{"id": "ca-web", "name": "web CA", "organizationId": "acme", "projectId": "web", "publicKey": %q}],
+  "flavors": [{"id": "tiny", "name": "tiny", "cpus": 1, "memoryGiB": 1, "diskGB": 1, "architecture": "x86_64", "regions": ["lab"]},
+    {"id": "huge", "name": "huge", "cpus": 1, "memoryGiB": 4096, "diskGB": 1, "architecture": "x86_64", "regions": ["lab"]}],
+  "images": [{"id": "busybox", "name": "busybox", "architecture": "x86_64", "sizeGiB": 1, "virtualization": "virtualized",
+    "state": "ready", "regions": ["lab"], "kernel": %q, "initrd": %q, "cmdline": "console=ttyS0"}]
+}`, host.URI, filepath.Join(host.Dir, "pool"), strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub))), kernel, initrd)
+	cat, err := region.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cat
+}
+
+// startDriver runs a driver of the lab region until the test ends and waits until it is
+// connected.
+func startDriver(t *testing.T, cat *region.Catalog) *libvirt.Driver {
+	lab, _ := cat.Region("lab")
+	d, err := libvirt.New(libvirt.Options{Region: *lab, Catalog: cat, Redis: redisServer.Client(t), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	eventually.Holds(t, 30*time.Second, d.Connected, "driver connected to %s", lab.Libvirt.URI)
+	return d
+}
+
+var redisServer *redistest.Server
+
+func TestMain(m *testing.M) { redistest.Main(m, &redisServer) }
+
+// TestLibvirtContract runs the region contract against real QEMU guests on a private libvirtd.
+func TestLibvirtContract(t *testing.T) {
+	kernel, initrd := busybox(t)
+	host := virttest.Start(t, virttest.Options{})
+	cat := labCatalog(t, host, kernel, initrd)
+	d := startDriver(t, cat)
+	var n atomic.Int64
+	regiontest.Run(t, regiontest.Harness{
+		Client: d, Catalog: cat, Timeout: 2 * time.Minute,
+		Spec: func(name string) region.ServerSpec {
+			return region.ServerSpec{
+				Scope: region.Scope{OrganizationID: "acme", ProjectID: "web", RegionID: "lab", NetworkID: "lab-web"},
+				Name:  name, FlavorID: "tiny", ImageID: "busybox",
+				Tags: map[string]string{region.InstanceTag: fmt.Sprintf("i-%d", n.Add(1))},
+			}
+		},
+	})
+}
