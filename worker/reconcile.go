@@ -55,9 +55,9 @@ type Reconciler struct {
 	Yield time.Duration
 	// CapacityRetry is how soon to try again to create a server the region had no room for.
 	CapacityRetry time.Duration
-	Logger  *slog.Logger
-	Now     func() time.Time
-	Metrics *Metrics
+	Logger        *slog.Logger
+	Now           func() time.Time
+	Metrics       *Metrics
 }
 
 // SplitKey parses a work-queue key made by instance.Key.
