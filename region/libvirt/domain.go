@@ -90,34 +90,42 @@ func readServer(conn *golibvirt.Libvirt, dom golibvirt.Domain) (*server, error) 
 	if !strings.HasPrefix(dom.Name, namePrefix) || s.xml.Metadata == nil {
 		return nil, errNotOurs
 	}
-	found := false
-	dec := xml.NewDecoder(strings.NewReader("<m>" + s.xml.Metadata.XML + "</m>"))
-	for {
-		tok, err := dec.Token()
-		if err != nil {
-			break
-		}
-		if start, ok := tok.(xml.StartElement); ok && start.Name.Space == metadataNS {
-			var el metadataElement
-			if err := dec.DecodeElement(&el, &start); err != nil {
-				return nil, fmt.Errorf("domain %s: metadata: %w", dom.Name, err)
-			}
-			if err := json.Unmarshal([]byte(el.Data), &s.rec); err != nil {
-				return nil, fmt.Errorf("domain %s: metadata: %w", dom.Name, err)
-			}
-			found = true
-			break
-		}
+	rec, err := decodeRecord(s.xml.Metadata.XML)
+	if err != nil {
+		return nil, fmt.Errorf("domain %s: %w", dom.Name, err)
 	}
-	if !found {
-		return nil, errNotOurs
-	}
+	s.rec = *rec
 	state, reason, err := conn.DomainGetState(dom, 0)
 	if err != nil {
 		return nil, err
 	}
 	s.state, s.reason = golibvirt.DomainState(state), reason
 	return s, nil
+}
+
+// decodeRecord finds computeql's element among a domain's metadata elements and decodes the
+// record it holds; errNotOurs when there is none.
+func decodeRecord(metadata string) (*record, error) {
+	dec := xml.NewDecoder(strings.NewReader("<m>" + metadata + "</m>"))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, errNotOurs
+		}
+		start, ok := tok.(xml.StartElement)
+		if !ok || start.Name.Space != metadataNS {
+			continue
+		}
+		var el metadataElement
+		if err := dec.DecodeElement(&el, &start); err != nil {
+			return nil, fmt.Errorf("metadata: %w", err)
+		}
+		var rec record
+		if err := json.Unmarshal([]byte(el.Data), &rec); err != nil {
+			return nil, fmt.Errorf("metadata: %w", err)
+		}
+		return &rec, nil
+	}
 }
 
 // writeRecord replaces the domain's metadata, in its live and persistent definitions alike.
