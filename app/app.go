@@ -241,6 +241,7 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 			Store: st, Region: rc, Queue: q, Logger: log, Registerer: reg,
 			Organizations: func() []string { return orgs },
 			NetworkExists: func(id string) bool { _, ok := cat.Network(id); return ok },
+			Servers:       drivers.router.Servers,
 		})
 		if err != nil {
 			return err

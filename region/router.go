@@ -20,7 +20,10 @@ type Router struct {
 	drivers map[string]Client
 }
 
-var _ Client = (*Router)(nil)
+var (
+	_ Client = (*Router)(nil)
+	_ Lister = (*Router)(nil)
+)
 
 // Route is one region's driver. Regions served by the same driver value (a simulator serving
 // every simulated region, say) share its watch.
@@ -203,6 +206,27 @@ func (r *Router) Images(ctx context.Context, org, project string) ([]Image, erro
 			return nil, err
 		}
 		out = append(out, images...)
+	}
+	return out, nil
+}
+
+// Servers lists the servers of every driver that can list them (a Lister), ids qualified.
+func (r *Router) Servers(ctx context.Context) ([]Server, error) {
+	var out []Server
+	for _, c := range r.drivers {
+		l, ok := c.(Lister)
+		if !ok {
+			continue
+		}
+		servers, err := l.Servers(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range servers {
+			if _, routed := r.byRegion[s.RegionID]; routed {
+				out = append(out, qualify(s))
+			}
+		}
 	}
 	return out, nil
 }

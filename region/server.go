@@ -189,3 +189,9 @@ type Client interface {
 	// order, until ctx ends or fn returns an error.
 	Watch(ctx context.Context, after string, fn func(Event) error) error
 }
+
+// Lister is a region that can list every one of its servers. Listing walks the whole region,
+// so it is for audits and the collection of orphans, never for the request path.
+type Lister interface {
+	Servers(ctx context.Context) ([]Server, error)
+}

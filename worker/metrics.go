@@ -15,9 +15,11 @@ type Metrics struct {
 	duplicates   prometheus.Counter
 	rebuilds     prometheus.Counter
 	orphanEvents *prometheus.CounterVec
-	resyncQueued prometheus.Counter
-	duration     prometheus.Histogram
-	instances    *prometheus.GaugeVec
+	// orphansDeleted counts servers deleted because their instance does not exist.
+	orphansDeleted prometheus.Counter
+	resyncQueued   prometheus.Counter
+	duration       prometheus.Histogram
+	instances      *prometheus.GaugeVec
 }
 
 // NewMetrics registers the worker's metrics with reg (none when reg is nil).
@@ -35,6 +37,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		orphanEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "computeql_region_orphan_events_total", Help: "Region server events whose owner could not be found, by reason (untagged, unknown instance).",
 		}, []string{"reason"}),
+		orphansDeleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "computeql_region_orphan_servers_deleted_total", Help: "Servers deleted by the collection of orphans because their instance does not exist.",
+		}),
 		resyncQueued: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "computeql_resync_enqueued_total", Help: "Instances the periodic resync put back on the queue.",
 		}),
@@ -51,7 +56,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.outcomes, m.duplicates, m.rebuilds, m.orphanEvents, m.resyncQueued, m.duration, m.instances} {
+	for _, c := range []prometheus.Collector{m.outcomes, m.duplicates, m.rebuilds, m.orphanEvents, m.orphansDeleted, m.resyncQueued, m.duration, m.instances} {
 		errs = append(errs, reg.Register(c))
 	}
 	return m, errors.Join(errs...)

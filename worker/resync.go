@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/computeql/computeql/instance"
+	"github.com/computeql/computeql/region"
 )
 
 // Resync periodically puts back on the queue the instances whose work may have been lost (a
@@ -20,8 +21,13 @@ type Resync struct {
 	Interval time.Duration
 	// DriftEvery defaults to 10 (every 5 minutes with the default interval).
 	DriftEvery int
-	Logger     *slog.Logger
-	Metrics    *Metrics
+	// Servers lists every server of the regions, for the collection of orphans on every
+	// drift pass: servers whose instance does not exist. Defaults to none: no collection.
+	Servers func(context.Context) ([]region.Server, error)
+	// Region deletes the orphans.
+	Region  region.Client
+	Logger  *slog.Logger
+	Metrics *Metrics
 }
 
 // Start runs a pass now and then every Interval until ctx ends.
@@ -35,7 +41,11 @@ func (r *Resync) Start(ctx context.Context) error {
 	t := time.NewTicker(r.Interval)
 	defer t.Stop()
 	for pass := 0; ; pass++ {
-		r.Pass(ctx, pass%r.DriftEvery == 0)
+		drift := pass%r.DriftEvery == 0
+		r.Pass(ctx, drift)
+		if drift {
+			r.Collect(ctx)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -80,4 +90,37 @@ func (r *Resync) Pass(ctx context.Context, all bool) {
 
 func unsettled(i *instance.Instance) bool {
 	return i.Deleting() || i.Status.ObservedGeneration < i.Generation || i.Status.Building()
+}
+
+// Collect deletes the servers whose instance does not exist: left behind by a worker killed
+// between making a server and recording it, or by a store restored from an older copy. It is
+// safe because an instance is stored before its first reconcile makes a server, and forgotten
+// only after its servers are gone. Servers without the instance tag are not computeql's to
+// delete and are left alone.
+func (r *Resync) Collect(ctx context.Context) {
+	if r.Servers == nil {
+		return
+	}
+	servers, err := r.Servers(ctx)
+	if err != nil {
+		r.Logger.WarnContext(ctx, "collect orphans: list servers", "err", err)
+		return
+	}
+	for _, srv := range servers {
+		id := srv.Tags[region.InstanceTag]
+		if id == "" || srv.State == region.ServerDeleting {
+			continue
+		}
+		switch exists, err := r.Store.Exists(ctx, srv.OrganizationID, id); {
+		case err != nil:
+			r.Logger.WarnContext(ctx, "collect orphans: look up the owner", "server", srv.ID, "err", err)
+		case !exists:
+			if err := r.Region.DeleteServer(ctx, srv.ID); err != nil {
+				r.Logger.WarnContext(ctx, "collect orphans: delete", "server", srv.ID, "err", err)
+				continue
+			}
+			r.Metrics.orphansDeleted.Inc()
+			r.Logger.WarnContext(ctx, "orphaned server deleted", "server", srv.ID, "instance", id, "org", srv.OrganizationID)
+		}
+	}
 }

@@ -32,6 +32,9 @@ type Options struct {
 	// CapacityRetry is how soon a server the region had no room for is tried again.
 	// Defaults to 15s.
 	CapacityRetry time.Duration
+	// Servers lists every server of the regions, for the resync's collection of orphans.
+	// Defaults to none: no collection.
+	Servers func(context.Context) ([]region.Server, error)
 	// ResyncInterval defaults to 30s.
 	ResyncInterval time.Duration
 	// Consumer tunes the queue consumer; Concurrency, OnDeadLetter, Logger, Registerer and
@@ -98,7 +101,7 @@ func New(opts Options) (*Worker, error) {
 		consumer: consumer,
 		watcher:  &Watcher{Region: opts.Region, Store: opts.Store, Queue: opts.Queue, Logger: opts.Logger, Metrics: m},
 		resync: &Resync{Store: opts.Store, Queue: opts.Queue, Organizations: opts.Organizations,
-			Interval: opts.ResyncInterval, Logger: opts.Logger, Metrics: m},
+			Interval: opts.ResyncInterval, Servers: opts.Servers, Region: opts.Region, Logger: opts.Logger, Metrics: m},
 	}, nil
 }
 

@@ -218,6 +218,8 @@ func (d *Driver) session(ctx context.Context) error {
 	}
 	tick := time.NewTicker(d.opts.Tick)
 	defer tick.Stop()
+	collect := time.NewTicker(orphanAge / 2)
+	defer collect.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -239,6 +241,14 @@ func (d *Driver) session(ctx context.Context) error {
 		case <-tick.C:
 			d.forceStops(ctx, conn)
 			d.watchBuilds(conn)
+		case <-collect.C:
+			n, err := d.collectVolumes(conn, pool)
+			if err != nil {
+				d.log.WarnContext(ctx, "collect orphaned volumes", "err", err)
+			}
+			if n > 0 {
+				d.log.WarnContext(ctx, "orphaned volumes deleted", "count", n)
+			}
 		}
 	}
 }

@@ -46,6 +46,26 @@ func (d *Driver) FindServers(ctx context.Context, scope region.Scope, tag, value
 	return out, nil
 }
 
+// Servers implements region.Lister: every server of the region, read from the host.
+func (d *Driver) Servers(ctx context.Context) ([]region.Server, error) {
+	conn, err := d.host("list servers")
+	if err != nil {
+		return nil, err
+	}
+	var out []region.Server
+	for _, x := range d.index.all() {
+		srv, err := d.get(conn, x.id)
+		if errors.Is(err, region.ErrServerNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list servers: %w", err)
+		}
+		out = append(out, srv)
+	}
+	return out, nil
+}
+
 // GetServer implements region.Client.
 func (d *Driver) GetServer(ctx context.Context, id string) (region.Server, error) {
 	conn, err := d.host("get server")

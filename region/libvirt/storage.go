@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
+	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
@@ -194,4 +197,63 @@ func deleteVolumes(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, names []
 func isCode(err error, code golibvirt.ErrorNumber) bool {
 	var e golibvirt.Error
 	return errors.As(err, &e) && e.Code == uint32(code)
+}
+
+// orphanAge is how old a server's volume without a domain must be before it is collected: a
+// create in progress makes its volumes a moment before it defines the domain.
+const orphanAge = 10 * time.Minute
+
+// collectVolumes deletes the volumes of servers whose domain does not exist: what a process
+// killed in the middle of a create left behind. It returns how many it deleted.
+func (d *Driver) collectVolumes(conn *golibvirt.Libvirt, pool golibvirt.StoragePool) (int, error) {
+	vols, _, err := conn.StoragePoolListAllVolumes(pool, 1, 0)
+	if err != nil {
+		return 0, fmt.Errorf("list volumes: %w", err)
+	}
+	deleted := 0
+	for _, vol := range vols {
+		id, ok := serverOfVolume(vol.Name)
+		if !ok {
+			continue
+		}
+		u, _ := parseUUID(id)
+		if _, err := conn.DomainLookupByUUID(u); !golibvirt.IsNotFound(err) {
+			continue // the server's, or the host could not say
+		}
+		doc, err := conn.StorageVolGetXMLDesc(vol, 0)
+		if err != nil {
+			continue
+		}
+		var def libvirtxml.StorageVolume
+		if def.Unmarshal(doc) != nil || def.Target == nil || def.Target.Timestamps == nil {
+			continue
+		}
+		secs, _, _ := strings.Cut(def.Target.Timestamps.Ctime, ".")
+		ctime, err := strconv.ParseInt(secs, 10, 64)
+		if err != nil || d.opts.Now().Sub(time.Unix(ctime, 0)) < orphanAge {
+			continue
+		}
+		if err := conn.StorageVolDelete(vol, golibvirt.StorageVolDeleteNormal); err != nil {
+			return deleted, fmt.Errorf("delete volume %s: %w", vol.Name, err)
+		}
+		deleted++
+	}
+	return deleted, nil
+}
+
+// serverOfVolume is the id of the server a volume belongs to, from its name
+// (computeql-<uuid>.qcow2 or computeql-<uuid>-seed.iso); base images belong to none.
+func serverOfVolume(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, namePrefix)
+	if !ok {
+		return "", false
+	}
+	for _, suffix := range []string{".qcow2", "-seed.iso"} {
+		if id, ok := strings.CutSuffix(rest, suffix); ok {
+			if _, valid := parseUUID(id); valid {
+				return id, true
+			}
+		}
+	}
+	return "", false
 }
