@@ -245,10 +245,15 @@ func (r *Router) Watch(ctx context.Context, after string, fn func(Event) error) 
 	defer cancel(nil)
 	var mu sync.Mutex // serialises fn and the cursor
 	var wg sync.WaitGroup
+	// Every driver's starting point is read before any watch runs: once one does, its events
+	// write the cursors.
+	from := make(map[string]string, len(r.drivers))
+	for name := range r.drivers {
+		from[name] = cursors.Get(name)
+	}
 	for name, c := range r.drivers {
-		from := cursors.Get(name) // before any driver's events change the cursor
 		wg.Go(func() {
-			err := c.Watch(ctx, from, func(ev Event) error {
+			err := c.Watch(ctx, from[name], func(ev Event) error {
 				mu.Lock()
 				defer mu.Unlock()
 				cursors.Set(name, ev.Cursor)
