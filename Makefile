@@ -2,7 +2,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: run test virt-test cluster-test chaos vet fmt-check generate generate-check bench gobench bench-compile fuzz lint
+.PHONY: run test virt-test bench-virt cluster-test chaos vet fmt-check generate generate-check bench gobench bench-compile fuzz lint
 
 ## run: the whole system in one process with an embedded in-memory Redis and demo data.
 run:
@@ -69,6 +69,12 @@ bench-compile:
 ## real redis-server, against the machine's limits; writes docs/bench/latest.{json,md}.
 bench:
 	$(GO) run . bench
+
+## bench-virt: seconds from creating a real guest to RUNNING and to its answering HTTP, for 1
+## and 4 at once, on a private libvirtd, beside the simulator's figure (README "Running on
+## libvirt hosts").
+bench-virt: images
+	COMPUTEQL_IMAGES_DIR=$(IMAGES_DIR) $(GO) test -run='^$$' -bench=LibvirtBoot -benchtime=3x ./region/libvirt/
 
 ## gobench: the Go benchmarks with enough iterations to read figures from.
 gobench:

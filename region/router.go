@@ -210,9 +210,12 @@ func (r *Router) Images(ctx context.Context, org, project string) ([]Image, erro
 	return out, nil
 }
 
-// Servers lists the servers of every driver that can list them (a Lister), ids qualified.
+// Servers lists the servers of every driver that can list them (a Lister), ids qualified. A
+// driver that fails is left out and its error returned with the others' servers, so that one
+// unreachable host does not hide every other region.
 func (r *Router) Servers(ctx context.Context) ([]Server, error) {
 	var out []Server
+	var errs []error
 	for _, c := range r.drivers {
 		l, ok := c.(Lister)
 		if !ok {
@@ -220,7 +223,8 @@ func (r *Router) Servers(ctx context.Context) ([]Server, error) {
 		}
 		servers, err := l.Servers(ctx)
 		if err != nil {
-			return nil, err
+			errs = append(errs, err)
+			continue
 		}
 		for _, s := range servers {
 			if _, routed := r.byRegion[s.RegionID]; routed {
@@ -228,7 +232,7 @@ func (r *Router) Servers(ctx context.Context) ([]Server, error) {
 			}
 		}
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 // Watch implements Client: every driver is watched at once and fn sees their events one at a

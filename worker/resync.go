@@ -103,8 +103,8 @@ func (r *Resync) Collect(ctx context.Context) {
 	}
 	servers, err := r.Servers(ctx)
 	if err != nil {
+		// What could be listed is still collected: one unreachable region hides no other.
 		r.Logger.WarnContext(ctx, "collect orphans: list servers", "err", err)
-		return
 	}
 	for _, srv := range servers {
 		id := srv.Tags[region.InstanceTag]

@@ -28,7 +28,7 @@ import (
 const ImagesEnv = "COMPUTEQL_IMAGES_DIR"
 
 // busybox returns the busybox guest's kernel and initramfs.
-func busybox(t *testing.T) (kernel, initrd string) {
+func busybox(t testing.TB) (kernel, initrd string) {
 	dir := os.Getenv(ImagesEnv)
 	kernel, initrd = filepath.Join(dir, "busybox", "vmlinuz"), filepath.Join(dir, "busybox", "initrd.img")
 	_, kerr := os.Stat(kernel)
@@ -45,7 +45,7 @@ func busybox(t *testing.T) (kernel, initrd string) {
 
 // labCatalog is a libvirt region on the host with one network, a tiny flavor, the busybox
 // guest and an SSH certificate authority for the project.
-func labCatalog(t *testing.T, host *virttest.Host, kernel, initrd string) *region.Catalog {
+func labCatalog(t testing.TB, host *virttest.Host, kernel, initrd string) *region.Catalog {
 	caPub, _, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +75,7 @@ func labCatalog(t *testing.T, host *virttest.Host, kernel, initrd string) *regio
 
 // startDriver runs a driver of the lab region until the test ends and waits until it is
 // connected.
-func startDriver(t *testing.T, cat *region.Catalog) *libvirt.Driver {
+func startDriver(t testing.TB, cat *region.Catalog) *libvirt.Driver {
 	lab, _ := cat.Region("lab")
 	d, err := libvirt.New(libvirt.Options{Region: *lab, Catalog: cat, Redis: redisServer.Client(t), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -102,15 +102,16 @@ func TestLibvirtContract(t *testing.T) {
 	host := virttest.Start(t, virttest.Options{})
 	cat := labCatalog(t, host, kernel, initrd)
 	d := startDriver(t, cat)
-	var n atomic.Int64
-	regiontest.Run(t, regiontest.Harness{
-		Client: d, Catalog: cat, Timeout: 2 * time.Minute,
-		Spec: func(name string) region.ServerSpec {
-			return region.ServerSpec{
-				Scope: region.Scope{OrganizationID: "acme", ProjectID: "web", RegionID: "lab", NetworkID: "lab-web"},
-				Name:  name, FlavorID: "tiny", ImageID: "busybox",
-				Tags: map[string]string{region.InstanceTag: fmt.Sprintf("i-%d", n.Add(1))},
-			}
-		},
-	})
+	regiontest.Run(t, regiontest.Harness{Client: d, Catalog: cat, Timeout: 2 * time.Minute, Spec: labSpec})
+}
+
+var specs atomic.Int64
+
+// labSpec is a busybox server of acme/web on the lab network, with an instance tag of its own.
+func labSpec(name string) region.ServerSpec {
+	return region.ServerSpec{
+		Scope: region.Scope{OrganizationID: "acme", ProjectID: "web", RegionID: "lab", NetworkID: "lab-web"},
+		Name:  name, FlavorID: "tiny", ImageID: "busybox",
+		Tags: map[string]string{region.InstanceTag: fmt.Sprintf("i-%d", specs.Add(1))},
+	}
 }

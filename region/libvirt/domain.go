@@ -5,6 +5,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -74,7 +75,7 @@ type server struct {
 }
 
 func (s *server) indexed() indexed {
-	return indexed{id: s.id, scope: s.rec.Spec.Scope, tags: s.rec.Spec.Tags}
+	return indexed{id: s.id, scope: s.rec.Spec.Scope, tags: maps.Clone(s.rec.Spec.Tags)}
 }
 
 // readServer reads a domain's definition, metadata and state.
@@ -168,7 +169,12 @@ func (s *server) regionState() (region.ServerState, string) {
 			return region.ServerError, "The virtual machine failed to start."
 		}
 		return region.ServerStopped, ""
-	case golibvirt.DomainPaused, golibvirt.DomainPmsuspended:
+	case golibvirt.DomainPaused:
+		if golibvirt.DomainPausedReason(s.reason) == golibvirt.DomainPausedIoerror {
+			return region.ServerError, "The virtual machine was paused by its host: its disk could not be written (the host's storage may be full)."
+		}
+		return region.ServerStopped, ""
+	case golibvirt.DomainPmsuspended:
 		return region.ServerStopped, ""
 	}
 	return region.ServerPending, ""

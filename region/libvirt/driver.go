@@ -66,9 +66,12 @@ type Driver struct {
 	// building are the servers this process watches for the lease that makes them RUNNING:
 	// the host has no event for it.
 	building idSet
-	// allocate serialises address reservations and image imports of this process; the host
-	// refuses a duplicate address reservation from another process, which is then retried.
+	// allocate serialises this process's address reservations; the host refuses a duplicate
+	// reservation from another process, and the next address is tried.
 	allocate sync.Mutex
+	// imports serialises this process's image imports, apart from reservations: an import can
+	// take minutes.
+	imports sync.Mutex
 }
 
 var _ region.Client = (*Driver)(nil)
@@ -165,19 +168,48 @@ func (d *Driver) Run(ctx context.Context) error {
 }
 
 // session is one connection's life.
-func (d *Driver) session(ctx context.Context) error {
-	conn := golibvirt.NewWithDialer(dialer{d.uri})
+func (d *Driver) session(parent context.Context) error {
+	dial := &dialer{uri: d.uri}
+	conn := golibvirt.NewWithDialer(dial)
 	if err := conn.ConnectToURI(golibvirt.ConnectURI(d.uri.Name)); err != nil {
+		dial.close()
 		return fmt.Errorf("connect %s %s: %w", d.uri.Network, d.uri.Address, err)
 	}
-	defer conn.Disconnect()
+	// The session's own context ends the event subscriptions with it; their goroutines send
+	// each event unconditionally, so the channels are drained until they close.
+	ctx, cancel := context.WithCancel(parent)
+	var events <-chan golibvirt.DomainEventLifecycleMsg
+	var changes <-chan any
+	defer func() {
+		cancel()
+		if events != nil {
+			go func() {
+				for range events {
+				}
+			}()
+		}
+		if changes != nil {
+			go func() {
+				for range changes {
+				}
+			}()
+		}
+		// A host that stopped answering would hold Disconnect's goodbye for ever.
+		bye := make(chan struct{})
+		go func() { conn.Disconnect(); close(bye) }()
+		select {
+		case <-bye:
+		case <-time.After(heartbeat):
+			dial.close()
+		}
+	}()
 	events, err := conn.LifecycleEvents(ctx)
 	if err != nil {
 		return fmt.Errorf("subscribe to lifecycle events: %w", err)
 	}
 	// A server's record changes without its domain's state changing (its networking, the
 	// moment it is seen built): every process hears of it through the metadata's event.
-	changes, err := conn.SubscribeEvents(ctx, golibvirt.DomainEventIDMetadataChange, golibvirt.OptDomain{})
+	changes, err = conn.SubscribeEvents(ctx, golibvirt.DomainEventIDMetadataChange, golibvirt.OptDomain{})
 	if err != nil {
 		return fmt.Errorf("subscribe to metadata events: %w", err)
 	}
@@ -203,7 +235,10 @@ func (d *Driver) session(ctx context.Context) error {
 			d.building.add(s.id)
 		}
 	}
-	d.index.replace(all)
+	// Servers deleted while the host could not be reached are reported deleted.
+	for _, gone := range d.index.replace(all) {
+		d.watches.publish(region.Event{Kind: region.ServerDeleted, ServerID: gone.id, Scope: gone.scope, Tags: gone.tags})
+	}
 	d.mu.Lock()
 	d.conn, d.accel, d.pool = conn, accel, pool
 	d.mu.Unlock()
@@ -220,6 +255,8 @@ func (d *Driver) session(ctx context.Context) error {
 	defer tick.Stop()
 	collect := time.NewTicker(orphanAge / 2)
 	defer collect.Stop()
+	beat := time.NewTicker(heartbeat)
+	defer beat.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -241,6 +278,11 @@ func (d *Driver) session(ctx context.Context) error {
 		case <-tick.C:
 			d.forceStops(ctx, conn)
 			d.watchBuilds(conn)
+		case <-beat.C:
+			if err := alive(conn); err != nil {
+				dial.close() // fails every call still waiting on the host
+				return err
+			}
 		case <-collect.C:
 			n, err := d.collectVolumes(conn, pool)
 			if err != nil {
@@ -253,11 +295,48 @@ func (d *Driver) session(ctx context.Context) error {
 	}
 }
 
-// dialer reaches the host at its URI's address.
-type dialer struct{ uri region.LibvirtURI }
+// heartbeat is how often the host must answer a trivial call, and how long it has to: calls to
+// the host carry no deadline of their own, so a host that stops answering without closing the
+// connection would otherwise hold every call for as long as TCP takes to give up.
+const heartbeat = 5 * time.Second
 
-func (d dialer) Dial() (net.Conn, error) {
-	return net.DialTimeout(d.uri.Network, d.uri.Address, 5*time.Second)
+// alive asks the host for its version within the heartbeat.
+func alive(conn *golibvirt.Libvirt) error {
+	answered := make(chan error, 1)
+	go func() {
+		_, err := conn.ConnectGetLibVersion()
+		answered <- err
+	}()
+	select {
+	case err := <-answered:
+		return err
+	case <-time.After(heartbeat):
+		return fmt.Errorf("the host did not answer within %s", heartbeat)
+	}
+}
+
+// dialer reaches the host at its URI's address and keeps the connection, so that a session
+// can cut it when the host stops answering.
+type dialer struct {
+	uri  region.LibvirtURI
+	mu   sync.Mutex
+	conn net.Conn
+}
+
+func (d *dialer) Dial() (net.Conn, error) {
+	c, err := net.DialTimeout(d.uri.Network, d.uri.Address, heartbeat)
+	d.mu.Lock()
+	d.conn = c
+	d.mu.Unlock()
+	return c, err
+}
+
+func (d *dialer) close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.conn != nil {
+		d.conn.Close()
+	}
 }
 
 // acceleration decides the domain type: kvm where asked for, qemu (TCG) where asked for, and

@@ -102,8 +102,7 @@ func (d *Driver) reserve(conn *golibvirt.Libvirt, net golibvirt.Network, n *regi
 		if err != nil {
 			return "", err
 		}
-		err = conn.NetworkUpdate(net, uint32(golibvirt.NetworkUpdateCommandAddLast), uint32(golibvirt.NetworkSectionIPDhcpHost), -1, doc,
-			golibvirt.NetworkUpdateAffectLive|golibvirt.NetworkUpdateAffectConfig)
+		err = conn.NetworkUpdateCompat(net, golibvirt.NetworkUpdateCommandAddLast, golibvirt.NetworkSectionIPDhcpHost, -1, doc, affect(conn, net))
 		if err == nil {
 			return ip.String(), nil
 		}
@@ -138,12 +137,20 @@ func release(conn *golibvirt.Libvirt, netName, mac string) error {
 		if err != nil {
 			return err
 		}
-		if err := conn.NetworkUpdate(net, uint32(golibvirt.NetworkUpdateCommandDelete), uint32(golibvirt.NetworkSectionIPDhcpHost), -1, doc,
-			golibvirt.NetworkUpdateAffectLive|golibvirt.NetworkUpdateAffectConfig); err != nil {
+		if err := conn.NetworkUpdateCompat(net, golibvirt.NetworkUpdateCommandDelete, golibvirt.NetworkSectionIPDhcpHost, -1, doc, affect(conn, net)); err != nil {
 			return fmt.Errorf("release %s in network %s: %w", h.IP, netName, err)
 		}
 	}
 	return nil
+}
+
+// affect is where a reservation change applies: the running network too when it runs (an
+// inactive network refuses a live change, which would make a delete fail for ever).
+func affect(conn *golibvirt.Libvirt, net golibvirt.Network) golibvirt.NetworkUpdateFlags {
+	if active, err := conn.NetworkIsActive(net); err == nil && active == 0 {
+		return golibvirt.NetworkUpdateAffectConfig
+	}
+	return golibvirt.NetworkUpdateAffectLive | golibvirt.NetworkUpdateAffectConfig
 }
 
 func reservations(conn *golibvirt.Libvirt, net golibvirt.Network) ([]libvirtxml.NetworkDHCPHost, error) {

@@ -161,14 +161,14 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 	d.mu.RUnlock()
 	network, flavor, image, err := d.resolve(spec)
 	if err != nil {
-		return region.Server{}, fmt.Errorf("create server: %w", err)
+		return region.Server{}, err // a refusal, in users' words
 	}
 	if err := d.capacity(conn, pool, flavor); err != nil {
 		return region.Server{}, err // says what is short, as users read it
 	}
 	seed, err := d.seed(ctx, spec)
 	if err != nil {
-		return region.Server{}, fmt.Errorf("create server: %w", err)
+		return region.Server{}, err // a refusal, in users' words, or Redis unavailable
 	}
 	id := uuid.NewString()
 	name := namePrefix + id
@@ -189,13 +189,15 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 		return d.observe(conn, built), nil
 	}
 	// Undo everything, then keep a domain that only records why, so the owner sees the error.
+	// A host that stopped answering is not the server's fault: that is retried instead.
 	cleanup := errors.Join(deleteVolumes(conn, pool, rec.Volumes), release(conn, rec.Network, rec.MAC))
-	if errors.Is(err, region.ErrUnavailable) {
-		return region.Server{}, fmt.Errorf("create server: %w", errors.Join(err, cleanup))
+	if !errors.Is(err, region.ErrRefused) && !isHostError(err) {
+		return region.Server{}, fmt.Errorf("create server: %v: %w", errors.Join(err, cleanup), region.ErrUnavailable)
 	}
 	if cleanup != nil {
 		d.log.Warn("clean up after a failed create", "server", id, "err", cleanup)
 	}
+	d.log.Warn("the host could not make a server", "server", id, "err", err)
 	rec.Volumes, rec.IP, rec.Network = nil, "", ""
 	rec.Error = "The virtual machine could not be created: " + userMessage(err)
 	dom.disk, dom.seed = "", ""
@@ -260,21 +262,23 @@ func (d *Driver) capacity(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, f
 		usedCPUs += uint64(vcpus)
 	}
 	needKiB := uint64(f.MemoryGiB) << 20
+	// Users see what is short for which flavor, in words that stay the same from one try to
+	// the next; the host's own figures go to the log.
 	switch {
 	case usedKiB+needKiB+hostReservedKiB > memKiB:
-		return fmt.Errorf("the host of region %s has %d MiB of memory free and flavor %s needs %d MiB: %w",
-			d.opts.Region.ID, free(memKiB, usedKiB+hostReservedKiB)>>10, f.ID, needKiB>>10, region.ErrNoCapacity)
+		d.log.Info("no room on the host", "flavor", f.ID, "free_mib", free(memKiB, usedKiB+hostReservedKiB)>>10, "need_mib", needKiB>>10)
+		return fmt.Errorf("its host has not enough free memory for flavor %s: %w", f.ID, region.ErrNoCapacity)
 	case usedCPUs+uint64(f.CPUs) > uint64(cpus)*cpuAllocationRatio:
-		return fmt.Errorf("the host of region %s has %d vCPUs free and flavor %s needs %d: %w",
-			d.opts.Region.ID, free(uint64(cpus)*cpuAllocationRatio, usedCPUs), f.ID, f.CPUs, region.ErrNoCapacity)
+		d.log.Info("no room on the host", "flavor", f.ID, "free_vcpus", free(uint64(cpus)*cpuAllocationRatio, usedCPUs), "need_vcpus", f.CPUs)
+		return fmt.Errorf("its host has not enough free vCPUs for flavor %s: %w", f.ID, region.ErrNoCapacity)
 	}
 	_, _, _, available, err := conn.StoragePoolGetInfo(pool)
 	if err != nil {
 		return d.fault("pool capacity", err)
 	}
 	if need := uint64(f.DiskGB) * 1_000_000_000; need > available {
-		return fmt.Errorf("the storage pool of region %s has %d GB free and flavor %s needs %d GB: %w",
-			d.opts.Region.ID, available/1_000_000_000, f.ID, f.DiskGB, region.ErrNoCapacity)
+		d.log.Info("no room in the pool", "flavor", f.ID, "free_bytes", available, "need_bytes", need)
+		return fmt.Errorf("its storage has not enough free space for flavor %s: %w", f.ID, region.ErrNoCapacity)
 	}
 	return nil
 }
@@ -357,13 +361,31 @@ func (d *Driver) build(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, dom 
 	return s, nil
 }
 
-// userMessage is the host's own word on a failure, without the call chain around it.
+// isHostError reports whether the host answered with an error of its own (it refused what it
+// was asked), rather than not answering at all.
+func isHostError(err error) bool {
+	var lerr golibvirt.Error
+	return errors.As(err, &lerr)
+}
+
+// userMessage says why a server could not be made without the host's internals (paths, QEMU's
+// output), which go to the log: our own refusals in their words, a host's error by its kind.
 func userMessage(err error) string {
+	if errors.Is(err, region.ErrRefused) {
+		return region.Reason(err, region.ErrRefused) + "."
+	}
 	var lerr golibvirt.Error
 	if errors.As(err, &lerr) {
-		return lerr.Message
+		switch golibvirt.ErrorNumber(lerr.Code) {
+		case golibvirt.ErrNoStorageVol, golibvirt.ErrStorageVolExist:
+			return "the host could not make its disk."
+		}
+		if strings.Contains(strings.ToLower(lerr.Message), "no space") {
+			return "the host's storage is full."
+		}
+		return "the host refused it (" + strings.TrimPrefix(golibvirt.ErrorNumber(lerr.Code).String(), "Err") + ")."
 	}
-	return strings.TrimSuffix(err.Error(), ": "+region.ErrRefused.Error())
+	return "the host failed."
 }
 
 // DeleteServer implements region.Client: the domain is stopped, its disk and seed deleted, its
@@ -395,7 +417,11 @@ func (d *Driver) DeleteServer(ctx context.Context, id string) error {
 	if err := release(conn, s.rec.Network, s.rec.MAC); err != nil {
 		return d.fault("delete server", err)
 	}
-	if err := conn.DomainUndefine(s.dom); err != nil && !golibvirt.IsNotFound(err) {
+	// A saved state, snapshots' metadata or firmware variables would otherwise make the host
+	// refuse, and the delete would fail for ever.
+	flags := golibvirt.DomainUndefineManagedSave | golibvirt.DomainUndefineSnapshotsMetadata |
+		golibvirt.DomainUndefineCheckpointsMetadata | golibvirt.DomainUndefineNvram
+	if err := conn.DomainUndefineFlags(s.dom, flags); err != nil && !golibvirt.IsNotFound(err) {
 		return d.fault("delete server: undefine", err)
 	}
 	// The host's event would say so too; whichever comes first is reported, once.
@@ -512,6 +538,14 @@ func (d *Driver) watchBuilds(conn *golibvirt.Libvirt) {
 		if err != nil {
 			if errors.Is(err, region.ErrServerNotFound) {
 				d.building.remove(id)
+			}
+			continue
+		}
+		// A domain defined but never started (its maker was cut short) is started here.
+		if s.state == golibvirt.DomainShutoff && golibvirt.DomainShutoffReason(s.reason) == golibvirt.DomainShutoffUnknown &&
+			!s.rec.Built && s.rec.Error == "" && s.rec.StopBy.IsZero() {
+			if err := conn.DomainCreate(s.dom); err != nil {
+				d.log.Warn("start a server that was never started", "server", id, "err", err)
 			}
 			continue
 		}

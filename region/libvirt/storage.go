@@ -74,14 +74,15 @@ func (d *Driver) baseVolume(conn *golibvirt.Libvirt, pool golibvirt.StoragePool,
 	case img.Volume != "":
 		return volume{}, fmt.Errorf("image %s: volume %q is missing from pool %s: %w", img.ID, img.Volume, d.opts.Region.Libvirt.Pool, region.ErrRefused)
 	}
-	d.allocate.Lock()
-	defer d.allocate.Unlock()
+	d.imports.Lock()
+	defer d.imports.Unlock()
 	if vol, err := conn.StorageVolLookupByName(pool, name); err == nil {
 		return describe(conn, vol) // imported meanwhile
 	}
 	f, err := os.Open(img.File)
 	if err != nil {
-		return volume{}, fmt.Errorf("image %s: %v: %w", img.ID, err, region.ErrRefused)
+		d.log.Error("an image's file cannot be read", "image", img.ID, "err", err)
+		return volume{}, fmt.Errorf("image %s: its file cannot be read: %w", img.ID, region.ErrRefused)
 	}
 	defer f.Close()
 	info, err := f.Stat()

@@ -30,13 +30,21 @@ func newIndex() *index {
 	return &index{byID: map[string]indexed{}, byTag: map[string]map[string]bool{}}
 }
 
-func (x *index) replace(servers []indexed) {
+// replace makes the index hold exactly the servers, and returns those it held that are gone.
+func (x *index) replace(servers []indexed) (gone []indexed) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	old := x.byID
 	x.byID, x.byTag = map[string]indexed{}, map[string]map[string]bool{}
 	for _, s := range servers {
 		x.addLocked(s)
 	}
+	for id, s := range old {
+		if _, ok := x.byID[id]; !ok {
+			gone = append(gone, s)
+		}
+	}
+	return gone
 }
 
 func (x *index) add(s indexed) {
@@ -130,6 +138,9 @@ func (d *Driver) lifecycle(conn *golibvirt.Libvirt, ev golibvirt.DomainEventLife
 				d.log.Warn("read a defined domain", "domain", ev.Dom.Name, "err", err)
 			}
 			return
+		}
+		if srv.rec.Spec.RegionID != d.opts.Region.ID {
+			return // another region's server on a shared host
 		}
 		s = srv.indexed()
 		d.index.add(s)
