@@ -1,8 +1,10 @@
 # computeql — the two commands that matter are `make run` and `make test`.
 GO ?= go
 PKGS := ./...
+# Where make images writes the guest images the libvirt tests boot (ignored by git).
+IMAGES_DIR ?= $(CURDIR)/images
 
-.PHONY: run test virt-test bench-virt cluster-test chaos vet fmt-check generate generate-check bench gobench bench-compile fuzz lint
+.PHONY: run test images virt-test bench-virt cluster-test chaos vet fmt-check generate generate-check bench gobench bench-compile fuzz lint
 
 ## run: the whole system in one process with an embedded in-memory Redis and demo data.
 run:
@@ -18,6 +20,18 @@ test: fmt-check vet generate-check
 		else echo "no libvirtd or qemu-system-x86_64: virt-test not run"; fi
 	$(MAKE) chaos CHAOS=small CHAOSFLAGS=
 	$(MAKE) bench-compile
+
+## images: the guest images of the libvirt tests, built from Debian's packages only (guest/README.md):
+## a busybox initramfs guest that boots in seconds, and a Debian 12 image with cloud-init,
+## openssh-server and qemu-guest-agent (debootstrap through the machine's Debian mirror). Each
+## is rebuilt only when its scripts changed since.
+images: $(IMAGES_DIR)/busybox/initrd.img $(IMAGES_DIR)/debian/disk.qcow2
+
+$(IMAGES_DIR)/busybox/initrd.img: guest/build-busybox.sh $(wildcard guest/busybox/*)
+	sh guest/build-busybox.sh $(IMAGES_DIR)/busybox
+
+$(IMAGES_DIR)/debian/disk.qcow2: guest/build-debian.sh $(shell find guest/debian -type f 2>/dev/null)
+	sh guest/build-debian.sh $(IMAGES_DIR)/debian
 
 ## virt-test: the libvirt region against a real libvirtd and real QEMU guests (software
 ## emulation where KVM cannot run them), which the tests start themselves in network and mount
