@@ -28,10 +28,10 @@ test: fmt-check vet generate-check
 images: $(IMAGES_DIR)/busybox/initrd.img $(IMAGES_DIR)/debian/disk.qcow2
 
 $(IMAGES_DIR)/busybox/initrd.img: guest/build-busybox.sh $(wildcard guest/busybox/*)
-	sh guest/build-busybox.sh $(IMAGES_DIR)/busybox
+	./guest/build-busybox.sh $(IMAGES_DIR)/busybox
 
 $(IMAGES_DIR)/debian/disk.qcow2: guest/build-debian.sh $(shell find guest/debian -type f 2>/dev/null)
-	sh guest/build-debian.sh $(IMAGES_DIR)/debian
+	./guest/build-debian.sh $(IMAGES_DIR)/debian
 
 ## virt-test: the libvirt region against a real libvirtd and real QEMU guests (software
 ## emulation where KVM cannot run them), which the tests start themselves in network and mount
