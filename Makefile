@@ -39,7 +39,7 @@ $(IMAGES_DIR)/debian/disk.qcow2: guest/build-debian.sh $(shell find guest/debian
 ## make test runs it once, here, when libvirtd and QEMU are installed: its run of all packages
 ## leaves these tests out.
 virt-test: images
-	COMPUTEQL_IMAGES_DIR=$(IMAGES_DIR) $(GO) test -race -count=1 -timeout 20m -run '^TestLibvirt' ./region/libvirt/
+	COMPUTEQL_IMAGES_DIR=$(IMAGES_DIR) $(GO) test -race -count=1 -timeout 20m -run '^TestLibvirt' ./region/libvirt/ ./e2e/virt/
 
 ## cluster-test: the end-to-end suite of e2e/deployment (separate api and worker processes of the
 ## built binary) on a 3-master Redis Cluster it starts on loopback ports with redis-server

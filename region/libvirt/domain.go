@@ -75,7 +75,7 @@ type server struct {
 }
 
 func (s *server) indexed() indexed {
-	return indexed{id: s.id, scope: s.rec.Spec.Scope, tags: maps.Clone(s.rec.Spec.Tags)}
+	return indexed{id: s.id, scope: s.rec.Spec.Scope, tags: maps.Clone(s.rec.Spec.Tags), mac: s.rec.MAC, network: s.rec.Network}
 }
 
 // readServer reads a domain's definition, metadata and state.

@@ -237,6 +237,7 @@ func (d *Driver) session(parent context.Context) error {
 	}
 	// Servers deleted while the host could not be reached are reported deleted.
 	for _, gone := range d.index.replace(all) {
+		d.release(conn, gone) // only a previous session indexed it, which set the pool
 		d.watches.publish(region.Event{Kind: region.ServerDeleted, ServerID: gone.id, Scope: gone.scope, Tags: gone.tags})
 	}
 	d.mu.Lock()

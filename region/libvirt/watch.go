@@ -17,6 +17,8 @@ type indexed struct {
 	id    string
 	scope region.Scope
 	tags  map[string]string
+	// mac and network find the server's address reservation once its domain is gone.
+	mac, network string
 }
 
 // index finds servers by tag without asking the host about every domain.
@@ -130,6 +132,7 @@ func (d *Driver) lifecycle(conn *golibvirt.Libvirt, ev golibvirt.DomainEventLife
 		if s, ok = d.index.remove(id); !ok {
 			return
 		}
+		d.release(conn, s)
 		kind = region.ServerDeleted
 	case golibvirt.DomainEventDefined:
 		srv, err := readServer(conn, ev.Dom)
@@ -152,6 +155,19 @@ func (d *Driver) lifecycle(conn *golibvirt.Libvirt, ev golibvirt.DomainEventLife
 		}
 	}
 	d.watches.publish(region.Event{Kind: kind, ServerID: s.id, Scope: s.scope, Tags: s.tags})
+}
+
+// release frees what a server whose domain is gone still holds: its volumes and its address
+// reservation. A delete of ours freed them already; a domain undefined behind our back (or
+// while we were away) did not, and its address would otherwise never be handed out again.
+func (d *Driver) release(conn *golibvirt.Libvirt, s indexed) {
+	d.mu.RLock()
+	pool := d.pool
+	d.mu.RUnlock()
+	volumes := []string{namePrefix + s.id + ".qcow2", namePrefix + s.id + "-seed.iso"}
+	if err := errors.Join(deleteVolumes(conn, pool, volumes), release(conn, s.network, s.mac)); err != nil {
+		d.log.Warn("free what a deleted server held", "server", s.id, "err", err)
+	}
 }
 
 // broadcaster hands every server event to every watch.
