@@ -65,6 +65,10 @@ func (d *Driver) baseVolume(conn *golibvirt.Libvirt, pool golibvirt.StoragePool,
 	if name == "" {
 		name = namePrefix + "image-" + img.ID
 	}
+	// Looked up under the import lock: a volume being uploaded exists before its bytes do,
+	// and an overlay made on it then would back onto half an image.
+	d.imports.Lock()
+	defer d.imports.Unlock()
 	vol, err := conn.StorageVolLookupByName(pool, name)
 	switch {
 	case err == nil:
@@ -73,11 +77,6 @@ func (d *Driver) baseVolume(conn *golibvirt.Libvirt, pool golibvirt.StoragePool,
 		return volume{}, fmt.Errorf("look up volume %s: %w", name, err)
 	case img.Volume != "":
 		return volume{}, fmt.Errorf("image %s: volume %q is missing from pool %s: %w", img.ID, img.Volume, d.opts.Region.Libvirt.Pool, region.ErrRefused)
-	}
-	d.imports.Lock()
-	defer d.imports.Unlock()
-	if vol, err := conn.StorageVolLookupByName(pool, name); err == nil {
-		return describe(conn, vol) // imported meanwhile
 	}
 	f, err := os.Open(img.File)
 	if err != nil {
