@@ -176,19 +176,10 @@ func (f *Feed) Subscribe(ctx context.Context, org, after string, match func(*ins
 // only to the subscriptions of its instance and to the organization-wide ones, so a
 // subscriber to one instance costs the other instances' events nothing.
 func (f *Feed) SubscribeInstance(ctx context.Context, org, instanceID, after string, match func(*instance.Record) bool) (*Subscription, []instance.Record, error) {
-	of, err := f.join(ctx, org)
-	if err != nil {
+	s := &Subscription{c: make(chan *instance.Record, f.opts.Buffer), match: match, instance: instanceID, feed: f}
+	if err := f.join(ctx, org, s); err != nil {
 		return nil, nil, err
 	}
-	s := &Subscription{c: make(chan *instance.Record, f.opts.Buffer), match: match, instance: instanceID, of: of, feed: f}
-	of.mu.Lock()
-	s.Start = of.last
-	if of.subs[instanceID] == nil {
-		of.subs[instanceID] = map[*Subscription]struct{}{}
-	}
-	of.subs[instanceID][s] = struct{}{}
-	of.n++
-	of.mu.Unlock()
 	if after == "" {
 		return s, nil, nil
 	}
@@ -207,31 +198,48 @@ func (f *Feed) SubscribeInstance(ctx context.Context, org, instanceID, after str
 	return s, replay, nil
 }
 
-// join returns the organization's feed, starting its reader for the first subscriber.
-func (f *Feed) join(ctx context.Context, org string) (*orgFeed, error) {
+// join adds the subscription to the organization's feed, starting its reader for the first
+// subscriber. The feed is looked up and the subscription added under the feed's lock, which
+// the last subscriber's leave takes to stop the reader: a subscription is never added to a
+// reader that is stopping.
+func (f *Feed) join(ctx context.Context, org string, s *Subscription) error {
 	f.mu.Lock()
-	of, ok := f.orgs[org]
-	f.mu.Unlock()
-	if ok {
-		return of, nil
+	if of, ok := f.orgs[org]; ok {
+		of.add(s)
+		f.mu.Unlock()
+		return nil
 	}
+	f.mu.Unlock()
 	// Read outside the lock, which every subscribe, leave and scrape of every organization
 	// takes: a slow Redis must not stall them all. Two first subscribers may both read; the
 	// first to come back starts the reader.
 	last, err := f.log.LastEvent(ctx, org)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if of, ok := f.orgs[org]; ok {
-		return of, nil
+	of, ok := f.orgs[org]
+	if !ok {
+		rctx, cancel := context.WithCancel(f.ctx)
+		of = &orgFeed{org: org, last: last, subs: map[string]map[*Subscription]struct{}{}, cancel: cancel}
+		f.orgs[org] = of
+		f.wg.Go(func() { f.read(rctx, of) })
 	}
-	rctx, cancel := context.WithCancel(f.ctx)
-	of = &orgFeed{org: org, last: last, subs: map[string]map[*Subscription]struct{}{}, cancel: cancel}
-	f.orgs[org] = of
-	f.wg.Go(func() { f.read(rctx, of) })
-	return of, nil
+	of.add(s)
+	return nil
+}
+
+// add puts the subscription among the feed's, live from the last event fanned out.
+func (of *orgFeed) add(s *Subscription) {
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	s.of, s.Start = of, of.last
+	if of.subs[s.instance] == nil {
+		of.subs[s.instance] = map[*Subscription]struct{}{}
+	}
+	of.subs[s.instance][s] = struct{}{}
+	of.n++
 }
 
 // read follows one organization's log. A failed read is retried from the last position fanned

@@ -355,3 +355,38 @@ func messages(t *testing.T, s *feed.Subscription, n int) []string {
 	}
 	return out
 }
+
+// Subscribers coming and going on one organization at once never leave a subscription attached
+// to a reader that has stopped (the last subscriber's leave stops it). One goroutine flaps a
+// subscription, taking the organization through no subscriber at all (its reader stopped and
+// started again) over and over; meanwhile another subscribes, commits an event, and must
+// receive it, each time.
+func TestChurnLeavesNoSubscriptionOnAStoppedReader(t *testing.T) {
+	e := newEnv(t, feed.Options{})
+	ctx, stop := context.WithCancel(context.Background())
+	var flapping sync.WaitGroup
+	flapping.Go(func() {
+		for ctx.Err() == nil {
+			s, _, err := e.feed.Subscribe(ctx, "acme", "", all)
+			if err != nil {
+				if ctx.Err() == nil {
+					t.Error(err)
+				}
+				return
+			}
+			s.Close()
+		}
+	})
+	defer func() { stop(); flapping.Wait() }()
+	for i := range 1000 {
+		s, _, err := e.feed.Subscribe(context.Background(), "acme", "", all)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := e.commit(t, "web")
+		if got := receive(t, s, 1); got[0] != id {
+			t.Fatalf("subscription %d got %s, want %s", i, got[0], id)
+		}
+		s.Close()
+	}
+}

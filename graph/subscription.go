@@ -65,8 +65,8 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 		defer sub.Close()
 		// The subscription lives only as long as the token that opened it.
 		var expired <-chan time.Time
-		if !pr.Expires.IsZero() {
-			timer := time.NewTimer(time.Until(pr.Expires))
+		if !pr.Deadline.IsZero() {
+			timer := time.NewTimer(time.Until(pr.Deadline))
 			defer timer.Stop()
 			expired = timer.C
 		}
