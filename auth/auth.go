@@ -77,6 +77,15 @@ type Principal struct {
 	// without a monotonic clock reading, so that copies compare equal field by field. It is
 	// zero for a principal that was not read from a token.
 	Expires time.Time
+	// Deadline is the one moment after which the token is honoured nowhere: Expires plus the
+	// clock skew this process allows. A request over HTTP, an operation on a WebSocket and a
+	// subscription's life all end there. Zero with Expires.
+	Deadline time.Time
+}
+
+// ValidAt reports whether the principal's token is still honoured at now.
+func (p Principal) ValidAt(now time.Time) bool {
+	return p.Deadline.IsZero() || now.Before(p.Deadline)
 }
 
 // RoleIn returns the strongest role the principal holds over the project (an organization-wide

@@ -205,7 +205,7 @@ func (k *Keys) Mint(p Principal, now time.Time, ttl time.Duration) (string, erro
 // other callers of the same token and must not be modified.
 func (k *Keys) Verify(token string) (Principal, error) {
 	if p, ok := k.verified.Get(token); ok {
-		if k.now().Before(p.Expires.Add(k.skew)) {
+		if p.ValidAt(k.now()) {
 			return p, nil
 		}
 		k.verified.Remove(token)
@@ -226,7 +226,7 @@ func (k *Keys) Verify(token string) (Principal, error) {
 		}
 	}
 	// exp is present: the parser requires it.
-	p := Principal{Subject: c.Subject, Grants: c.Grants, Expires: c.ExpiresAt.UTC()}
+	p := Principal{Subject: c.Subject, Grants: c.Grants, Expires: c.ExpiresAt.UTC(), Deadline: c.ExpiresAt.UTC().Add(k.skew)}
 	k.verified.Add(token, p)
 	return p, nil
 }

@@ -295,6 +295,9 @@ func TestPrincipalExpires(t *testing.T) {
 		if first.Expires != want {
 			t.Errorf("%s: Expires = %v, want %v", alg, first.Expires, want)
 		}
+		if first.Deadline != want.Add(defaultClockSkew) {
+			t.Errorf("%s: Deadline = %v, want exp plus the skew, %v", alg, first.Deadline, want.Add(defaultClockSkew))
+		}
 		if _, ok := k.verified.Get(tok); !ok {
 			t.Errorf("%s: a verified token is not cached", alg)
 		}
