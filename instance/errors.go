@@ -61,6 +61,10 @@ func CodeOf(err error) Code {
 // ErrNotFound is returned by stores when a record does not exist.
 var ErrNotFound = errors.New("not found")
 
+// ErrStoreUnavailable is wrapped by a store error that passes (Redis loading its data, a
+// replica not taking writes yet, a failover): the caller is told to retry.
+var ErrStoreUnavailable = errors.New("the store is unavailable for now")
+
 // FieldError is a validation or business-rule failure of one input field.
 type FieldError struct {
 	// Field is the path to the input field, e.g. ["input", "networking", "securityGroupIds", "1"].

@@ -1,7 +1,18 @@
 package instance_test
 
 import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/computeql/computeql/eventually"
 
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/redistest"
@@ -45,4 +56,116 @@ func TestStoreOutageIsUnavailable(t *testing.T) {
 			t.Errorf("%s with Redis gone: %s, want UNAVAILABLE", tt.name, got)
 		}
 	}
+}
+
+// TestReadOnlyReplicaIsUnavailable: pointed at a replica (a failover not yet followed), every
+// write is READONLY, which passes: UNAVAILABLE, and nothing is written anywhere.
+func TestReadOnlyReplicaIsUnavailable(t *testing.T) {
+	primary, err := redistest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(primary.Stop)
+	replica, err := redistest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(replica.Stop)
+	host, port, _ := net.SplitHostPort(primary.Addr)
+	rdb := replica.Client(t)
+	if err := rdb.Do(context.Background(), "REPLICAOF", host, port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually.Holds(t, 10*time.Second, func() bool {
+		info, err := rdb.Info(context.Background(), "replication").Result()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	}, "the replica follows its primary")
+	e := serviceOn(t, rdb, region.Demo())
+	if _, err := e.svc.Create(acmeMember, validCreate()); instance.CodeOf(err) != instance.CodeUnavailable {
+		t.Errorf("create on a read-only replica: %v, want UNAVAILABLE", err)
+	}
+	if n, err := primary.Client(t).DBSize(context.Background()).Result(); err != nil || n != 0 {
+		t.Errorf("the primary holds %d keys (%v) after a refused create, want none", n, err)
+	}
+}
+
+// TestTransientRedisRepliesAreUnavailable: Redis's replies for states that pass — loading its
+// data after a restart, a primary gone, a cluster down or resharding — answer UNAVAILABLE; any
+// other error reply stays INTERNAL. A server in those states is hard to hold still in a test,
+// so a listener answers every command with the exact reply Redis sends in each.
+func TestTransientRedisRepliesAreUnavailable(t *testing.T) {
+	for _, tc := range []struct {
+		reply string
+		want  instance.Code
+	}{
+		{"LOADING Redis is loading the dataset in memory", instance.CodeUnavailable},
+		{"MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.", instance.CodeUnavailable},
+		{"CLUSTERDOWN The cluster is down", instance.CodeUnavailable},
+		{"TRYAGAIN Multiple keys request during rehashing of slot", instance.CodeUnavailable},
+		{"ERR max number of clients reached", instance.CodeUnavailable},
+		{"ERR something else went wrong", instance.CodeInternal},
+	} {
+		t.Run(strings.Fields(tc.reply)[0]+" "+strings.Fields(tc.reply)[1], func(t *testing.T) {
+			addr := answeringWith(t, tc.reply)
+			rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, Protocol: 2})
+			t.Cleanup(func() { _ = rdb.Close() })
+			e := serviceOn(t, rdb, region.Demo())
+			if _, err := e.svc.Create(acmeMember, validCreate()); instance.CodeOf(err) != tc.want {
+				t.Errorf("create against %q: %v, want %s", tc.reply, err, tc.want)
+			}
+		})
+	}
+}
+
+// answeringWith listens on a loopback port and answers every command of every connection with
+// the error reply.
+func answeringWith(t *testing.T, reply string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					if err := skipCommand(r); err != nil {
+						return
+					}
+					if _, err := io.WriteString(c, "-"+reply+"\r\n"); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// skipCommand reads one RESP command (an array of bulk strings).
+func skipCommand(r *bufio.Reader) error {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "*")))
+	if err != nil {
+		return err
+	}
+	for range n {
+		if _, err := r.ReadString('\n'); err != nil { // $len
+			return err
+		}
+		if _, err := r.ReadString('\n'); err != nil { // the bulk string
+			return err
+		}
+	}
+	return nil
 }

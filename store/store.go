@@ -33,7 +33,7 @@ func New(rdb redis.UniversalClient) *Store { return &Store{rdb: rdb} }
 func (s *Store) Load(ctx context.Context) error {
 	for _, sc := range scripts {
 		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
-			return fmt.Errorf("load scripts: %w", err)
+			return failed("load scripts", err)
 		}
 	}
 	return nil
@@ -74,7 +74,7 @@ func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim strin
 	args := chargeArgs([]any{inst.ID, spec, status, inst.ProjectID, inst.CreatedAt.UnixMilli()}, inst.Charge, limits)
 	reply, err := createScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
-		return nil, fmt.Errorf("create: %w", err)
+		return nil, failed("create", err)
 	}
 	return parseRefusals(reply)
 }
@@ -119,7 +119,7 @@ func (s *Store) updateSpec(ctx context.Context, inst *instance.Instance, delta, 
 		string(kind), ev.Actor, string(ev.Action), string(ev.Outcome), ev.Message}, delta, limits)
 	reply, err := updateSpecScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
-		return nil, fmt.Errorf("update spec: %w", err)
+		return nil, failed("update spec", err)
 	}
 	if len(reply) == 1 {
 		switch reply[0] {
@@ -150,7 +150,7 @@ func (s *Store) WriteStatus(ctx context.Context, inst *instance.Instance, status
 	reply, err := writeStatusScript.Run(ctx, s.rdb, keys, inst.StatusVersion, statusJSON, inst.ID,
 		string(ev.Kind), strings.Join(ev.Changed, ","), ev.At.UnixMilli(), ev.Message).Int()
 	if err != nil {
-		return false, fmt.Errorf("write status: %w", err)
+		return false, failed("write status", err)
 	}
 	return reply == 1, nil
 }
@@ -170,7 +170,7 @@ func (s *Store) Forget(ctx context.Context, inst *instance.Instance, at time.Tim
 	args := chargeArgs([]any{inst.Generation, inst.ID, at.UnixMilli()}, quota.Amounts{}.Sub(inst.Charge), nil)
 	reply, err := forgetScript.Run(ctx, s.rdb, keys, args...).Int()
 	if err != nil {
-		return false, fmt.Errorf("forget: %w", err)
+		return false, failed("forget", err)
 	}
 	return reply == 1, nil
 }
@@ -207,7 +207,7 @@ var instanceFields = []string{"spec", "status", "gen", "sv", "proj", "v"}
 func (s *Store) NameClaimed(ctx context.Context, org, claim string) (bool, error) {
 	n, err := s.rdb.Exists(ctx, claimKey(org, claim)).Result()
 	if err != nil {
-		return false, fmt.Errorf("read name claim: %w", err)
+		return false, failed("read name claim", err)
 	}
 	return n == 1, nil
 }
@@ -237,7 +237,7 @@ func (s *Store) History(ctx context.Context, org, id, after string, limit int) (
 	start := "-"
 	if after != "" {
 		if err := s.checkKept(ctx, org, after); err != nil {
-			return nil, false, fmt.Errorf("history: %w", err)
+			return nil, false, failed("history", err)
 		}
 		start = "(" + after
 	}
@@ -245,7 +245,7 @@ func (s *Store) History(ctx context.Context, org, id, after string, limit int) (
 	for {
 		msgs, err := s.rdb.XRangeN(ctx, eventsKey(org), start, "+", historyBatch).Result()
 		if err != nil {
-			return nil, false, fmt.Errorf("history: %w", err)
+			return nil, false, failed("history", err)
 		}
 		for _, m := range msgs {
 			if m.Values["id"] != id {
@@ -272,7 +272,7 @@ func (s *Store) History(ctx context.Context, org, id, after string, limit int) (
 func (s *Store) LastEvent(ctx context.Context, org string) (string, error) {
 	msgs, err := s.rdb.XRevRangeN(ctx, eventsKey(org), "+", "-", 1).Result()
 	if err != nil {
-		return "", fmt.Errorf("last event: %w", err)
+		return "", failed("last event", err)
 	}
 	if len(msgs) == 0 {
 		return "0-0", nil
@@ -288,7 +288,7 @@ func (s *Store) ReadEvents(ctx context.Context, org, after string, block time.Du
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read events: %w", err)
+		return nil, failed("read events", err)
 	}
 	return decodeRecords(org, streams[0].Messages)
 }
@@ -297,14 +297,14 @@ func (s *Store) ReadEvents(ctx context.Context, org, after string, block time.Du
 // first; ErrCursorExpired when the log was trimmed past the first.
 func (s *Store) EventsBetween(ctx context.Context, org, after, upTo string) ([]instance.Record, error) {
 	if err := s.checkKept(ctx, org, after); err != nil {
-		return nil, fmt.Errorf("events between: %w", err)
+		return nil, failed("events between", err)
 	}
 	if !instance.PositionLess(after, upTo) {
 		return nil, nil
 	}
 	msgs, err := s.rdb.XRange(ctx, eventsKey(org), "("+after, upTo).Result()
 	if err != nil {
-		return nil, fmt.Errorf("events between: %w", err)
+		return nil, failed("events between", err)
 	}
 	return decodeRecords(org, msgs)
 }
@@ -363,7 +363,7 @@ func decodeRecord(org string, m redis.XMessage) (instance.Record, error) {
 func (s *Store) Exists(ctx context.Context, org, id string) (bool, error) {
 	n, err := s.rdb.Exists(ctx, instanceKey(org, id)).Result()
 	if err != nil {
-		return false, fmt.Errorf("instance exists: %w", err)
+		return false, failed("instance exists", err)
 	}
 	return n == 1, nil
 }
@@ -381,7 +381,7 @@ func (s *Store) Get(ctx context.Context, orgs []string, id string) (*instance.In
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("get instance: %w", err)
+		return nil, failed("get instance", err)
 	}
 	for i, cmd := range cmds {
 		inst, err := decode(orgs[i], id, cmd.Val())
@@ -428,7 +428,7 @@ func (s *Store) List(ctx context.Context, org, project, after string, limit int)
 		Key: indexKey(org, project), Start: start, Stop: "+", ByLex: true, Count: int64(limit),
 	}).Result()
 	if err != nil {
-		return nil, fmt.Errorf("list instances: %w", err)
+		return nil, failed("list instances", err)
 	}
 	if len(ids) == 0 {
 		return nil, nil
@@ -440,7 +440,7 @@ func (s *Store) List(ctx context.Context, org, project, after string, limit int)
 		}
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("list instances: %w", err)
+		return nil, failed("list instances", err)
 	}
 	out := make([]*instance.Instance, 0, len(ids))
 	for i, cmd := range cmds {
@@ -460,7 +460,7 @@ func (s *Store) List(ctx context.Context, org, project, after string, limit int)
 func (s *Store) Count(ctx context.Context, org, project string) (int, error) {
 	n, err := s.rdb.ZCard(ctx, indexKey(org, project)).Result()
 	if err != nil {
-		return 0, fmt.Errorf("count instances: %w", err)
+		return 0, failed("count instances", err)
 	}
 	return int(n), nil
 }
@@ -469,7 +469,7 @@ func (s *Store) Count(ctx context.Context, org, project string) (int, error) {
 func (s *Store) Quota(ctx context.Context, org string) (limits, used quota.Amounts, err error) {
 	all, err := s.rdb.HGetAll(ctx, quotaKey(org)).Result()
 	if err != nil {
-		return nil, nil, fmt.Errorf("read quota: %w", err)
+		return nil, nil, failed("read quota", err)
 	}
 	limits, used = quota.Amounts{}, quota.Amounts{}
 	for field, v := range all {
@@ -495,7 +495,24 @@ func (s *Store) SetLimits(ctx context.Context, org string, limits quota.Amounts)
 		}
 	}
 	if err := s.rdb.HSet(ctx, quotaKey(org), args...).Err(); err != nil {
-		return fmt.Errorf("set quota limits: %w", err)
+		return failed("set quota limits", err)
 	}
 	return nil
+}
+
+// failed wraps an error of a call to Redis. Conditions that pass (Redis loading its data after
+// a restart, a replica that cannot take writes yet, a failover or a cluster slot moving, a
+// full connection pool) also wrap instance.ErrStoreUnavailable, so that callers are told to
+// retry rather than that their request is broken.
+func failed(op string, err error) error {
+	if transient(err) {
+		return fmt.Errorf("%s: %w: %w", op, instance.ErrStoreUnavailable, err)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+func transient(err error) bool {
+	return redis.IsLoadingError(err) || redis.IsReadOnlyError(err) || redis.IsMasterDownError(err) ||
+		redis.IsClusterDownError(err) || redis.IsTryAgainError(err) || redis.IsMaxClientsError(err) ||
+		errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted)
 }
