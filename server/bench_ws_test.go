@@ -36,7 +36,9 @@ const apiProcessEnv = "COMPUTEQL_BENCH_API_REDIS"
 func serveAPIProcess(redisAddr string) error {
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, PoolSize: 64})
 	defer rdb.Close()
-	a, stop, err := assemble(rdb, feed.Options{}, func(o *Options) { o.RateLimit = -1 })
+	a, stop, err := assemble(rdb, feed.Options{}, func(o *Options) {
+		o.RateLimit, o.MaxSocketsPerPrincipal, o.MaxSubscriptionsPerPrincipal = -1, 1<<20, 1<<20 // one principal's subscribers
+	})
 	if err != nil {
 		return err
 	}
@@ -78,7 +80,9 @@ func BenchmarkSubscribersWebSocket(b *testing.B) {
 		subscribers = n
 	}
 	for b.Loop() {
-		a := newAPI(b, func(o *Options) { o.RateLimit = -1 })
+		a := newAPI(b, func(o *Options) {
+			o.RateLimit, o.MaxSocketsPerPrincipal, o.MaxSubscriptionsPerPrincipal = -1, 1<<20, 1<<20
+		})
 		admin := a.admin(b)
 		a.mustPost(b, admin, `mutation { setQuota(input: {organizationId: "acme", limits: [
 			{kind: "servers", limit: 100000}, {kind: "cpus", limit: 1000000}, {kind: "memoryGiB", limit: 1000000}]}) { userErrors { message } } }`, nil)

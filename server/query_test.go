@@ -379,7 +379,7 @@ func TestCatalogueFieldsAsTheContractNamesThem(t *testing.T) {
 	tok := a.member(t)
 	res := a.mustPost(t, tok, `{
   networks(projectId: "web") { id name organizationId projectId region prefix }
-  securityGroups(networkId: "net-acme-web-eu") { id name networkId }
+  securityGroups(networkId: "net-acme-web-eu") { id name networkId rules { direction protocol portMin portMax remotePrefix } }
   sshCertificateAuthorities { id name organizationId projectId }
   flavors { id name cpus memoryGiB diskGB architecture baremetal gpu { vendor model memoryGiB physicalCount } regions }
   images { id name architecture sizeGiB virtualization state os { family distro version } regions }
@@ -397,7 +397,11 @@ func TestCatalogueFieldsAsTheContractNamesThem(t *testing.T) {
 		got, want any
 	}{
 		{"network", got.Networks[0], map[string]any{"id": "net-acme-web-eu", "name": "acme web (EU West)", "organizationId": "acme", "projectId": "web", "region": "eu-west", "prefix": "10.10.0.0/24"}},
-		{"security group", got.SecurityGroups[1], map[string]any{"id": "sg-acme-web-eu-web", "name": "web", "networkId": "net-acme-web-eu"}},
+		{"security group", got.SecurityGroups[1], map[string]any{"id": "sg-acme-web-eu-web", "name": "web", "networkId": "net-acme-web-eu", "rules": []any{
+			map[string]any{"direction": "INGRESS", "protocol": "TCP", "portMin": 80.0, "portMax": 80.0, "remotePrefix": "0.0.0.0/0"},
+			map[string]any{"direction": "INGRESS", "protocol": "TCP", "portMin": 443.0, "portMax": 443.0, "remotePrefix": "0.0.0.0/0"},
+			map[string]any{"direction": "INGRESS", "protocol": "ICMP", "portMin": 0.0, "portMax": 0.0, "remotePrefix": "0.0.0.0/0"},
+		}}},
 		{"SSH CA", got.CAs[0], map[string]any{"id": "ca-acme-web", "name": "acme web users CA", "organizationId": "acme", "projectId": "web"}},
 		{"flavor", got.Flavors[0], map[string]any{"id": "g1.small", "name": "General 1 small", "cpus": 2.0, "memoryGiB": 4.0, "diskGB": 20.0, "architecture": "X86_64", "baremetal": false, "gpu": nil, "regions": []any{"eu-west", "us-east"}}},
 		{"GPU flavor", got.Flavors[3]["gpu"], map[string]any{"vendor": "NVIDIA", "model": "A100", "memoryGiB": 80.0, "physicalCount": 2.0}},

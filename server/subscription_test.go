@@ -438,7 +438,8 @@ func TestSubscriptionTwoProcesses(t *testing.T) {
 // behind.
 func TestSubscriptionNoGoroutineLeak(t *testing.T) {
 	const n = 200
-	a, s := wsServer(t, func(o *Options) { o.RateLimit = -1 }) // it opens 200 subscriptions as one principal
+	// It opens 200 sockets and subscriptions as one principal.
+	a, s := wsServer(t, func(o *Options) { o.RateLimit, o.MaxSocketsPerPrincipal, o.MaxSubscriptionsPerPrincipal = -1, n, n })
 	tok := a.admin(t)
 	a.mustCreate(t, tok, createInput("one"))
 	// The baseline is taken once what the create left running (connections, the feed) has
@@ -611,17 +612,22 @@ func TestSubscriptionSlowConsumer(t *testing.T) {
 }
 
 // TestSubscriptionEndsWhenTokenExpires: a subscription lives as long as the token that opened
-// it. When it expires, the subscriber gets an UNAUTHENTICATED error carrying the cursor to
-// resume after, then the end of the stream, on WebSocket and SSE alike.
+// it, clock skew included (the same rule as every request's). When it is over, the subscriber
+// gets an UNAUTHENTICATED error carrying the cursor to resume after, then the end of the
+// stream, on WebSocket and SSE alike.
 func TestSubscriptionEndsWhenTokenExpires(t *testing.T) {
 	a := newAPI(t)
 	s := serveAPI(t, a)
 	admin := a.admin(t)
 	inst := a.mustCreate(t, admin, createInput("one"))
-	// Two seconds: enough to receive the snapshot; the expiry itself is what ends the wait.
-	short, err := a.keys.Mint(auth.Principal{Subject: "brief", Grants: []auth.Grant{{OrganizationID: "acme", Role: auth.RoleViewer}}}, time.Now(), 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
+	// Expired 28 s ago, so honoured for 2 s more under the 30 s skew: enough to receive the
+	// snapshot; the end of the token's life is what ends the wait.
+	short := func(t *testing.T) string {
+		tok, err := a.keys.Mint(auth.Principal{Subject: "brief", Grants: []auth.Grant{{OrganizationID: "acme", Role: auth.RoleViewer}}}, time.Now().Add(-30*time.Second), 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
 	}
 
 	wantExpiry := func(t *testing.T, payload []byte, lastCursor string) {
@@ -639,7 +645,7 @@ func TestSubscriptionEndsWhenTokenExpires(t *testing.T) {
 	}
 
 	t.Run("websocket", func(t *testing.T) {
-		c := subscribeWS(t, s, protoTransportWS, short, subQuery("acme", ""))
+		c := subscribeWS(t, s, protoTransportWS, short(t), subQuery("acme", ""))
 		snap := c.event()
 		if snap.Kind != "SNAPSHOT" || snap.Instance.ID != inst.ID {
 			t.Fatalf("snapshot: %+v", snap)
@@ -655,7 +661,7 @@ func TestSubscriptionEndsWhenTokenExpires(t *testing.T) {
 	})
 
 	t.Run("sse", func(t *testing.T) {
-		res := ssePost(t, s, short, subQuery("acme", ""))
+		res := ssePost(t, s, short(t), subQuery("acme", ""))
 		if res.StatusCode != http.StatusOK {
 			t.Fatalf("status %d", res.StatusCode)
 		}
@@ -684,28 +690,48 @@ func TestSubscriptionEndsWhenTokenExpires(t *testing.T) {
 }
 
 // TestWebSocketRefusesOperationsAfterTokenExpiry: a socket authenticates once, in
-// connection_init; an operation sent once its token has expired is refused with
-// UNAUTHENTICATED, though the socket stays open for a reconnect-free error.
+// connection_init, and its operations follow the one rule of every transport: a token is
+// honoured until its exp plus the clock skew (30 s), so one that expired 10 s ago works over a
+// socket as over HTTP; an operation sent after that is refused with UNAUTHENTICATED, though the
+// socket stays open for a reconnect-free error.
 func TestWebSocketRefusesOperationsAfterTokenExpiry(t *testing.T) {
 	a := newAPI(t)
 	s := serveAPI(t, a)
-	// Expired five seconds ago: still inside the clock skew verification allows, so the
-	// connection is accepted, but the token's lifetime is over.
-	stale, err := a.keys.Mint(auth.Principal{Subject: "late", Grants: []auth.Grant{{OrganizationID: "acme", Role: auth.RoleViewer}}}, time.Now().Add(-10*time.Second), 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
+	viewer := auth.Principal{Subject: "late", Grants: []auth.Grant{{OrganizationID: "acme", Role: auth.RoleViewer}}}
+	mint := func(expiredAgo time.Duration) string {
+		tok, err := a.keys.Mint(viewer, time.Now().Add(-expiredAgo-time.Minute), time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
 	}
-	fresh := a.admin(t)
+	withinSkew := mint(10 * time.Second)
+	if res := a.post(t, withinSkew, `{ me { subject } }`, nil); len(res.Errors) > 0 {
+		t.Fatalf("HTTP refused a token within the skew: %s", res.Raw)
+	}
+	// Honoured for one more second: accepted at connection_init, over by the operation.
+	lapsing := mint(29 * time.Second)
+	deadline := time.Now().Add(time.Second)
 	for _, tc := range []struct {
+		name  string
 		token string
+		wait  bool
 		want  []string
-	}{{stale, []string{"UNAUTHENTICATED"}}, {fresh, nil}} {
+	}{
+		{"expired within the skew", withinSkew, false, nil},
+		{"past exp plus the skew by the operation", lapsing, true, []string{"UNAUTHENTICATED"}},
+		{"fresh", a.admin(t), false, nil},
+	} {
 		c := mustDialWS(t, wsURL(s), protoTransportWS, wsDial{})
 		c.mustAck(tc.token)
+		if tc.wait {
+			// The token's life is a moment on the clock: waiting for it is the event.
+			time.Sleep(time.Until(deadline.Add(100 * time.Millisecond)))
+		}
 		c.start("q", `{ me { subject } }`)
 		codes, m := c.opErrorCodes()
 		if !slices.Equal(codes, tc.want) {
-			t.Errorf("codes %v (%s), want %v", codes, m.Payload, tc.want)
+			t.Errorf("%s: codes %v (%s), want %v", tc.name, codes, m.Payload, tc.want)
 		}
 		c.conn.Close()
 	}

@@ -23,7 +23,6 @@ import (
 	"github.com/99designs/gqlgen/graphql/handler/transport"
 	"github.com/gorilla/websocket"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vektah/gqlparser/v2/gqlerror"
 
 	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/instance"
@@ -190,7 +189,11 @@ func newGorillaWebsocket(origins originPolicy, writeTimeout, pingInterval time.D
 // Accept, so that Do can close what gqlgen forgot to close.
 type acceptedKey struct{}
 
-type acceptedSlot struct{ conn *gorillaConn }
+type acceptedSlot struct {
+	conn *gorillaConn
+	// release gives back the principal's socket that connection_init took, at the socket's end.
+	release func()
+}
 
 func (g *gorillaWebsocket) Accept(w http.ResponseWriter, r *http.Request, options transport.WebsocketAcceptOptions) (transport.WebsocketConn, error) {
 	u := g.upgrader
@@ -454,13 +457,24 @@ func (c *gorillaConn) startPinging(interval time.Duration) {
 // lasts exactly as long as the socket.
 type websocketTransport struct {
 	transport.Websocket
+	limits *connLimits
 	// grace bounds the wait for gqlgen's own close once its read loop has ended; its close
 	// frame may take up to the write timeout.
 	grace time.Duration
 }
 
 func (t websocketTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
+	t.limits.limitSockets(func(w http.ResponseWriter, r *http.Request) { t.serve(w, r, exec) })(w, r)
+}
+
+// serve runs one socket, from the handshake to its close.
+func (t websocketTransport) serve(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
 	slot := &acceptedSlot{}
+	defer func() {
+		if slot.release != nil {
+			slot.release()
+		}
+	}()
 	t.Websocket.Do(w, r.WithContext(context.WithValue(r.Context(), acceptedKey{}, slot)), exec)
 	c := slot.conn
 	if c == nil {
@@ -499,24 +513,37 @@ func (t websocketTransport) Do(w http.ResponseWriter, r *http.Request, exec grap
 // authenticate has checked; a token that is malformed or fails verification (bad signature,
 // expired, ...) closes it with 4403 Forbidden. A token in the payload wins over the header. On
 // the legacy graphql-ws protocol a connection_error message with the reason comes first.
-func websocketInit(keys *auth.Keys, log *slog.Logger) transport.WebsocketInitFunc {
+//
+// A principal that already holds as many sockets as it may gets 4429 (too many connections).
+func websocketInit(keys *auth.Keys, limits *connLimits, log *slog.Logger) transport.WebsocketInitFunc {
 	return func(ctx context.Context, payload transport.InitPayload) (context.Context, *transport.InitPayload, error) {
 		token, err := initToken(payload)
 		if err != nil {
 			return refuse(ctx, log, CloseForbidden, "Forbidden", err)
 		}
-		if token == "" {
-			if _, ok := auth.FromContext(ctx); ok {
-				return context.WithValue(ctx, socketAuthenticated{}, true), nil, nil
+		p, ok := auth.FromContext(ctx)
+		switch {
+		case token != "":
+			if p, err = keys.Verify(token); err != nil {
+				return refuse(ctx, log, CloseForbidden, "Forbidden", err)
 			}
+			requestInfoFrom(ctx).set(p.Subject, "")
+			ctx = auth.WithPrincipal(ctx, p)
+		case !ok:
 			return refuse(ctx, log, CloseUnauthorized, "Unauthorized", errors.New(`authentication required: send {"Authorization": "Bearer <token>"} in the connection_init payload`))
 		}
-		p, err := keys.Verify(token)
-		if err != nil {
-			return refuse(ctx, log, CloseForbidden, "Forbidden", err)
+		release := limits.take(p.Subject, socketsOf, limits.maxPrincipalSockets, limitPrincipalSockets)
+		if release == nil {
+			return refuse(ctx, log, CloseTooManyConnections, "Too many connections",
+				fmt.Errorf("%s holds as many WebSockets as one principal may (%d): close one first", p.Subject, limits.maxPrincipalSockets))
 		}
-		requestInfoFrom(ctx).set(p.Subject, "")
-		return context.WithValue(auth.WithPrincipal(ctx, p), socketAuthenticated{}, true), nil, nil
+		if slot, ok := ctx.Value(acceptedKey{}).(*acceptedSlot); ok {
+			slot.release = release
+		} else {
+			release()
+		}
+		ctx = context.WithValue(ctx, socketSubscriptionsKey{}, &socketSubscriptions{})
+		return context.WithValue(ctx, socketAuthenticated{}, true), nil, nil
 	}
 }
 
@@ -542,13 +569,10 @@ func (socketTokenExpiry) ExtensionName() string                   { return "Sock
 func (socketTokenExpiry) Validate(graphql.ExecutableSchema) error { return nil }
 func (socketTokenExpiry) InterceptOperation(ctx context.Context, next graphql.OperationHandler) graphql.ResponseHandler {
 	p, ok := auth.FromContext(ctx)
-	if !onSocket(ctx) || !ok || p.Expires.IsZero() || time.Now().Before(p.Expires) {
+	if !onSocket(ctx) || !ok || p.ValidAt(time.Now()) {
 		return next(ctx)
 	}
-	return graphql.OneShot(&graphql.Response{Errors: gqlerror.List{{
-		Message:    "the token of this connection expired: connect again with a new token",
-		Extensions: map[string]any{"code": string(instance.CodeUnauthenticated)},
-	}}})
+	return refusal(instance.CodeUnauthenticated, "the token of this connection expired: connect again with a new token")
 }
 
 // refuse returns what makes gqlgen close the socket with code and reason: it reads both from

@@ -1,0 +1,188 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+
+	"github.com/99designs/gqlgen/graphql"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vektah/gqlparser/v2/ast"
+	"github.com/vektah/gqlparser/v2/gqlerror"
+
+	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/instance"
+)
+
+// CloseTooManyConnections (4429) closes a WebSocket whose connection_init names a principal that
+// already holds as many sockets as it may.
+const CloseTooManyConnections = 4429
+
+// Which limit refused a connection or a subscription, the label of the refusals counter.
+const (
+	limitProcessSockets         = "process_sockets"
+	limitPrincipalSockets       = "principal_sockets"
+	limitSocketSubscriptions    = "socket_subscriptions"
+	limitPrincipalSubscriptions = "principal_subscriptions"
+)
+
+// connLimits bounds what stays open: sockets in this process, sockets and subscriptions of one
+// principal (a token's subject), subscriptions on one socket. Rate limits count requests; these
+// count what a caller holds, each of which costs memory and goroutines for as long as it lasts.
+type connLimits struct {
+	maxSockets, maxPrincipalSockets, maxSocketSubs, maxPrincipalSubs int
+
+	mu      sync.Mutex
+	sockets int
+	held    map[string]*principalHolds // by subject; removed when it holds nothing
+	refused *prometheus.CounterVec
+}
+
+type principalHolds struct{ sockets, subscriptions int }
+
+func newConnLimits(o Options, reg prometheus.Registerer) (*connLimits, error) {
+	l := &connLimits{
+		maxSockets: o.MaxSockets, maxPrincipalSockets: o.MaxSocketsPerPrincipal,
+		maxSocketSubs: o.MaxSubscriptionsPerSocket, maxPrincipalSubs: o.MaxSubscriptionsPerPrincipal,
+		held: map[string]*principalHolds{},
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "computeql_connection_limit_refusals_total",
+			Help: "Sockets and subscriptions refused by a connection limit, by the limit.",
+		}, []string{"limit"}),
+	}
+	for _, v := range []string{limitProcessSockets, limitPrincipalSockets, limitSocketSubscriptions, limitPrincipalSubscriptions} {
+		l.refused.WithLabelValues(v)
+	}
+	if err := reg.Register(l.refused); err != nil {
+		return nil, fmt.Errorf("server: metrics: %w", err)
+	}
+	return l, nil
+}
+
+// takeSocket holds one of the process's sockets, or reports that none is left.
+func (l *connLimits) takeSocket() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.sockets >= l.maxSockets {
+		l.refused.WithLabelValues(limitProcessSockets).Inc()
+		return false
+	}
+	l.sockets++
+	return true
+}
+
+func (l *connLimits) releaseSocket() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sockets--
+}
+
+// take holds one more socket or subscription of the subject, within max; it returns the
+// function that gives it back (once), or nil when the subject holds max already.
+func (l *connLimits) take(subject string, count func(*principalHolds) *int, max int, limit string) func() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h := l.held[subject]
+	if h == nil {
+		h = &principalHolds{}
+		l.held[subject] = h
+	}
+	if *count(h) >= max {
+		l.refused.WithLabelValues(limit).Inc()
+		if *h == (principalHolds{}) {
+			delete(l.held, subject)
+		}
+		return nil
+	}
+	*count(h)++
+	return sync.OnceFunc(func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		*count(h)--
+		if *h == (principalHolds{}) && l.held[subject] == h {
+			delete(l.held, subject)
+		}
+	})
+}
+
+func socketsOf(h *principalHolds) *int       { return &h.sockets }
+func subscriptionsOf(h *principalHolds) *int { return &h.subscriptions }
+
+// limitSockets refuses a WebSocket handshake with 429 and Retry-After when the process holds
+// as many sockets as it may, and holds one for the socket's life otherwise.
+func (l *connLimits) limitSockets(next func(http.ResponseWriter, *http.Request)) func(http.ResponseWriter, *http.Request) {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !l.takeSocket() {
+			w.Header().Set("Retry-After", "5")
+			writeError(w, http.StatusTooManyRequests, instance.CodeRateLimited,
+				fmt.Sprintf("this server holds as many WebSockets as it may (%d); retry later, or use another", l.maxSockets))
+			return
+		}
+		defer l.releaseSocket()
+		next(w, r)
+	}
+}
+
+// socketSubscriptions counts the subscriptions open on one socket; it is in the socket's
+// context from connection_init on.
+type socketSubscriptions struct {
+	mu sync.Mutex
+	n  int
+}
+
+type socketSubscriptionsKey struct{}
+
+// subscriptionLimit is the operation interceptor that holds a subscription's place on its
+// socket and of its principal for as long as it runs, refusing one over either limit.
+type subscriptionLimit struct{ limits *connLimits }
+
+var (
+	_ graphql.HandlerExtension     = subscriptionLimit{}
+	_ graphql.OperationInterceptor = subscriptionLimit{}
+)
+
+func (subscriptionLimit) ExtensionName() string                   { return "SubscriptionLimit" }
+func (subscriptionLimit) Validate(graphql.ExecutableSchema) error { return nil }
+
+func (s subscriptionLimit) InterceptOperation(ctx context.Context, next graphql.OperationHandler) graphql.ResponseHandler {
+	oc := graphql.GetOperationContext(ctx)
+	if oc.Operation == nil || oc.Operation.Operation != ast.Subscription {
+		return next(ctx)
+	}
+	l := s.limits
+	if sock, ok := ctx.Value(socketSubscriptionsKey{}).(*socketSubscriptions); ok {
+		sock.mu.Lock()
+		full := sock.n >= l.maxSocketSubs
+		if !full {
+			sock.n++
+		}
+		sock.mu.Unlock()
+		if full {
+			l.refused.WithLabelValues(limitSocketSubscriptions).Inc()
+			return refusal(instance.CodeRateLimited, fmt.Sprintf("this connection holds as many subscriptions as one may (%d): stop one first", l.maxSocketSubs))
+		}
+		context.AfterFunc(ctx, func() {
+			sock.mu.Lock()
+			sock.n--
+			sock.mu.Unlock()
+		})
+	}
+	if p, ok := auth.FromContext(ctx); ok {
+		release := l.take(p.Subject, subscriptionsOf, l.maxPrincipalSubs, limitPrincipalSubscriptions)
+		if release == nil {
+			return refusal(instance.CodeRateLimited, fmt.Sprintf("%s holds as many subscriptions as one principal may (%d): stop one first", p.Subject, l.maxPrincipalSubs))
+		}
+		// The operation's context ends with the subscription, however it ends.
+		context.AfterFunc(ctx, release)
+	}
+	return next(ctx)
+}
+
+// refusal answers an operation refused before it ran with one error of the code.
+func refusal(code instance.Code, msg string) graphql.ResponseHandler {
+	return graphql.OneShot(&graphql.Response{Errors: gqlerror.List{{
+		Message:    msg,
+		Extensions: map[string]any{"code": string(code)},
+	}}})
+}
