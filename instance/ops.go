@@ -60,7 +60,9 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, err
 		return nil, err
 	}
 	org, project := req.OrganizationID, req.ProjectID
-	if !s.cat.HasProject(org, project) {
+	// A project the caller may not see answers as one that does not exist, word for word:
+	// the answer must not tell which organizations and projects exist.
+	if !s.cat.HasProject(org, project) || !pr.RoleIn(org, project).Includes(auth.RoleViewer) {
 		return nil, Errorf(CodeNotFound, "project %q of organization %q not found", project, org)
 	}
 	if err := authorize(pr, org, project, auth.RoleMember, "project "+strconv.Quote(project)); err != nil {
@@ -88,7 +90,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, err
 	if flavor != nil && image != nil {
 		checkCompatible(&p, flavor, image)
 	}
-	networking := checkNetworking(&p, s.cat, req.Networking.apply(Networking{}), network)
+	networking := checkNetworking(&p, s.cat, req.Networking.apply(Networking{}), org, project, network)
 	checkRegionOffers(&p, s.cat, regionID, flavor, networking.PublicIP)
 	caID := deref(req.SSHCertificateAuthorityID)
 	if caID != "" {
@@ -276,7 +278,7 @@ func (s *Service) Update(ctx context.Context, req UpdateRequest) (*Instance, err
 		network = &region.Network{ID: cur.NetworkID}
 	}
 	if req.Networking != nil {
-		next.Networking = checkNetworking(&p, s.cat, req.Networking.apply(cur.Networking), network)
+		next.Networking = checkNetworking(&p, s.cat, req.Networking.apply(cur.Networking), cur.OrganizationID, cur.ProjectID, network)
 	}
 	var rebuild []string
 	if req.FlavorID != nil && *req.FlavorID != cur.FlavorID {

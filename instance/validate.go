@@ -140,8 +140,10 @@ func checkRegionOffers(p *problems, cat *region.Catalog, regionID string, flavor
 }
 
 // checkNetworking validates security groups (on the network, no duplicates) and source CIDRs,
-// and returns the networking with CIDRs in canonical form. network is nil when unknown.
-func checkNetworking(p *problems, cat *region.Catalog, n Networking, network *region.Network) Networking {
+// and returns the networking with CIDRs in canonical form. network is nil when unknown; a
+// group is then still one of a network of the organization's project, so that a group of
+// another tenant answers as one that does not exist, whatever else is wrong.
+func checkNetworking(p *problems, cat *region.Catalog, n Networking, org, project string, network *region.Network) Networking {
 	if len(n.SecurityGroupIDs) > MaxSecurityGroup {
 		p.add(CodeBadUserInput, path("networking", "securityGroupIds"), "at most %d security groups are allowed", MaxSecurityGroup)
 	} else {
@@ -153,8 +155,7 @@ func checkNetworking(p *problems, cat *region.Catalog, n Networking, network *re
 				continue
 			}
 			seen[id] = true
-			sg, ok := cat.SecurityGroup(id)
-			if !ok || (network != nil && sg.NetworkID != network.ID) {
+			if !groupOf(cat, id, org, project, network) {
 				p.add(CodeNotFound, f, "security group %q not found on the instance's network", id)
 			}
 		}
@@ -175,6 +176,20 @@ func checkNetworking(p *problems, cat *region.Catalog, n Networking, network *re
 		out.AllowedSourceAddresses = append(out.AllowedSourceAddresses, prefix.Masked().String())
 	}
 	return out
+}
+
+// groupOf reports whether the security group exists on a network of the organization's
+// project, and on network when it is known.
+func groupOf(cat *region.Catalog, id, org, project string, network *region.Network) bool {
+	sg, ok := cat.SecurityGroup(id)
+	if !ok {
+		return false
+	}
+	if network != nil {
+		return sg.NetworkID == network.ID
+	}
+	n, ok := cat.Network(sg.NetworkID)
+	return ok && n.OrganizationID == org && n.ProjectID == project
 }
 
 // checkSSHCA checks that the certificate authority belongs to the instance's organization and

@@ -202,7 +202,7 @@ func FuzzSourceCIDR(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		var p problems
-		out := checkNetworking(&p, region.Demo(), Networking{AllowedSourceAddresses: []string{s}}, nil)
+		out := checkNetworking(&p, region.Demo(), Networking{AllowedSourceAddresses: []string{s}}, "acme", "web", nil)
 		trimmed := strings.TrimSpace(s)
 		_, ipnet, stdErr := net.ParseCIDR(trimmed)
 		if p.any() {
@@ -234,7 +234,7 @@ func FuzzSourceCIDR(f *testing.F) {
 			t.Fatalf("%q stored as %q, which is not the network of %s", s, c, given)
 		}
 		var again problems
-		if re := checkNetworking(&again, region.Demo(), out, nil); again.any() || !slices.Equal(re.AllowedSourceAddresses, out.AllowedSourceAddresses) {
+		if re := checkNetworking(&again, region.Demo(), out, "acme", "web", nil); again.any() || !slices.Equal(re.AllowedSourceAddresses, out.AllowedSourceAddresses) {
 			t.Fatalf("%q: validating the stored %q again gives %v %+v", s, c, re.AllowedSourceAddresses, again.list)
 		}
 	})
