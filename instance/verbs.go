@@ -157,18 +157,30 @@ func TagsOf(m map[string]string) []Tag {
 // power is Start and Stop: the region changes the server's power, then the instance records
 // the intent, so the workers keep it across new servers. Recording after the region accepted
 // means the intent never claims a change the region refused; a server still being built gets
-// only the intent, which the workers apply when the build completes.
+// only the intent, which the workers apply when the build completes. Asking for the power the
+// instance already has and wants (a second stop) changes nothing and succeeds, returning the
+// instance, as EC2 and most clouds answer: a retry is harmless and leaves no history.
 func (s *Service) power(ctx context.Context, id string, action Action, want PowerIntent, call func(context.Context, string) (region.Server, error)) (*Instance, error) {
 	pr, cur, err := s.operable(ctx, id)
 	if err != nil {
 		return nil, err
 	}
+	noop := false
 	msg, err := s.perform(ctx, cur, func(srv *region.Server) (string, error) {
 		if srv == nil || srv.State.Provisioning() {
 			if cur.DesiredPower() == want {
-				return "", Errorf(CodeUnprocessable, "instance %q is already to be %s once its server is built", id, strings.ToLower(string(want)))
+				noop = true
+				return "", nil
 			}
 			return "The server is still being built; it will be " + strings.ToLower(string(want)) + " when the build completes.", nil
+		}
+		if poweredAs(srv.State, want) {
+			if cur.DesiredPower() == want {
+				noop = true
+				return "", nil
+			}
+			// Powered so behind our back: only the intent is new.
+			return "The server is " + strings.ToLower(string(srv.State)) + " already.", nil
 		}
 		after, err := call(ctx, srv.ID)
 		if err != nil {
@@ -176,6 +188,9 @@ func (s *Service) power(ctx context.Context, id string, action Action, want Powe
 		}
 		return "The server is " + strings.ToLower(string(after.State)) + ".", nil
 	})
+	if noop && err == nil {
+		return cur, nil
+	}
 	ev := ActionEvent{Actor: pr.Subject, Action: action, Outcome: outcome(err), Message: msg, At: s.now().UTC()}
 	if err != nil {
 		return nil, s.record(ctx, cur, ev, err)
@@ -207,6 +222,17 @@ func (s *Service) power(ctx context.Context, id string, action Action, want Powe
 		}
 	}
 	return nil, Errorf(CodeConflict, "instance %q keeps changing; its server accepted the %s, retry to record it", id, strings.ToLower(string(action)))
+}
+
+// poweredAs reports whether a server in state is, or is on its way to being, powered as want.
+func poweredAs(state region.ServerState, want PowerIntent) bool {
+	switch want {
+	case IntentRunning:
+		return state == region.ServerRunning || state == region.ServerStarting
+	case IntentStopped:
+		return state == region.ServerStopped || state == region.ServerStopping
+	}
+	return false
 }
 
 // act runs a verb that changes nothing of the instance itself and records it.

@@ -261,8 +261,17 @@ func TestStopBeforeTheServerIsBuilt(t *testing.T) {
 				!strings.Contains(a.Message, "when the build completes") || len(a.Changed) != 1 || a.Changed[0] != "desiredPowerState" {
 				t.Errorf("stop recorded as %+v, want a successful STOP saying it takes effect when built", a)
 			}
+			// A second stop asks for what is already asked: it succeeds and records nothing.
+			before := e.lastAction(t, created.ID)
+			again, err := e.svc.Stop(operator, created.ID)
+			if err != nil || again.Generation != stopped.Generation || again.DesiredPower() != instance.IntentStopped {
+				t.Errorf("second stop while building: %+v, %v; want the instance unchanged", again, err)
+			}
+			if a := e.lastAction(t, created.ID); a.Cursor != before.Cursor {
+				t.Errorf("the second stop was recorded as %+v: a no-op leaves no history", a)
+			}
 			for _, v := range allVerbs {
-				if v.action == instance.ActionStart {
+				if v.action == instance.ActionStart || v.action == instance.ActionStop {
 					continue
 				}
 				err := v.call(e.svc, created.ID)
@@ -402,10 +411,13 @@ func TestStartedInstanceIsNotStoppedAgain(t *testing.T) {
 		}
 	}
 
-	// Starting a running instance is the region's refusal, in its own words.
-	_, err = e.svc.Start(operator, created.ID)
-	if got := codeOf(t, err); got != instance.CodeUnprocessable || !strings.Contains(err.Error(), "cannot start a server that is RUNNING") {
-		t.Errorf("start of a running instance: %v, want UNPROCESSABLE with the region's reason", err)
+	// Starting a running instance asks for what is: it succeeds and changes and records nothing.
+	again, err := e.svc.Start(operator, created.ID)
+	if err != nil || again.Generation != inst.Generation || again.DesiredPower() != instance.IntentRunning {
+		t.Errorf("start of a running instance: %+v, %v; want the instance unchanged", again, err)
+	}
+	if acts := e.actions(t, created.ID); len(acts) != 2 {
+		t.Errorf("actions %+v after a start of a running instance, want it unrecorded", acts)
 	}
 }
 
@@ -476,6 +488,9 @@ func TestVerbOnAServerThatVanished(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, v := range allVerbs {
+		if v.action == instance.ActionStart {
+			continue // on a running instance a no-op, which needs nothing of the server
+		}
 		inst := e.waitRunning(t, created.ID)
 		eventually.Holds(t, convergeLimit, func() bool { return len(e.servers(t, inst)) == 1 }, "one server")
 		old := e.server(t, inst)
