@@ -152,6 +152,17 @@ func (i *Instance) Failed(message string, final bool, now time.Time) Status {
 	return st
 }
 
+// Unreachable returns the status while the region's host cannot be reached: what was last
+// known of the server stays (nothing is decided from the host's silence), its health is
+// unknown, and the condition says why.
+func (i *Instance) Unreachable(message string, now time.Time) Status {
+	st := i.Status
+	st.Conditions = slices.Clone(i.Status.Conditions)
+	st.HealthStatus = HealthUnknown
+	st.setCondition(Condition{Type: ConditionAvailable, Status: ConditionUnknown, Reason: ReasonRegionUnreachable, Message: message, LastTransitionTime: now})
+	return st
+}
+
 // MarkDeleting returns the instance with its deletion requested at now by who, the status
 // that shows it deprovisioning with the message, and the fields that change. The store write
 // of both is the deletion request; workers then tear the server down.

@@ -168,8 +168,9 @@ func (s *Service) enqueue(ctx context.Context, inst *Instance) {
 }
 
 // internal is the error of a store call that failed. When the store could not be reached
-// (refused or cut connections, timeouts: Redis restarting, a network blip) it is UNAVAILABLE,
-// which tells the caller that retrying later is right; anything else is INTERNAL.
+// (refused or cut connections, timeouts: Redis restarting, a network blip), or said its state
+// passes (ErrStoreUnavailable: loading, a replica, a failover), it is UNAVAILABLE, which tells
+// the caller that retrying later is right; anything else is INTERNAL.
 func internal(op string, err error) error {
 	if unreachable(err) {
 		return &Error{Code: CodeUnavailable, Message: "the store did not answer; retry", Err: fmt.Errorf("%s: %w", op, err)}
@@ -181,5 +182,5 @@ func internal(op string, err error) error {
 func unreachable(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, context.DeadlineExceeded)
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrStoreUnavailable)
 }

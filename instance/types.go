@@ -97,6 +97,9 @@ const (
 	ReasonDependencyNotReady = "DependencyNotReady"
 	// ReasonNoCapacity: the region has no room for the server now; it is tried again.
 	ReasonNoCapacity = "NoCapacity"
+	// ReasonRegionUnreachable: the region's host cannot be reached; the status shows what was
+	// last known, and reconciling resumes when the host is back.
+	ReasonRegionUnreachable = "RegionUnreachable"
 )
 
 // Tag is a user-defined name/value pair on an instance.

@@ -3,6 +3,7 @@ package region
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 )
@@ -122,6 +123,10 @@ var (
 	ErrServerNotFound = errors.New("server not found")
 	// ErrUnavailable: the region failed to answer; retrying may help.
 	ErrUnavailable = errors.New("region unavailable")
+	// ErrUnreachable: the region's host cannot be reached at all (no connection), as opposed
+	// to one call failing. It is also ErrUnavailable. Nothing about its servers is known
+	// until it is back, and nothing is decided from its silence: callers wait and retry.
+	ErrUnreachable = fmt.Errorf("region host cannot be reached: %w", ErrUnavailable)
 	// ErrRefused: the region will not do this to the server in its state (e.g. stop a stopped
 	// server); the wrapping error says why, in words fit for users.
 	ErrRefused = errors.New("refused by the region")

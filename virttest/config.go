@@ -105,6 +105,10 @@ func (h *Host) prepare(sockDir string) (string, error) {
 	// /sys, libvirt would read — and, for bridge settings, write — the attributes of the
 	// machine's devices whenever a name matches one in the namespace. The namespace's own
 	// sysfs has no cgroup mounts, which is why qemu.conf turns cgroups off.
+	// Nor does libvirt see the machine's cgroup mounts, which /proc/mounts would still list
+	// under the new sysfs: it would take cgroups for available, fail to find them under /sys,
+	// and, on reconnecting to a running guest after a restart, kill the guest for it.
+	sc.line(`awk '$3 ~ /^cgroup/ {print $2}' /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done`)
 	sc.line("mount -t sysfs sysfs /sys")
 	sc.line("exec %s --config %s --pid-file %s", quote(h.bins.libvirtd),
 		quote(filepath.Join(h.Dir, "etc", "libvirtd.conf")), quote(filepath.Join(h.Dir, "libvirtd.pid")))

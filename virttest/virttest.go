@@ -125,6 +125,7 @@ type Host struct {
 	mntIno  uint64 // inode of libvirtd's mount namespace, once it is up; 0 before
 	ready   bool   // libvirtd answered, so it may have made domains and networks to destroy
 	sockDir string // set when the sockets live outside Dir because Dir's path is too long
+	script  string // run by sh inside the new mount namespace: mounts, then exec libvirtd
 
 	cmd     *exec.Cmd
 	exited  chan struct{} // closed when libvirtd (our child) has been waited for
@@ -219,14 +220,17 @@ func (h *Host) launch(ctx context.Context) error {
 	h.Socket = filepath.Join(sockDir, "libvirt-sock")
 	h.URI = "qemu:///system?socket=" + strings.ReplaceAll(url.QueryEscape(h.Socket), "%2F", "/")
 
-	script, err := h.prepare(sockDir)
-	if err != nil {
+	if h.script, err = h.prepare(sockDir); err != nil {
 		return err
 	}
 	if err := h.addNamespace(); err != nil {
 		return err
 	}
+	return h.startDaemon(ctx)
+}
 
+// startDaemon starts libvirtd in the host's namespaces and waits until it answers.
+func (h *Host) startDaemon(ctx context.Context) error {
 	logFile, err := os.OpenFile(h.LogPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("virttest: log: %w", err)
@@ -236,9 +240,9 @@ func (h *Host) launch(ctx context.Context) error {
 	// ends by exec'ing libvirtd, so the child's PID is libvirtd's.
 	cmd := exec.Command(h.bins.nsenter, "--net="+h.Namespace(), "--",
 		h.bins.unshare, "--mount", "--propagation", "private", "--",
-		h.bins.sh, "-ec", script)
+		h.bins.sh, "-ec", h.script)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.Dir = dir
+	cmd.Dir = h.Dir
 	// If the test binary dies without running Close, take libvirtd down with it; its guests
 	// and dnsmasq then lose their parent but stay in the namespace, where the next Close of
 	// this process cannot see them — a crash is the one case that can leave something behind.
@@ -246,11 +250,11 @@ func (h *Host) launch(ctx context.Context) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("virttest: start libvirtd: %w", err)
 	}
-	h.cmd = cmd
-	h.exited = make(chan struct{})
+	exited := make(chan struct{})
+	h.cmd, h.exited = cmd, exited
 	go func() {
 		h.waitErr = cmd.Wait()
-		close(h.exited)
+		close(exited)
 	}()
 
 	if err := h.waitReady(ctx); err != nil {
@@ -268,6 +272,32 @@ func (h *Host) launch(ctx context.Context) error {
 	}
 	h.mntIno = ino
 	return nil
+}
+
+// StopDaemon stops libvirtd the way an operator's restart does (SIGTERM, SIGKILL after 10 s),
+// and waits until it has exited. Its guests and dnsmasq keep running, as they do on a real
+// host, and its clients lose their connection. StartDaemon starts it again.
+func (h *Host) StopDaemon() error {
+	if h.cmd == nil || h.hasExited() {
+		return errors.New("virttest: libvirtd is not running")
+	}
+	_ = h.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-h.exited:
+	case <-time.After(10 * time.Second):
+		_ = h.cmd.Process.Kill()
+		<-h.exited
+	}
+	return nil
+}
+
+// StartDaemon starts libvirtd again after StopDaemon, with the same state, configuration and
+// socket, and waits until it answers; it finds the guests that kept running.
+func (h *Host) StartDaemon(ctx context.Context) error {
+	if !h.hasExited() {
+		return errors.New("virttest: libvirtd is still running")
+	}
+	return h.startDaemon(ctx)
 }
 
 // waitReady polls libvirtd until a client can open qemu:///system and call it; polling is
@@ -300,48 +330,76 @@ func (h *Host) waitReady(ctx context.Context) error {
 	}
 }
 
+// pingLimit bounds one ping of a starting daemon.
+const pingLimit = 2 * time.Second
+
+// ping connects and asks libvirtd for its version, within pingLimit. A daemon that is starting
+// accepts connections on its socket before it answers them, and go-libvirt's calls have no
+// deadline (a read deadline would make its reader spin, taking the timeout for a temporary
+// error): cutting the connection is what fails them.
 func (h *Host) ping() error {
-	l, err := h.connect(2 * time.Second)
+	l, done, err := h.connectWithin(pingLimit)
 	if err != nil {
 		return err
 	}
-	defer l.Disconnect()
+	defer done()
 	_, err = l.ConnectGetLibVersion()
 	return err
 }
 
+// connectWithin connects for calls that must be over within limit: past it the connection is
+// cut, which fails whatever call is waiting. done disconnects.
+func (h *Host) connectWithin(limit time.Duration) (l *libvirt.Libvirt, done func(), err error) {
+	d := &socketDialer{path: h.Socket}
+	watchdog := time.AfterFunc(limit, d.close)
+	l = libvirt.NewWithDialer(d)
+	if err := l.ConnectToURI(libvirt.QEMUSystem); err != nil {
+		watchdog.Stop()
+		return nil, nil, fmt.Errorf("virttest: connect to %s: %w", h.Socket, err)
+	}
+	return l, func() { watchdog.Stop(); _ = l.Disconnect() }, nil
+}
+
 // Connect returns a go-libvirt client connected to the host's qemu:///system. The caller
 // disconnects it.
-func (h *Host) Connect() (*libvirt.Libvirt, error) { return h.connect(0) }
-
-// connect dials the socket; a non-zero limit is a deadline on the whole connection, so a
-// daemon that accepts but never answers cannot hang the caller.
-func (h *Host) connect(limit time.Duration) (*libvirt.Libvirt, error) {
-	l := libvirt.NewWithDialer(socketDialer{path: h.Socket, limit: limit})
+func (h *Host) Connect() (*libvirt.Libvirt, error) {
+	l := libvirt.NewWithDialer(&socketDialer{path: h.Socket})
 	if err := l.ConnectToURI(libvirt.QEMUSystem); err != nil {
 		return nil, fmt.Errorf("virttest: connect to %s: %w", h.Socket, err)
 	}
 	return l, nil
 }
 
+// socketDialer dials libvirtd's socket and keeps the connection, so that it can be cut.
 type socketDialer struct {
-	path  string
-	limit time.Duration
+	path   string
+	mu     sync.Mutex
+	conn   net.Conn
+	closed bool
 }
 
-func (d socketDialer) Dial() (net.Conn, error) {
-	timeout := d.limit
-	if timeout == 0 {
-		timeout = 5 * time.Second
-	}
-	c, err := net.DialTimeout("unix", d.path, timeout)
+func (d *socketDialer) Dial() (net.Conn, error) {
+	c, err := net.DialTimeout("unix", d.path, 5*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	if d.limit > 0 {
-		_ = c.SetDeadline(time.Now().Add(d.limit))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		c.Close()
+		return nil, errors.New("virttest: connection cut before it was made")
 	}
+	d.conn = c
 	return c, nil
+}
+
+func (d *socketDialer) close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closed = true
+	if d.conn != nil {
+		d.conn.Close()
+	}
 }
 
 // Namespace returns the path of the host's network namespace, /var/run/netns/<name>, as
@@ -440,11 +498,12 @@ func (h *Host) destroyAll(limit time.Duration) error {
 	if limit <= 0 {
 		return errors.New("virttest: no time left to destroy domains")
 	}
-	l, err := h.connect(limit)
+	// A daemon that stopped answering must not hold Close.
+	l, done, err := h.connectWithin(limit)
 	if err != nil {
 		return err
 	}
-	defer l.Disconnect()
+	defer done()
 	var errs []error
 	doms, _, err := l.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/computeql/computeql/instance"
+	"github.com/computeql/computeql/region"
 )
 
 // Metrics are the worker's counts.
@@ -26,7 +27,7 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "computeql_reconcile_total", Help: "Reconciles by outcome (ok or error).",
+			Name: "computeql_reconcile_total", Help: "Reconciles by outcome (ok, error, or unreachable: the region's host could not be reached).",
 		}, []string{"outcome"}),
 		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "computeql_reconcile_duplicate_servers_total", Help: "Extra servers found for one instance and deleted.",
@@ -65,7 +66,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 func (m *Metrics) reconciled(err error, took time.Duration) {
 	m.duration.Observe(took.Seconds())
 	outcome := "ok"
-	if err != nil {
+	switch {
+	case errors.Is(err, region.ErrUnreachable):
+		outcome = "unreachable"
+	case err != nil:
 		outcome = "error"
 	}
 	m.outcomes.WithLabelValues(outcome).Inc()

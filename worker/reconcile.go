@@ -55,9 +55,13 @@ type Reconciler struct {
 	Yield time.Duration
 	// CapacityRetry is how soon to try again to create a server the region had no room for.
 	CapacityRetry time.Duration
-	Logger        *slog.Logger
-	Now           func() time.Time
-	Metrics       *Metrics
+	// UnreachableRetry is how soon to look again at an instance whose region's host cannot be
+	// reached. The host's return usually wakes it earlier: the region then reports every
+	// server again.
+	UnreachableRetry time.Duration
+	Logger           *slog.Logger
+	Now              func() time.Time
+	Metrics          *Metrics
 }
 
 // SplitKey parses a work-queue key made by instance.Key.
@@ -86,6 +90,14 @@ func (r *Reconciler) Handle(ctx context.Context, t queue.Task) (time.Duration, e
 	again, err := r.reconcile(ctx, inst)
 	took := time.Since(start)
 	r.Metrics.reconciled(err, took)
+	if errors.Is(err, region.ErrUnreachable) {
+		// Not a failure of this instance: it is not counted towards dead-lettering, and
+		// nothing is decided (deleted, recreated, marked ERROR) from the host's silence.
+		r.Logger.WarnContext(ctx, "region host unreachable", "instance", inst.ID, "org", org, "region", inst.RegionID, "err", err)
+		msg := "The host of region " + inst.RegionID + " cannot be reached. The last known state is shown; reconciling resumes when the host is back."
+		_, werr := r.writeStatus(ctx, inst, inst.Unreachable(msg, r.Now()), instance.EventStatusChanged)
+		return r.UnreachableRetry, werr
+	}
 	if err != nil {
 		// The user sees that the region is being difficult; the detail goes to the log.
 		r.Logger.WarnContext(ctx, "reconcile failed", "instance", inst.ID, "org", org, "attempt", t.Attempt, "duration", took, "err", err)

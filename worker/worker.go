@@ -32,6 +32,9 @@ type Options struct {
 	// CapacityRetry is how soon a server the region had no room for is tried again.
 	// Defaults to 15s.
 	CapacityRetry time.Duration
+	// UnreachableRetry is how soon an instance whose region's host cannot be reached is looked
+	// at again. Defaults to 10s; the host's return usually wakes it sooner.
+	UnreachableRetry time.Duration
 	// Servers lists every server of the regions, for the resync's collection of orphans.
 	// Defaults to none: no collection.
 	Servers func(context.Context) ([]region.Server, error)
@@ -72,6 +75,9 @@ func New(opts Options) (*Worker, error) {
 	if opts.CapacityRetry == 0 {
 		opts.CapacityRetry = 15 * time.Second
 	}
+	if opts.UnreachableRetry == 0 {
+		opts.UnreachableRetry = 10 * time.Second
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -85,7 +91,7 @@ func New(opts Options) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	rec := &Reconciler{Store: opts.Store, Region: opts.Region, NetworkExists: opts.NetworkExists, Yield: opts.Yield, CapacityRetry: opts.CapacityRetry, Logger: opts.Logger, Now: opts.Now, Metrics: m}
+	rec := &Reconciler{Store: opts.Store, Region: opts.Region, NetworkExists: opts.NetworkExists, Yield: opts.Yield, CapacityRetry: opts.CapacityRetry, UnreachableRetry: opts.UnreachableRetry, Logger: opts.Logger, Now: opts.Now, Metrics: m}
 	co := opts.Consumer
 	co.Concurrency, co.OnDeadLetter, co.Logger, co.Registerer = opts.Concurrency, rec.MarkFailed, opts.Logger, opts.Registerer
 	var h queue.Handler = rec

@@ -43,6 +43,9 @@ type Options struct {
 	Retry time.Duration
 	// Tick is how often stops past their timeout are forced. Defaults to 1s.
 	Tick time.Duration
+	// ConnectTimeout bounds connecting to the host and reading its state at the start of each
+	// connection; a host that takes longer is dialled again. Defaults to 1m.
+	ConnectTimeout time.Duration
 }
 
 // Driver is a libvirt region. Its methods are safe for concurrent use; Run keeps its
@@ -51,7 +54,9 @@ type Driver struct {
 	opts        Options
 	uri         region.LibvirtURI
 	stopTimeout time.Duration
-	log         *slog.Logger
+	// buildTimeout is how long a guest has to take its address once started.
+	buildTimeout time.Duration
+	log          *slog.Logger
 
 	mu    sync.RWMutex
 	conn  *golibvirt.Libvirt // nil while the host cannot be reached
@@ -72,6 +77,16 @@ type Driver struct {
 	// imports serialises this process's image imports, apart from reservations: an import can
 	// take minutes.
 	imports sync.Mutex
+	// records serialises this process's changes of servers' records.
+	records sync.Mutex
+	// placing serialises this process's capacity checks; pending is what the servers it
+	// admitted and has not defined yet will take of the host.
+	placing sync.Mutex
+	pending placement
+	// unowned are the DHCP reservations (reservation|network|mac) and network filters
+	// (filter|name) that no domain held at a collection pass, with when that was first seen;
+	// only the session's goroutine touches it.
+	unowned map[string]time.Time
 }
 
 var _ region.Client = (*Driver)(nil)
@@ -93,6 +108,10 @@ func New(opts Options) (*Driver, error) {
 	if err != nil || stop <= 0 {
 		return nil, fmt.Errorf("libvirt: region %q: stopTimeout %q is not a positive duration", r.ID, r.Libvirt.StopTimeout)
 	}
+	build, err := time.ParseDuration(r.Libvirt.BuildTimeout)
+	if err != nil || build <= 0 {
+		return nil, fmt.Errorf("libvirt: region %q: buildTimeout %q is not a positive duration", r.ID, r.Libvirt.BuildTimeout)
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -105,15 +124,18 @@ func New(opts Options) (*Driver, error) {
 	if opts.Tick <= 0 {
 		opts.Tick = time.Second
 	}
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = time.Minute
+	}
 	return &Driver{
-		opts: opts, uri: uri, stopTimeout: stop, log: opts.Logger.With("region", r.ID),
-		index: newIndex(), watches: newBroadcaster(),
+		opts: opts, uri: uri, stopTimeout: stop, buildTimeout: build, log: opts.Logger.With("region", r.ID),
+		index: newIndex(), watches: newBroadcaster(), unowned: map[string]time.Time{},
 	}, nil
 }
 
 // errUnreachable is every call's answer while the host cannot be reached.
 func (d *Driver) errUnreachable(op string) error {
-	return fmt.Errorf("%s: libvirt host of region %s cannot be reached: %w", op, d.opts.Region.ID, region.ErrUnavailable)
+	return fmt.Errorf("%s: libvirt host of region %s: %w", op, d.opts.Region.ID, region.ErrUnreachable)
 }
 
 // host returns the connection, or ErrUnavailable while there is none.
@@ -132,8 +154,8 @@ func (d *Driver) Connected() bool {
 	return err == nil
 }
 
-// fault wraps an error of a call to the host: a lost connection is ErrUnavailable, so that
-// callers retry, anything else is the host's refusal or failure as it said it.
+// fault wraps an error of a call to the host: a lost connection is ErrUnreachable, so that
+// callers wait and retry, anything else is the host's refusal or failure as it said it.
 func (d *Driver) fault(op string, err error) error {
 	if err == nil {
 		return nil
@@ -142,7 +164,7 @@ func (d *Driver) fault(op string, err error) error {
 	if errors.As(err, &lerr) {
 		return fmt.Errorf("%s: %w", op, err)
 	}
-	return fmt.Errorf("%s: %v: %w", op, err, region.ErrUnavailable)
+	return fmt.Errorf("%s: %v: %w", op, err, region.ErrUnreachable)
 }
 
 // Run keeps the driver connected to its host until ctx ends: it dials, prepares the storage
@@ -170,6 +192,11 @@ func (d *Driver) Run(ctx context.Context) error {
 // session is one connection's life.
 func (d *Driver) session(parent context.Context) error {
 	dial := &dialer{uri: d.uri}
+	// go-libvirt's calls carry no deadline, and a host that accepts the connection without
+	// answering (a libvirtd still starting, or hung) would hold the connecting calls below for
+	// ever; cutting the connection fails them all. The heartbeat takes over once connected.
+	watchdog := time.AfterFunc(d.opts.ConnectTimeout, dial.close)
+	defer watchdog.Stop()
 	conn := golibvirt.NewWithDialer(dial)
 	if err := conn.ConnectToURI(golibvirt.ConnectURI(d.uri.Name)); err != nil {
 		dial.close()
@@ -247,11 +274,17 @@ func (d *Driver) session(parent context.Context) error {
 		d.mu.Lock()
 		d.conn = nil
 		d.mu.Unlock()
+		// Their owners look again, learn that the host cannot be reached and say so, rather
+		// than showing what was last seen as if it were current.
+		for _, s := range d.index.all() {
+			d.watches.publish(region.Event{Kind: region.ServerUpdated, ServerID: s.id, Scope: s.scope, Tags: s.tags})
+		}
 	}()
 	d.log.InfoContext(ctx, "connected to libvirt host", "uri", d.opts.Region.Libvirt.URI, "domain_type", accel, "servers", len(servers))
 	for _, s := range all {
 		d.watches.publish(region.Event{Kind: region.ServerUpdated, ServerID: s.id, Scope: s.scope, Tags: s.tags})
 	}
+	watchdog.Stop()
 	tick := time.NewTicker(d.opts.Tick)
 	defer tick.Stop()
 	collect := time.NewTicker(orphanAge / 2)
@@ -292,6 +325,20 @@ func (d *Driver) session(parent context.Context) error {
 			if n > 0 {
 				d.log.WarnContext(ctx, "orphaned volumes deleted", "count", n)
 			}
+			n, err = d.collectReservations(conn)
+			if err != nil {
+				d.log.WarnContext(ctx, "collect orphaned DHCP reservations", "err", err)
+			}
+			if n > 0 {
+				d.log.WarnContext(ctx, "orphaned DHCP reservations released", "count", n)
+			}
+			n, err = d.collectFilters(conn)
+			if err != nil {
+				d.log.WarnContext(ctx, "collect orphaned network filters", "err", err)
+			}
+			if n > 0 {
+				d.log.WarnContext(ctx, "orphaned network filters undefined", "count", n)
+			}
 		}
 	}
 }
@@ -319,22 +366,32 @@ func alive(conn *golibvirt.Libvirt) error {
 // dialer reaches the host at its URI's address and keeps the connection, so that a session
 // can cut it when the host stops answering.
 type dialer struct {
-	uri  region.LibvirtURI
-	mu   sync.Mutex
-	conn net.Conn
+	uri    region.LibvirtURI
+	mu     sync.Mutex
+	conn   net.Conn
+	closed bool
 }
 
 func (d *dialer) Dial() (net.Conn, error) {
 	c, err := net.DialTimeout(d.uri.Network, d.uri.Address, heartbeat)
+	if err != nil {
+		return nil, err
+	}
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		c.Close()
+		return nil, errors.New("the connection was cut before it was made")
+	}
 	d.conn = c
-	d.mu.Unlock()
-	return c, err
+	return c, nil
 }
 
+// close cuts the connection, now or as soon as it is made.
 func (d *dialer) close() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.closed = true
 	if d.conn != nil {
 		d.conn.Close()
 	}

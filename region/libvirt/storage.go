@@ -5,15 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
-
-	"github.com/computeql/computeql/region"
 )
 
 // ensurePool returns the region's storage pool, defining, building and starting it as a
@@ -55,48 +52,6 @@ type volume struct {
 	vol    golibvirt.StorageVol
 	path   string
 	format string
-}
-
-// baseVolume returns the image's base volume: the named volume, or the image's file imported
-// into the pool under a name of its own on first use. A missing volume or file is the image's
-// fault, reported as a refusal.
-func (d *Driver) baseVolume(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, img *region.Image) (volume, error) {
-	name := img.Volume
-	if name == "" {
-		name = namePrefix + "image-" + img.ID
-	}
-	// Looked up under the import lock: a volume being uploaded exists before its bytes do,
-	// and an overlay made on it then would back onto half an image.
-	d.imports.Lock()
-	defer d.imports.Unlock()
-	vol, err := conn.StorageVolLookupByName(pool, name)
-	switch {
-	case err == nil:
-		return describe(conn, vol)
-	case !isCode(err, golibvirt.ErrNoStorageVol):
-		return volume{}, fmt.Errorf("look up volume %s: %w", name, err)
-	case img.Volume != "":
-		return volume{}, fmt.Errorf("image %s: volume %q is missing from pool %s: %w", img.ID, img.Volume, d.opts.Region.Libvirt.Pool, region.ErrRefused)
-	}
-	f, err := os.Open(img.File)
-	if err != nil {
-		d.log.Error("an image's file cannot be read", "image", img.ID, "err", err)
-		return volume{}, fmt.Errorf("image %s: its file cannot be read: %w", img.ID, region.ErrRefused)
-	}
-	defer f.Close()
-	info, err := f.Stat()
-	if err != nil {
-		return volume{}, fmt.Errorf("image %s: %w", img.ID, err)
-	}
-	format, err := diskFormat(f)
-	if err != nil {
-		return volume{}, fmt.Errorf("image %s: %w", img.ID, err)
-	}
-	vol, err = d.upload(conn, pool, name, format, f, uint64(info.Size()))
-	if err != nil {
-		return volume{}, fmt.Errorf("import image %s: %w", img.ID, err)
-	}
-	return describe(conn, vol)
 }
 
 // diskFormat tells a qcow2 file by its magic; anything else is taken as raw.

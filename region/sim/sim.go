@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -80,6 +81,8 @@ type Options struct {
 type Sim struct {
 	rdb  redis.UniversalClient
 	opts Options
+	// unreachable makes every call fail as a host that cannot be reached does.
+	unreachable atomic.Bool
 }
 
 var _ region.Client = (*Sim)(nil)
@@ -105,8 +108,15 @@ func New(rdb redis.UniversalClient, opts Options) (*Sim, error) {
 	return &Sim{rdb: rdb, opts: opts}, nil
 }
 
+// SetUnreachable makes the region's host unreachable, or reachable again: while it is, every
+// call fails with region.ErrUnreachable and changes nothing, and servers keep their state.
+func (s *Sim) SetUnreachable(down bool) { s.unreachable.Store(down) }
+
 // call applies the injected faults to one call.
 func (s *Sim) call(ctx context.Context, op string) error {
+	if s.unreachable.Load() {
+		return fmt.Errorf("%s: simulated outage: %w", op, region.ErrUnreachable)
+	}
 	if d := s.opts.Faults.SlowCalls; d > 0 {
 		t := time.NewTimer(d)
 		defer t.Stop()
