@@ -284,6 +284,15 @@ type ComplexityRoot struct {
 		ID        func(childComplexity int) int
 		Name      func(childComplexity int) int
 		NetworkID func(childComplexity int) int
+		Rules     func(childComplexity int) int
+	}
+
+	SecurityGroupRule struct {
+		Direction    func(childComplexity int) int
+		PortMax      func(childComplexity int) int
+		PortMin      func(childComplexity int) int
+		Protocol     func(childComplexity int) int
+		RemotePrefix func(childComplexity int) int
 	}
 
 	SetQuotaPayload struct {
@@ -1419,6 +1428,43 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.SecurityGroup.NetworkID(childComplexity), true
+	case "SecurityGroup.rules":
+		if e.ComplexityRoot.SecurityGroup.Rules == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SecurityGroup.Rules(childComplexity), true
+
+	case "SecurityGroupRule.direction":
+		if e.ComplexityRoot.SecurityGroupRule.Direction == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SecurityGroupRule.Direction(childComplexity), true
+	case "SecurityGroupRule.portMax":
+		if e.ComplexityRoot.SecurityGroupRule.PortMax == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SecurityGroupRule.PortMax(childComplexity), true
+	case "SecurityGroupRule.portMin":
+		if e.ComplexityRoot.SecurityGroupRule.PortMin == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SecurityGroupRule.PortMin(childComplexity), true
+	case "SecurityGroupRule.protocol":
+		if e.ComplexityRoot.SecurityGroupRule.Protocol == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SecurityGroupRule.Protocol(childComplexity), true
+	case "SecurityGroupRule.remotePrefix":
+		if e.ComplexityRoot.SecurityGroupRule.RemotePrefix == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SecurityGroupRule.RemotePrefix(childComplexity), true
 
 	case "SetQuotaPayload.quota":
 		if e.ComplexityRoot.SetQuotaPayload.Quota == nil {
@@ -1753,6 +1799,38 @@ type SecurityGroup {
   id: ID!
   name: String!
   networkId: ID!
+  """
+  What the group lets through. An instance is reachable only as the rules of its groups allow
+  (and by replies to its own connections); it may send anything while none of its groups has
+  an EGRESS rule, and only what those rules allow once one does.
+  """
+  rules: [SecurityGroupRule!]!
+}
+
+"One kind of traffic a security group lets through."
+type SecurityGroupRule {
+  direction: RuleDirection!
+  protocol: RuleProtocol!
+  "Lowest destination port of TCP or UDP traffic; 0 (with portMax 0) for every port."
+  portMin: Int!
+  "Highest destination port of TCP or UDP traffic; 0 (with portMin 0) for every port."
+  portMax: Int!
+  "The IPv4 prefix of the other end; 0.0.0.0/0 is anywhere."
+  remotePrefix: String!
+}
+
+enum RuleDirection {
+  "To the instance."
+  INGRESS
+  "From the instance."
+  EGRESS
+}
+
+enum RuleProtocol {
+  TCP
+  UDP
+  ICMP
+  ANY
 }
 
 type SSHCertificateAuthority {
@@ -2612,8 +2690,26 @@ func (ec *executionContext) childFields_SecurityGroup(ctx context.Context, field
 		return ec.fieldContext_SecurityGroup_name(ctx, field)
 	case "networkId":
 		return ec.fieldContext_SecurityGroup_networkId(ctx, field)
+	case "rules":
+		return ec.fieldContext_SecurityGroup_rules(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type SecurityGroup", field.Name)
+}
+
+func (ec *executionContext) childFields_SecurityGroupRule(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "direction":
+		return ec.fieldContext_SecurityGroupRule_direction(ctx, field)
+	case "protocol":
+		return ec.fieldContext_SecurityGroupRule_protocol(ctx, field)
+	case "portMin":
+		return ec.fieldContext_SecurityGroupRule_portMin(ctx, field)
+	case "portMax":
+		return ec.fieldContext_SecurityGroupRule_portMax(ctx, field)
+	case "remotePrefix":
+		return ec.fieldContext_SecurityGroupRule_remotePrefix(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type SecurityGroupRule", field.Name)
 }
 
 func (ec *executionContext) childFields_SetQuotaPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -7385,6 +7481,153 @@ func (ec *executionContext) fieldContext_SecurityGroup_networkId(_ context.Conte
 	return graphql.NewScalarFieldContext("SecurityGroup", field, false, false, errors.New("field of type ID does not have child fields"))
 }
 
+func (ec *executionContext) _SecurityGroup_rules(ctx context.Context, field graphql.CollectedField, obj *region.SecurityGroup) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SecurityGroup_rules(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Rules, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []region.SecurityGroupRule) graphql.Marshaler {
+			return ec.marshalNSecurityGroupRule2ᚕgithubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐSecurityGroupRuleᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SecurityGroup_rules(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "SecurityGroup",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_SecurityGroupRule(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _SecurityGroupRule_direction(ctx context.Context, field graphql.CollectedField, obj *region.SecurityGroupRule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SecurityGroupRule_direction(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Direction, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v region.RuleDirection) graphql.Marshaler {
+			return ec.marshalNRuleDirection2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐRuleDirection(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SecurityGroupRule_direction(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("SecurityGroupRule", field, false, false, errors.New("field of type RuleDirection does not have child fields"))
+}
+
+func (ec *executionContext) _SecurityGroupRule_protocol(ctx context.Context, field graphql.CollectedField, obj *region.SecurityGroupRule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SecurityGroupRule_protocol(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Protocol, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v region.RuleProtocol) graphql.Marshaler {
+			return ec.marshalNRuleProtocol2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐRuleProtocol(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SecurityGroupRule_protocol(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("SecurityGroupRule", field, false, false, errors.New("field of type RuleProtocol does not have child fields"))
+}
+
+func (ec *executionContext) _SecurityGroupRule_portMin(ctx context.Context, field graphql.CollectedField, obj *region.SecurityGroupRule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SecurityGroupRule_portMin(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PortMin, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SecurityGroupRule_portMin(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("SecurityGroupRule", field, false, false, errors.New("field of type Int does not have child fields"))
+}
+
+func (ec *executionContext) _SecurityGroupRule_portMax(ctx context.Context, field graphql.CollectedField, obj *region.SecurityGroupRule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SecurityGroupRule_portMax(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PortMax, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SecurityGroupRule_portMax(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("SecurityGroupRule", field, false, false, errors.New("field of type Int does not have child fields"))
+}
+
+func (ec *executionContext) _SecurityGroupRule_remotePrefix(ctx context.Context, field graphql.CollectedField, obj *region.SecurityGroupRule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SecurityGroupRule_remotePrefix(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RemotePrefix, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SecurityGroupRule_remotePrefix(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("SecurityGroupRule", field, false, false, errors.New("field of type String does not have child fields"))
+}
+
 func (ec *executionContext) _SetQuotaPayload_quota(ctx context.Context, field graphql.CollectedField, obj *model.SetQuotaPayload) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -12026,6 +12269,69 @@ func (ec *executionContext) _SecurityGroup(ctx context.Context, sel ast.Selectio
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "rules":
+			out.Values[i] = ec._SecurityGroup_rules(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
+
+	ec.ProcessDeferredGroup(graphql.DeferredGroup{
+		Defers:   deferLabelToView,
+		Path:     graphql.GetPath(ctx),
+		FieldSet: deferredFieldSet,
+		Context:  ctx,
+	})
+
+	return out
+}
+
+var securityGroupRuleImplementors = []string{"SecurityGroupRule"}
+
+func (ec *executionContext) _SecurityGroupRule(ctx context.Context, sel ast.SelectionSet, obj *region.SecurityGroupRule) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, securityGroupRuleImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferredFieldSet := graphql.NewFieldSet(nil)
+	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("SecurityGroupRule")
+		case "direction":
+			out.Values[i] = ec._SecurityGroupRule_direction(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "protocol":
+			out.Values[i] = ec._SecurityGroupRule_protocol(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "portMin":
+			out.Values[i] = ec._SecurityGroupRule_portMin(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "portMax":
+			out.Values[i] = ec._SecurityGroupRule_portMax(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "remotePrefix":
+			out.Values[i] = ec._SecurityGroupRule_remotePrefix(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -13451,6 +13757,66 @@ var (
 	}
 )
 
+func (ec *executionContext) unmarshalNRuleDirection2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐRuleDirection(ctx context.Context, v any) (region.RuleDirection, error) {
+	tmp, err := graphql.UnmarshalString(v)
+	res := unmarshalNRuleDirection2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐRuleDirection[tmp]
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNRuleDirection2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐRuleDirection(ctx context.Context, sel ast.SelectionSet, v region.RuleDirection) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalString(marshalNRuleDirection2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐRuleDirection[v])
+	if res == graphql.Null {
+		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
+			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
+		}
+	}
+	return res
+}
+
+var (
+	unmarshalNRuleDirection2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐRuleDirection = map[string]region.RuleDirection{
+		"INGRESS": region.DirectionIngress,
+		"EGRESS":  region.DirectionEgress,
+	}
+	marshalNRuleDirection2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐRuleDirection = map[region.RuleDirection]string{
+		region.DirectionIngress: "INGRESS",
+		region.DirectionEgress:  "EGRESS",
+	}
+)
+
+func (ec *executionContext) unmarshalNRuleProtocol2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐRuleProtocol(ctx context.Context, v any) (region.RuleProtocol, error) {
+	tmp, err := graphql.UnmarshalString(v)
+	res := unmarshalNRuleProtocol2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐRuleProtocol[tmp]
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNRuleProtocol2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐRuleProtocol(ctx context.Context, sel ast.SelectionSet, v region.RuleProtocol) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalString(marshalNRuleProtocol2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐRuleProtocol[v])
+	if res == graphql.Null {
+		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
+			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
+		}
+	}
+	return res
+}
+
+var (
+	unmarshalNRuleProtocol2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐRuleProtocol = map[string]region.RuleProtocol{
+		"TCP":  region.ProtocolTCP,
+		"UDP":  region.ProtocolUDP,
+		"ICMP": region.ProtocolICMP,
+		"ANY":  region.ProtocolAny,
+	}
+	marshalNRuleProtocol2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐRuleProtocol = map[region.RuleProtocol]string{
+		region.ProtocolTCP:  "TCP",
+		region.ProtocolUDP:  "UDP",
+		region.ProtocolICMP: "ICMP",
+		region.ProtocolAny:  "ANY",
+	}
+)
+
 func (ec *executionContext) marshalNSSHCertificateAuthority2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐSSHCertificateAuthority(ctx context.Context, sel ast.SelectionSet, v region.SSHCertificateAuthority) graphql.Marshaler {
 	return ec._SSHCertificateAuthority(ctx, sel, &v)
 }
@@ -13490,6 +13856,26 @@ func (ec *executionContext) marshalNSecurityGroup2ᚕgithubᚗcomᚋcomputeqlᚋ
 		fc := graphql.GetFieldContext(ctx)
 		fc.Result = &v[i]
 		return ec.marshalNSecurityGroup2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐSecurityGroup(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNSecurityGroupRule2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐSecurityGroupRule(ctx context.Context, sel ast.SelectionSet, v region.SecurityGroupRule) graphql.Marshaler {
+	return ec._SecurityGroupRule(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNSecurityGroupRule2ᚕgithubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐSecurityGroupRuleᚄ(ctx context.Context, sel ast.SelectionSet, v []region.SecurityGroupRule) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNSecurityGroupRule2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐSecurityGroupRule(ctx, sel, v[i])
 	})
 
 	for _, e := range ret {

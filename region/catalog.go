@@ -76,6 +76,9 @@ type LibvirtRegion struct {
 	// StopTimeout is how long a graceful stop waits for the guest to power off after the ACPI
 	// power button before it is forced off, as a Go duration. Defaults to 60s.
 	StopTimeout string `json:"stopTimeout,omitempty"`
+	// BuildTimeout is how long a new server's guest has to take its network address after
+	// the domain started before the server shows ERROR, as a Go duration. Defaults to 10m.
+	BuildTimeout string `json:"buildTimeout,omitempty"`
 }
 
 // Libvirt acceleration modes.
@@ -136,7 +139,44 @@ type SecurityGroup struct {
 	ID        string `json:"id"`
 	Name      string `json:"name"`
 	NetworkID string `json:"networkId"`
+	// Rules say what traffic the group lets through. An instance's guest is reachable only
+	// as the rules of its groups allow (and by replies to its own connections); it may send
+	// anything while none of its groups has an egress rule, and only what those rules allow
+	// once one does.
+	Rules []SecurityGroupRule `json:"rules,omitempty"`
 }
+
+// SecurityGroupRule lets one kind of traffic through.
+type SecurityGroupRule struct {
+	Direction RuleDirection `json:"direction"`
+	Protocol  RuleProtocol  `json:"protocol"`
+	// PortMin and PortMax bound the destination ports of tcp and udp; both 0 means every port.
+	PortMin int `json:"portMin,omitempty"`
+	PortMax int `json:"portMax,omitempty"`
+	// RemotePrefix is the IPv4 prefix of the other end, in canonical form. Defaults to
+	// 0.0.0.0/0: anywhere.
+	RemotePrefix string `json:"remotePrefix,omitempty"`
+}
+
+// RuleDirection is which way a rule lets traffic through.
+type RuleDirection string
+
+// Rule directions.
+const (
+	DirectionIngress RuleDirection = "ingress" // to the instance
+	DirectionEgress  RuleDirection = "egress"  // from the instance
+)
+
+// RuleProtocol is the IP protocol a rule lets through.
+type RuleProtocol string
+
+// Rule protocols.
+const (
+	ProtocolTCP  RuleProtocol = "tcp"
+	ProtocolUDP  RuleProtocol = "udp"
+	ProtocolICMP RuleProtocol = "icmp"
+	ProtocolAny  RuleProtocol = "any"
+)
 
 // SSHCertificateAuthority signs SSH user certificates for one organization and project.
 type SSHCertificateAuthority struct {

@@ -28,16 +28,16 @@ func TestLibvirtRegionDefaults(t *testing.T) {
 		{"sim named", `{"id": "eu", "name": "EU", "driver": "sim"}`, Region{ID: "eu", Name: "EU", Driver: DriverSim}},
 		{"libvirt with only a uri", `{"id": "eu", "name": "EU", "driver": "libvirt", "libvirt": {"uri": "qemu:///system"}}`,
 			Region{ID: "eu", Name: "EU", Driver: DriverLibvirt, Libvirt: &LibvirtRegion{
-				URI: "qemu:///system", Pool: "computeql", PoolPath: "/var/lib/libvirt/images/computeql", Accel: AccelAuto, StopTimeout: "60s",
+				URI: "qemu:///system", Pool: "computeql", PoolPath: "/var/lib/libvirt/images/computeql", Accel: AccelAuto, StopTimeout: "60s", BuildTimeout: "10m",
 			}}},
 		{"libvirt pool path follows the pool", `{"id": "eu", "name": "EU", "driver": "libvirt", "libvirt": {"uri": "qemu:///system", "pool": "fast"}}`,
 			Region{ID: "eu", Name: "EU", Driver: DriverLibvirt, Libvirt: &LibvirtRegion{
-				URI: "qemu:///system", Pool: "fast", PoolPath: "/var/lib/libvirt/images/fast", Accel: AccelAuto, StopTimeout: "60s",
+				URI: "qemu:///system", Pool: "fast", PoolPath: "/var/lib/libvirt/images/fast", Accel: AccelAuto, StopTimeout: "60s", BuildTimeout: "10m",
 			}}},
 		{"libvirt settings given are kept", `{"id": "eu", "name": "EU", "driver": "libvirt", "libvirt": {"uri": "qemu+tcp://host/system",
-			"pool": "p", "poolPath": "/data/p", "accel": "tcg", "stopTimeout": "2m30s"}}`,
+			"pool": "p", "poolPath": "/data/p", "accel": "tcg", "stopTimeout": "2m30s", "buildTimeout": "20m"}}`,
 			Region{ID: "eu", Name: "EU", Driver: DriverLibvirt, Libvirt: &LibvirtRegion{
-				URI: "qemu+tcp://host/system", Pool: "p", PoolPath: "/data/p", Accel: AccelTCG, StopTimeout: "2m30s",
+				URI: "qemu+tcp://host/system", Pool: "p", PoolPath: "/data/p", Accel: AccelTCG, StopTimeout: "2m30s", BuildTimeout: "20m",
 			}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -94,6 +94,10 @@ func TestLibvirtParseRefuses(t *testing.T) {
 			eu + `libvirt: stopTimeout "0s" is not a positive duration such as 60s`},
 		{"negative stopTimeout", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.StopTimeout = "-5s" }),
 			eu + `libvirt: stopTimeout "-5s" is not a positive duration such as 60s`},
+		{"buildTimeout not a duration", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.BuildTimeout = "ten minutes" }),
+			eu + `libvirt: buildTimeout "ten minutes" is not a positive duration such as 10m`},
+		{"zero buildTimeout", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.BuildTimeout = "0" }),
+			eu + `libvirt: buildTimeout "0" is not a positive duration such as 10m`},
 		{"relative poolPath", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.PoolPath = "images/computeql" }),
 			eu + `libvirt: poolPath "images/computeql" is not an absolute path`},
 		{"pool with a space", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.Pool = "my pool" }),
@@ -148,6 +152,7 @@ func TestLibvirtParseAccepts(t *testing.T) {
 		{"tcg", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.Accel = AccelTCG })},
 		{"auto named", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.Accel = AccelAuto })},
 		{"sub-second stopTimeout", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.StopTimeout = "500ms" })},
+		{"hour-long buildTimeout", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.BuildTimeout = "1h" })},
 		{"socket uri", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.URI = "qemu+unix:///system?socket=/run/libvirt/libvirt-sock" })},
 		{"tcp uri", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.URI = "qemu+tcp://kvm1.example:16510/system" })},
 		{"pool with dots, dashes and underscores", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.Pool = "Pool_1.a-b" })},
@@ -283,5 +288,19 @@ func TestRegionOffers(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The README's example catalogue of a libvirt region loads as it is.
+func TestExampleLibvirtCatalogLoads(t *testing.T) {
+	c, err := Load("../docs/libvirt/catalog.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lab, ok := c.Region("lab"); !ok || lab.Driver != DriverLibvirt {
+		t.Errorf("region lab: %+v, want a libvirt region", lab)
+	}
+	if sg, ok := c.SecurityGroup("lab-web"); !ok || len(sg.Rules) != 2 {
+		t.Errorf("security group lab-web: %+v, want its two rules", sg)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -210,6 +211,9 @@ func (c *Catalog) applyDefaults() {
 			if l.StopTimeout == "" {
 				l.StopTimeout = "60s"
 			}
+			if l.BuildTimeout == "" {
+				l.BuildTimeout = "10m"
+			}
 		}
 	}
 	for i := range c.Organizations {
@@ -289,6 +293,9 @@ func (c *Catalog) validate() error {
 		if _, ok := c.networkIdx[sg.NetworkID]; !ok {
 			p.add(entry("securityGroups", i, sg.ID), "unknown network %q", sg.NetworkID)
 		}
+		for j := range sg.Rules {
+			validateRule(&p, fmt.Sprintf("%s rules[%d]", entry("securityGroups", i, sg.ID), j), &sg.Rules[j])
+		}
 	}
 	for i := range c.SSHCertificateAuthorities {
 		ca := &c.SSHCertificateAuthorities[i]
@@ -306,6 +313,38 @@ func (c *Catalog) validate() error {
 	}
 
 	return errors.Join(p...)
+}
+
+// validateRule checks a security group rule and puts its remote prefix in canonical form.
+func validateRule(p *problems, e string, r *SecurityGroupRule) {
+	switch r.Direction {
+	case DirectionIngress, DirectionEgress:
+	default:
+		p.add(e, "direction %q is not ingress or egress", r.Direction)
+	}
+	switch r.Protocol {
+	case ProtocolTCP, ProtocolUDP:
+		switch {
+		case r.PortMin == 0 && r.PortMax == 0:
+		case r.PortMin < 1 || r.PortMax > 65535 || r.PortMin > r.PortMax:
+			p.add(e, "ports %d-%d are not a range within 1-65535", r.PortMin, r.PortMax)
+		}
+	case ProtocolICMP, ProtocolAny:
+		if r.PortMin != 0 || r.PortMax != 0 {
+			p.add(e, "protocol %s has no ports", r.Protocol)
+		}
+	default:
+		p.add(e, "protocol %q is not tcp, udp, icmp or any", r.Protocol)
+	}
+	if r.RemotePrefix == "" {
+		r.RemotePrefix = "0.0.0.0/0"
+	}
+	prefix, err := netip.ParsePrefix(r.RemotePrefix)
+	if err != nil || !prefix.Addr().Is4() {
+		p.add(e, "remotePrefix %q is not an IPv4 prefix such as 10.0.0.0/8", r.RemotePrefix)
+		return
+	}
+	r.RemotePrefix = prefix.Masked().String()
 }
 
 // volumeName is what a libvirt pool accepts as a volume name without surprises.
@@ -340,6 +379,9 @@ func validateRegion(p *problems, i int, r *Region) {
 		}
 		if d, err := time.ParseDuration(l.StopTimeout); err != nil || d <= 0 {
 			p.add(e, "libvirt: stopTimeout %q is not a positive duration such as 60s", l.StopTimeout)
+		}
+		if d, err := time.ParseDuration(l.BuildTimeout); err != nil || d <= 0 {
+			p.add(e, "libvirt: buildTimeout %q is not a positive duration such as 10m", l.BuildTimeout)
 		}
 	default:
 		p.add(e, "unknown driver %q (want sim or libvirt)", r.Driver)

@@ -154,6 +154,22 @@ func TestParseRefuses(t *testing.T) {
 		// security groups
 		{"security group on unknown network", func(c *Catalog) { c.SecurityGroups[0].NetworkID = "net-z" },
 			`securityGroups[0] "sg-a": unknown network "net-z"`},
+		{"rule with no direction", rule(SecurityGroupRule{Protocol: "tcp"}),
+			`securityGroups[0] "sg-a" rules[0]: direction "" is not ingress or egress`},
+		{"rule with a made-up protocol", rule(SecurityGroupRule{Direction: "ingress", Protocol: "sctp"}),
+			`securityGroups[0] "sg-a" rules[0]: protocol "sctp" is not tcp, udp, icmp or any`},
+		{"tcp ports reversed", rule(SecurityGroupRule{Direction: "ingress", Protocol: "tcp", PortMin: 90, PortMax: 80}),
+			`securityGroups[0] "sg-a" rules[0]: ports 90-80 are not a range within 1-65535`},
+		{"udp port above 65535", rule(SecurityGroupRule{Direction: "ingress", Protocol: "udp", PortMin: 1, PortMax: 70000}),
+			`securityGroups[0] "sg-a" rules[0]: ports 1-70000 are not a range within 1-65535`},
+		{"only a lower port", rule(SecurityGroupRule{Direction: "ingress", Protocol: "tcp", PortMin: 22}),
+			`securityGroups[0] "sg-a" rules[0]: ports 22-0 are not a range within 1-65535`},
+		{"icmp with ports", rule(SecurityGroupRule{Direction: "egress", Protocol: "icmp", PortMin: 1, PortMax: 1}),
+			`securityGroups[0] "sg-a" rules[0]: protocol icmp has no ports`},
+		{"remote prefix not a prefix", rule(SecurityGroupRule{Direction: "ingress", Protocol: "any", RemotePrefix: "10.0.0.1"}),
+			`securityGroups[0] "sg-a" rules[0]: remotePrefix "10.0.0.1" is not an IPv4 prefix such as 10.0.0.0/8`},
+		{"IPv6 remote prefix", rule(SecurityGroupRule{Direction: "ingress", Protocol: "any", RemotePrefix: "::/0"}),
+			`securityGroups[0] "sg-a" rules[0]: remotePrefix "::/0" is not an IPv4 prefix such as 10.0.0.0/8`},
 
 		// SSH CAs
 		{"CA with unknown organization", func(c *Catalog) { c.SSHCertificateAuthorities[0].OrganizationID = "initech" },
@@ -216,6 +232,27 @@ func TestParseRefuses(t *testing.T) {
 	}
 }
 
+// rule gives the first security group one rule.
+func rule(r SecurityGroupRule) func(*Catalog) {
+	return func(c *Catalog) { c.SecurityGroups[0].Rules = []SecurityGroupRule{r} }
+}
+
+// A rule's remote prefix is kept in canonical form, and anywhere when none is given.
+func TestParseCanonicalisesRemotePrefixes(t *testing.T) {
+	c, err := parseModified(t, func(c *Catalog) {
+		c.SecurityGroups[0].Rules = []SecurityGroupRule{
+			{Direction: "ingress", Protocol: "tcp", PortMin: 80, PortMax: 80, RemotePrefix: "192.0.2.77/24"},
+			{Direction: "egress", Protocol: "any"},
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := []string{c.SecurityGroups[0].Rules[0].RemotePrefix, c.SecurityGroups[0].Rules[1].RemotePrefix}; got[0] != "192.0.2.0/24" || got[1] != "0.0.0.0/0" {
+		t.Errorf("remote prefixes %v, want [192.0.2.0/24 0.0.0.0/0]", got)
+	}
+}
+
 func TestParseAccepts(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -242,6 +279,15 @@ func TestParseAccepts(t *testing.T) {
 		}},
 		{"/8 prefix", func(c *Catalog) { c.Networks[0].Prefix = netip.MustParsePrefix("10.0.0.0/8") }},
 		{"/30 prefix", func(c *Catalog) { c.Networks[0].Prefix = netip.MustParsePrefix("10.0.0.4/30") }},
+		{"rules of every kind", func(c *Catalog) {
+			c.SecurityGroups[0].Rules = []SecurityGroupRule{
+				{Direction: "ingress", Protocol: "tcp", PortMin: 22, PortMax: 22, RemotePrefix: "192.0.2.0/24"},
+				{Direction: "ingress", Protocol: "udp", PortMin: 1, PortMax: 65535},
+				{Direction: "ingress", Protocol: "tcp"},
+				{Direction: "egress", Protocol: "icmp"},
+				{Direction: "egress", Protocol: "any", RemotePrefix: "0.0.0.0/0"},
+			}
+		}},
 		{"second security group on a network", func(c *Catalog) {
 			c.SecurityGroups = append(c.SecurityGroups, SecurityGroup{ID: "sg-b", Name: "web", NetworkID: "net-a"})
 		}},

@@ -12,6 +12,7 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"github.com/google/uuid"
 
+	"github.com/computeql/computeql/e2e/harness"
 	"github.com/computeql/computeql/virttest"
 )
 
@@ -30,7 +31,9 @@ const (
 // it through GraphQL and one subscriber sees it, and checks at every step what really
 // happened: the guest answers HTTP with its identity and its user data's work, each boot is a
 // new one (the user data records the kernel's boot id), a stop powers the guest off through
-// its ACPI button, a server destroyed behind the region's back is recreated, and a delete
+// its ACPI button, a libvirtd outage is waited out (the instance says so, verbs answer
+// UNAVAILABLE, the guest runs on untouched), a server destroyed behind the region's back is
+// recreated, and a delete
 // leaves nothing on the host and no quota in use.
 func TestLibvirtLifecycle(t *testing.T) {
 	t.Parallel()
@@ -49,7 +52,9 @@ func TestLibvirtLifecycle(t *testing.T) {
 
 	// The user data runs once per boot: it proves it ran, and which boot the guest is in.
 	token := randomToken("user-data-")
-	script := "#!/bin/sh\necho " + token + " >/www/user-data.txt\ncat /proc/sys/kernel/random/boot_id >/www/boot-id.txt\n"
+	// Each file is written aside and renamed, so the test never reads one half-written.
+	script := "#!/bin/sh\necho " + token + " >/www/user-data.tmp && mv /www/user-data.tmp /www/user-data.txt\n" +
+		"cat /proc/sys/kernel/random/boot_id >/www/boot-id.tmp && mv /www/boot-id.tmp /www/boot-id.txt\n"
 	const name = "virt-life"
 	id := lab.mustCreate(ctx, t, map[string]any{"name": name, "flavorId": "tiny", "imageId": "busybox",
 		"userData": base64.StdEncoding.EncodeToString([]byte(script))})
@@ -105,6 +110,42 @@ func TestLibvirtLifecycle(t *testing.T) {
 			clock.step("rebooted (hard=%v): boot %s, RUNNING", r.hard, boot)
 		})
 	}
+
+	step(t, "a host outage is waited out", func(t *testing.T) {
+		if err := host.StopDaemon(); err != nil {
+			t.Fatal(err)
+		}
+		clock.step("libvirtd stopped")
+		f.until(t, stepLimit, name+" saying its region is unreachable", of(id, func(ev event) bool {
+			st := ev.Instance.Status
+			return hasReason(ev.Instance, "RegionUnreachable") && st.HealthStatus == "UNKNOWN" &&
+				st.ProvisioningStatus == "PROVISIONED" && st.PowerState == "RUNNING" && st.PrivateIP == ip
+		}))
+		clock.step("the instance says its region is unreachable, its last known state kept")
+		var errs harness.Errors
+		if err := lab.tryVerb(ctx, "stopInstance", id, nil); !errors.As(err, &errs) || errs[0].Code() != "UNAVAILABLE" {
+			t.Fatalf("stopInstance while libvirtd is down: %v, want UNAVAILABLE", err)
+		}
+		// The guest does not depend on libvirtd: it keeps running the same boot.
+		if got, err := httpGet(ctx, host, ip, "/boot-id.txt"); err != nil || strings.TrimSpace(got) != boot {
+			t.Fatalf("the guest while libvirtd is down: boot %q, %v; want it still up in boot %s", got, err, boot)
+		}
+		if err := host.StartDaemon(ctx); err != nil {
+			t.Fatal(err)
+		}
+		lv.connect(t, host)
+		clock.step("libvirtd started again")
+		f.until(t, stepLimit, name+" RUNNING and HEALTHY again", of(id, func(ev event) bool {
+			return ev.Instance.running() && ev.Instance.Status.HealthStatus == "HEALTHY" && hasReason(ev.Instance, "Provisioned")
+		}))
+		if got := lab.get(ctx, t, id); got.Status.PrivateIP != ip || !strings.EqualFold(got.Status.MACAddress, mac) {
+			t.Errorf("after the outage: %s; want the same server at %s, %s", got, ip, mac)
+		}
+		if got, err := httpGet(ctx, host, ip, "/boot-id.txt"); err != nil || strings.TrimSpace(got) != boot {
+			t.Errorf("the guest after the outage: boot %q, %v; want the same boot %s, never restarted", got, err, boot)
+		}
+		clock.step("reconciling resumed on the same server")
+	})
 
 	// A host that loses a domain: destroyed and undefined without the region knowing.
 	lost, ok := lv.domainByMAC(t, mac)

@@ -83,7 +83,7 @@ func imagePaths(t *testing.T, image string, files ...string) []string {
 
 // catalogue is what a test puts in its catalogue besides the region, organization and network.
 type catalogue struct {
-	flavors, images, cas []map[string]any
+	flavors, images, cas, securityGroups []map[string]any
 }
 
 // writeCatalog writes the catalogue of a libvirt region "lab" on the host to a file for the
@@ -102,7 +102,7 @@ func writeCatalog(t *testing.T, host *virttest.Host, c catalogue) string {
 			"quota": map[string]any{"servers": 10, "gpus": 8, "publicIPs": 2, "cpus": 64, "memoryGiB": 8192}}},
 		"networks": []any{map[string]any{"id": networkID, "name": "web", "organizationId": org, "projectId": project,
 			"region": "lab", "prefix": prefix}},
-		"securityGroups":            []any{},
+		"securityGroups":            orEmpty(c.securityGroups),
 		"sshCertificateAuthorities": orEmpty(c.cas),
 		"flavors":                   orEmpty(c.flavors),
 		"images":                    orEmpty(c.images),
@@ -218,6 +218,14 @@ func (l *lab) mustCreate(ctx context.Context, t *testing.T, in map[string]any) s
 // error.
 func (l *lab) verb(ctx context.Context, t *testing.T, mutation, id string, extra map[string]any) {
 	t.Helper()
+	if err := l.tryVerb(ctx, mutation, id, extra); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tryVerb is verb returning the error: the response's top-level errors (harness.Errors), or
+// its userErrors.
+func (l *lab) tryVerb(ctx context.Context, mutation, id string, extra map[string]any) error {
 	in := map[string]any{"id": id}
 	for k, v := range extra {
 		in[k] = v
@@ -228,11 +236,12 @@ func (l *lab) verb(ctx context.Context, t *testing.T, mutation, id string, extra
 	}
 	q := fmt.Sprintf(`mutation($in: %s!) { %s(input: $in) { userErrors { field code message } } }`, inputType, mutation)
 	if err := l.client.Do(ctx, q, map[string]any{"in": in}, &data); err != nil {
-		t.Fatalf("%s %s: %v", mutation, id, err)
+		return fmt.Errorf("%s %s: %w", mutation, id, err)
 	}
 	if errs := data[mutation].UserErrors; len(errs) > 0 {
-		t.Fatalf("%s %s: userErrors %+v", mutation, id, errs)
+		return fmt.Errorf("%s %s: userErrors %+v", mutation, id, errs)
 	}
+	return nil
 }
 
 // instance is what the tests read of an instance, in queries and events alike.
@@ -458,12 +467,25 @@ type inspector struct {
 
 func inspect(t *testing.T, host *virttest.Host) *inspector {
 	t.Helper()
+	in := &inspector{}
+	in.connect(t, host)
+	t.Cleanup(func() { _ = in.l.Disconnect() })
+	return in
+}
+
+// connect (re)connects the inspector, as after libvirtd was restarted.
+func (in *inspector) connect(t *testing.T, host *virttest.Host) {
+	t.Helper()
 	l, err := host.Connect()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = l.Disconnect() })
-	return &inspector{l: l}
+	if old := in.l; old != nil {
+		// Not waited for: after a restart the old connection's daemon is gone, and
+		// go-libvirt's Disconnect waits for its answer to the goodbye for ever.
+		go func() { _ = old.Disconnect() }()
+	}
+	in.l = l
 }
 
 // domains returns the host's domains made by computeql, defined or running.

@@ -45,7 +45,21 @@ func busybox(t testing.TB) (kernel, initrd string) {
 
 // labCatalog is a libvirt region on the host with one network, a tiny flavor, the busybox
 // guest and an SSH certificate authority for the project.
-func labCatalog(t testing.TB, host *virttest.Host, kernel, initrd string) *region.Catalog {
+// more is what a test adds to the lab catalogue: JSON objects of flavors and images, and the
+// region's buildTimeout.
+type more struct {
+	flavors, images []string
+	buildTimeout    string
+}
+
+func labCatalog(t testing.TB, host *virttest.Host, kernel, initrd string, add ...more) *region.Catalog {
+	var m more
+	if len(add) > 0 {
+		m = add[0]
+	}
+	if m.buildTimeout == "" {
+		m.buildTimeout = "10m"
+	}
 	caPub, _, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -56,21 +70,30 @@ func labCatalog(t testing.TB, host *virttest.Host, kernel, initrd string) *regio
 	}
 	doc := fmt.Sprintf(`{
   "regions": [{"id": "lab", "name": "Lab", "driver": "libvirt",
-    "libvirt": {"uri": %q, "poolPath": %q, "accel": "tcg", "stopTimeout": "20s"}}],
+    "libvirt": {"uri": %q, "poolPath": %q, "accel": "tcg", "stopTimeout": "20s", "buildTimeout": %q}}],
   "organizations": [{"id": "acme", "name": "Acme", "projects": [{"id": "web", "name": "Web"}]}],
   "networks": [{"id": "lab-web", "name": "web", "organizationId": "acme", "projectId": "web", "region": "lab", "prefix": "10.91.0.0/24"}],
   "securityGroups": [],
   "sshCertificateAuthorities": [{"id": "ca-web", "name": "web CA", "organizationId": "acme", "projectId": "web", "publicKey": %q}],
   "flavors": [{"id": "tiny", "name": "tiny", "cpus": 1, "memoryGiB": 1, "diskGB": 1, "architecture": "x86_64", "regions": ["lab"]},
-    {"id": "huge", "name": "huge", "cpus": 1, "memoryGiB": 4096, "diskGB": 1, "architecture": "x86_64", "regions": ["lab"]}],
+    {"id": "huge", "name": "huge", "cpus": 1, "memoryGiB": 4096, "diskGB": 1, "architecture": "x86_64", "regions": ["lab"]}%s],
   "images": [{"id": "busybox", "name": "busybox", "architecture": "x86_64", "sizeGiB": 1, "virtualization": "virtualized",
-    "state": "ready", "regions": ["lab"], "kernel": %q, "initrd": %q, "cmdline": "console=ttyS0"}]
-}`, host.URI, filepath.Join(host.Dir, "pool"), strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub))), kernel, initrd)
+    "state": "ready", "regions": ["lab"], "kernel": %q, "initrd": %q, "cmdline": "console=ttyS0"}%s]
+}`, host.URI, filepath.Join(host.Dir, "pool"), m.buildTimeout, strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub))), extra(m.flavors),
+		kernel, initrd, extra(m.images))
 	cat, err := region.Parse([]byte(doc))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return cat
+}
+
+// extra joins JSON array elements to follow others.
+func extra(elements []string) string {
+	if len(elements) == 0 {
+		return ""
+	}
+	return ", " + strings.Join(elements, ", ")
 }
 
 // startDriver runs a driver of the lab region until the test ends and waits until it is

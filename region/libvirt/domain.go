@@ -36,6 +36,10 @@ type record struct {
 	IP string `json:"ip,omitempty"`
 	// Built is set once the guest took its address: until then the server is BUILDING.
 	Built bool `json:"built,omitempty"`
+	// BuildBy is when a guest not built yet has been too long at it; Stalled then says so,
+	// and the server shows ERROR until the guest takes its address after all.
+	BuildBy time.Time `json:"buildBy,omitzero"`
+	Stalled string    `json:"stalled,omitempty"`
 	// Error is why the server could not be made; such a domain has no disks and never runs.
 	Error string `json:"error,omitempty"`
 	// StopBy is when a graceful stop turns into a forced one.
@@ -129,6 +133,26 @@ func decodeRecord(metadata string) (*record, error) {
 	}
 }
 
+// updateRecord applies change to the domain's record as the host has it now, not as s was
+// read, writes it, and leaves s as written: two changes of different fields (a stop's
+// deadline, the moment the guest took its address) never undo each other. This process's
+// writers take turns; another process's write can still fall between the read and the write,
+// a window of one call.
+func (d *Driver) updateRecord(conn *golibvirt.Libvirt, s *server, change func(*record)) error {
+	d.records.Lock()
+	defer d.records.Unlock()
+	fresh, err := readServer(conn, s.dom)
+	if err != nil {
+		return err
+	}
+	change(&fresh.rec)
+	if err := writeRecord(conn, fresh); err != nil {
+		return err
+	}
+	*s = *fresh
+	return nil
+}
+
 // writeRecord replaces the domain's metadata, in its live and persistent definitions alike.
 func writeRecord(conn *golibvirt.Libvirt, s *server) error {
 	el, err := s.rec.element()
@@ -153,6 +177,8 @@ func (s *server) regionState() (region.ServerState, string) {
 		switch {
 		case !s.rec.StopBy.IsZero():
 			return region.ServerStopping, ""
+		case !s.rec.Built && s.rec.Stalled != "":
+			return region.ServerError, s.rec.Stalled
 		case !s.rec.Built:
 			return region.ServerBuilding, ""
 		}
@@ -251,6 +277,8 @@ func domainXML(s domainSpec) (string, error) {
 		MAC:    &libvirtxml.DomainInterfaceMAC{Address: s.rec.MAC},
 		Source: &libvirtxml.DomainInterfaceSource{Network: &libvirtxml.DomainInterfaceSourceNetwork{Network: s.network}},
 		Model:  &libvirtxml.DomainInterfaceModel{Type: "virtio"},
+		// The server's own filter: its security groups and allowed source addresses.
+		FilterRef: &libvirtxml.DomainInterfaceFilterRef{Filter: filterName(s.id)},
 	}}
 	port := uint(0)
 	dev.Serials = []libvirtxml.DomainSerial{{

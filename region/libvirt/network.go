@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
@@ -33,28 +34,7 @@ func (d *Driver) ensureNetwork(conn *golibvirt.Libvirt, n *region.Network) (goli
 	name := networkName(n)
 	net, err := conn.NetworkLookupByName(name)
 	if isCode(err, golibvirt.ErrNoNetwork) {
-		gw := gateway(n.Prefix)
-		def := libvirtxml.Network{
-			Name:    name,
-			Forward: &libvirtxml.NetworkForward{Mode: "nat"},
-			Bridge:  &libvirtxml.NetworkBridge{Name: bridgeName(n), STP: "on", Delay: "0"},
-			IPs: []libvirtxml.NetworkIP{{
-				Address: gw.String(), Prefix: uint(n.Prefix.Bits()),
-				// The range spans the prefix: libvirt caps dnsmasq's leases at the range's
-				// size (plus the reservations there were at start), and a smaller range would
-				// turn away the servers' reserved addresses. dnsmasq gives a reserved address
-				// to no other MAC, and reserve skips addresses a stray client leased.
-				DHCP: &libvirtxml.NetworkDHCP{Ranges: []libvirtxml.NetworkDHCPRange{{Start: gw.Next().String(), End: lastAddress(n.Prefix).Prev().String()}}},
-			}},
-		}
-		doc, merr := def.Marshal()
-		if merr != nil {
-			return net, merr
-		}
-		if net, err = conn.NetworkDefineXML(doc); err != nil {
-			return net, fmt.Errorf("define network %s: %w", name, err)
-		}
-		_ = conn.NetworkSetAutostart(net, 1)
+		net, err = defineNetwork(conn, n)
 	}
 	if err != nil {
 		return net, fmt.Errorf("look up network %s: %w", name, err)
@@ -68,6 +48,40 @@ func (d *Driver) ensureNetwork(conn *golibvirt.Libvirt, n *region.Network) (goli
 			return net, fmt.Errorf("start network %s: %w", name, err)
 		}
 	}
+	return net, nil
+}
+
+// defineNetwork defines the catalogue network's libvirt network, to start at the host's boot.
+// When another process defined it a moment before (libvirt then says it exists with another
+// uuid), theirs serves as well.
+func defineNetwork(conn *golibvirt.Libvirt, n *region.Network) (golibvirt.Network, error) {
+	name, gw := networkName(n), gateway(n.Prefix)
+	def := libvirtxml.Network{
+		Name:    name,
+		Forward: &libvirtxml.NetworkForward{Mode: "nat"},
+		Bridge:  &libvirtxml.NetworkBridge{Name: bridgeName(n), STP: "on", Delay: "0"},
+		IPs: []libvirtxml.NetworkIP{{
+			Address: gw.String(), Prefix: uint(n.Prefix.Bits()),
+			// The range spans the prefix: libvirt caps dnsmasq's leases at the range's size
+			// (plus the reservations there were at start), and a smaller range would turn away
+			// the servers' reserved addresses. dnsmasq gives a reserved address to no other MAC,
+			// and reserve skips addresses a stray client leased.
+			DHCP: &libvirtxml.NetworkDHCP{Ranges: []libvirtxml.NetworkDHCPRange{{Start: gw.Next().String(), End: lastAddress(n.Prefix).Prev().String()}}},
+		}},
+	}
+	doc, err := def.Marshal()
+	if err != nil {
+		return golibvirt.Network{}, err
+	}
+	net, err := conn.NetworkDefineXML(doc)
+	if err != nil {
+		theirs, lookErr := conn.NetworkLookupByName(name)
+		if lookErr != nil {
+			return net, fmt.Errorf("define network %s: %w", name, err)
+		}
+		return theirs, nil
+	}
+	_ = conn.NetworkSetAutostart(net, 1)
 	return net, nil
 }
 
@@ -223,4 +237,103 @@ func xmlOf(host libvirtxml.NetworkDHCPHost) (string, error) {
 		return "", fmt.Errorf("dhcp host: %w", err)
 	}
 	return doc, nil
+}
+
+// collectReservations releases the DHCP reservations of the region's networks that no domain
+// on the host holds: what a process that died between reserving an address and defining the
+// domain left behind. Reservations carry no time, so one is released only when it was
+// already unowned at a pass at least orphanAge earlier: no create takes that long between the
+// two steps.
+func (d *Driver) collectReservations(conn *golibvirt.Libvirt) (int, error) {
+	owned, err := domainMACs(conn)
+	if err != nil {
+		return 0, err
+	}
+	now, seen, released := d.opts.Now(), map[string]bool{}, 0
+	for _, n := range d.opts.Catalog.Networks {
+		if n.Region != d.opts.Region.ID {
+			continue
+		}
+		net, err := conn.NetworkLookupByName(networkName(&n))
+		if isCode(err, golibvirt.ErrNoNetwork) {
+			continue
+		}
+		if err != nil {
+			return released, fmt.Errorf("network %s: %w", networkName(&n), err)
+		}
+		hosts, err := reservations(conn, net)
+		if err != nil {
+			return released, err
+		}
+		for _, h := range hosts {
+			mac := strings.ToLower(h.MAC)
+			if owned[mac] {
+				continue
+			}
+			key := "reservation|" + net.Name + "|" + mac
+			seen[key] = true
+			if !d.unownedLongEnough(key, now) {
+				continue
+			}
+			if err := release(conn, net.Name, h.MAC); err != nil {
+				return released, err
+			}
+			delete(d.unowned, key)
+			released++
+		}
+	}
+	d.forgetUnseen("reservation|", seen)
+	return released, nil
+}
+
+// unownedLongEnough records that what key names was found unowned now, and reports whether a
+// pass at least orphanAge earlier found it unowned already.
+func (d *Driver) unownedLongEnough(key string, now time.Time) bool {
+	first, known := d.unowned[key]
+	if !known {
+		d.unowned[key] = now
+		return false
+	}
+	return now.Sub(first) >= orphanAge
+}
+
+// forgetUnseen drops the records of the kind (a key prefix) that this pass did not find
+// unowned: owned again, or removed by someone else.
+func (d *Driver) forgetUnseen(kind string, seen map[string]bool) {
+	for key := range d.unowned {
+		if strings.HasPrefix(key, kind) && !seen[key] {
+			delete(d.unowned, key)
+		}
+	}
+}
+
+// domainMACs is the set of MAC addresses (lower case) of every domain defined on the host.
+func domainMACs(conn *golibvirt.Libvirt) (map[string]bool, error) {
+	doms, _, err := conn.ConnectListAllDomains(1, 0)
+	if err != nil {
+		return nil, fmt.Errorf("list domains: %w", err)
+	}
+	macs := map[string]bool{}
+	for _, dom := range doms {
+		doc, err := conn.DomainGetXMLDesc(dom, 0)
+		if golibvirt.IsNotFound(err) {
+			continue // undefined meanwhile
+		}
+		if err != nil {
+			return nil, fmt.Errorf("domain %s: %w", dom.Name, err)
+		}
+		var def libvirtxml.Domain
+		if err := def.Unmarshal(doc); err != nil {
+			return nil, fmt.Errorf("domain %s: %w", dom.Name, err)
+		}
+		if def.Devices == nil {
+			continue
+		}
+		for _, nic := range def.Devices.Interfaces {
+			if nic.MAC != nil {
+				macs[strings.ToLower(nic.MAC.Address)] = true
+			}
+		}
+	}
+	return macs, nil
 }

@@ -119,8 +119,7 @@ func (d *Driver) get(conn *golibvirt.Libvirt, id string) (region.Server, error) 
 func (d *Driver) observe(conn *golibvirt.Libvirt, s *server) region.Server {
 	if s.state == golibvirt.DomainRunning && !s.rec.Built && s.rec.Error == "" {
 		if ok, err := leased(conn, s.rec.Network, s.rec.MAC, s.rec.IP); err == nil && ok {
-			s.rec.Built = true
-			if err := writeRecord(conn, s); err != nil {
+			if err := d.updateRecord(conn, s, func(r *record) { r.Built, r.Stalled = true, "" }); err != nil {
 				d.log.Warn("record that a server was built", "server", s.id, "err", err)
 			}
 		}
@@ -163,16 +162,19 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 	if err != nil {
 		return region.Server{}, err // a refusal, in users' words
 	}
-	if err := d.capacity(conn, pool, flavor); err != nil {
+	placed, err := d.admit(conn, pool, flavor)
+	if err != nil {
 		return region.Server{}, err // says what is short, as users read it
 	}
+	defer placed()
 	seed, err := d.seed(ctx, spec)
 	if err != nil {
 		return region.Server{}, err // a refusal, in users' words, or Redis unavailable
 	}
 	id := uuid.NewString()
 	name := namePrefix + id
-	rec := &record{Spec: spec, CreatedAt: d.opts.Now().UTC(), MAC: randomMAC(), Network: networkName(network)}
+	now := d.opts.Now().UTC()
+	rec := &record{Spec: spec, CreatedAt: now, BuildBy: now.Add(d.buildTimeout), MAC: randomMAC(), Network: networkName(network)}
 	net, err := d.ensureNetwork(conn, network)
 	if err != nil {
 		return region.Server{}, d.fault("create server", err)
@@ -183,14 +185,14 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 		return region.Server{}, d.fault("create server", err)
 	}
 	dom := domainSpec{name: name, id: id, domainType: domainType, flavor: flavor, image: image, rec: rec, network: rec.Network}
-	built, err := d.build(conn, pool, dom, seed)
+	built, err := d.build(ctx, conn, pool, dom, seed)
 	if err == nil {
 		d.building.add(built.id)
 		return d.observe(conn, built), nil
 	}
 	// Undo everything, then keep a domain that only records why, so the owner sees the error.
 	// A host that stopped answering is not the server's fault: that is retried instead.
-	cleanup := errors.Join(deleteVolumes(conn, pool, rec.Volumes), release(conn, rec.Network, rec.MAC))
+	cleanup := errors.Join(deleteVolumes(conn, pool, rec.Volumes), release(conn, rec.Network, rec.MAC), undefineFilter(conn, id))
 	if !errors.Is(err, region.ErrRefused) && !isHostError(err) {
 		return region.Server{}, fmt.Errorf("create server: %v: %w", errors.Join(err, cleanup), region.ErrUnavailable)
 	}
@@ -241,34 +243,57 @@ func (d *Driver) resolve(spec region.ServerSpec) (*region.Network, *region.Flavo
 	return network, flavor, image, nil
 }
 
-// capacity checks that the host has room for the flavor: its memory, its vCPUs shared at
-// cpuAllocationRatio, and the flavor's disk free in the pool (overlays grow as guests write).
-func (d *Driver) capacity(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, f *region.Flavor) error {
-	_, memKiB, cpus, _, _, _, _, _, err := conn.NodeGetInfo()
+// placement is what a server takes of its host.
+type placement struct{ memKiB, cpus, diskBytes uint64 }
+
+func placementOf(f *region.Flavor) placement {
+	return placement{memKiB: uint64(f.MemoryGiB) << 20, cpus: uint64(f.CPUs), diskBytes: uint64(f.DiskGB) * 1_000_000_000}
+}
+
+// admit checks that the host has room for the flavor, counting the servers this process is
+// making and has not defined yet, and counts this one among them until the returned function
+// is called (once its domain is defined, or its create failed). Without that, creates at once
+// would all see the same free room and overcommit the host.
+func (d *Driver) admit(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, f *region.Flavor) (func(), error) {
+	d.placing.Lock()
+	defer d.placing.Unlock()
+	if err := d.capacity(conn, pool, f, d.pending); err != nil {
+		return nil, err
+	}
+	p := placementOf(f)
+	d.pending.memKiB += p.memKiB
+	d.pending.cpus += p.cpus
+	d.pending.diskBytes += p.diskBytes
+	return func() {
+		d.placing.Lock()
+		defer d.placing.Unlock()
+		d.pending.memKiB -= p.memKiB
+		d.pending.cpus -= p.cpus
+		d.pending.diskBytes -= p.diskBytes
+	}, nil
+}
+
+// capacity checks that the host has room for the flavor beside what its domains hold and what
+// is pending: its memory, its vCPUs shared at cpuAllocationRatio, and the flavor's disk free
+// in the pool (overlays grow as guests write).
+func (d *Driver) capacity(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, f *region.Flavor, pending placement) error {
+	memKiB, cpus, err := hostSize(conn)
 	if err != nil {
 		return d.fault("host capacity", err)
 	}
-	doms, _, err := conn.ConnectListAllDomains(1, golibvirt.ConnectListDomainsActive)
+	held, err := allocated(conn)
 	if err != nil {
 		return d.fault("host capacity", err)
 	}
-	var usedKiB, usedCPUs uint64
-	for _, dom := range doms {
-		_, maxMem, _, vcpus, _, err := conn.DomainGetInfo(dom)
-		if err != nil {
-			continue // gone meanwhile
-		}
-		usedKiB += maxMem
-		usedCPUs += uint64(vcpus)
-	}
-	needKiB := uint64(f.MemoryGiB) << 20
+	usedKiB, usedCPUs := held.memKiB+pending.memKiB, held.cpus+pending.cpus
+	need := placementOf(f)
 	// Users see what is short for which flavor, in words that stay the same from one try to
 	// the next; the host's own figures go to the log.
 	switch {
-	case usedKiB+needKiB+hostReservedKiB > memKiB:
-		d.log.Info("no room on the host", "flavor", f.ID, "free_mib", free(memKiB, usedKiB+hostReservedKiB)>>10, "need_mib", needKiB>>10)
+	case usedKiB+need.memKiB+hostReservedKiB > memKiB:
+		d.log.Info("no room on the host", "flavor", f.ID, "free_mib", free(memKiB, usedKiB+hostReservedKiB)>>10, "need_mib", need.memKiB>>10)
 		return fmt.Errorf("its host has not enough free memory for flavor %s: %w", f.ID, region.ErrNoCapacity)
-	case usedCPUs+uint64(f.CPUs) > uint64(cpus)*cpuAllocationRatio:
+	case usedCPUs+need.cpus > uint64(cpus)*cpuAllocationRatio:
 		d.log.Info("no room on the host", "flavor", f.ID, "free_vcpus", free(uint64(cpus)*cpuAllocationRatio, usedCPUs), "need_vcpus", f.CPUs)
 		return fmt.Errorf("its host has not enough free vCPUs for flavor %s: %w", f.ID, region.ErrNoCapacity)
 	}
@@ -276,11 +301,63 @@ func (d *Driver) capacity(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, f
 	if err != nil {
 		return d.fault("pool capacity", err)
 	}
-	if need := uint64(f.DiskGB) * 1_000_000_000; need > available {
-		d.log.Info("no room in the pool", "flavor", f.ID, "free_bytes", available, "need_bytes", need)
+	if need.diskBytes+pending.diskBytes > available {
+		d.log.Info("no room in the pool", "flavor", f.ID, "free_bytes", free(available, pending.diskBytes), "need_bytes", need.diskBytes)
 		return fmt.Errorf("its storage has not enough free space for flavor %s: %w", f.ID, region.ErrNoCapacity)
 	}
 	return nil
+}
+
+// hostSize is the host's memory and CPUs. The memory is the whole machine's, from its memory
+// statistics of all cells: NodeGetInfo's figure is that of NUMA node 0 only, which on a
+// machine whose memory is plugged in as it runs can be a fraction of it, and changes.
+func hostSize(conn *golibvirt.Libvirt) (memKiB uint64, cpus int32, err error) {
+	_, _, cpus, _, _, _, _, _, err = conn.NodeGetInfo()
+	if err != nil {
+		return 0, 0, err
+	}
+	const allCells = -1
+	_, n, err := conn.NodeGetMemoryStats(0, allCells, 0)
+	if err != nil {
+		return 0, 0, err
+	}
+	stats, _, err := conn.NodeGetMemoryStats(n, allCells, 0)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, s := range stats {
+		if s.Field == "total" {
+			return s.Value, cpus, nil
+		}
+	}
+	return 0, 0, errors.New("the host's memory statistics have no total")
+}
+
+// allocated is the memory and vCPUs the host's domains hold: every domain that runs, and
+// every server of ours that is defined but shut off. A stopped server keeps its room, as in
+// Nova, so that starting it again never fails for want of it; a server that could not be
+// made (a record of why, never started) holds nothing.
+func allocated(conn *golibvirt.Libvirt) (placement, error) {
+	doms, _, err := conn.ConnectListAllDomains(1, 0)
+	if err != nil {
+		return placement{}, err
+	}
+	var held placement
+	for _, dom := range doms {
+		state, maxMem, _, vcpus, _, err := conn.DomainGetInfo(dom)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		if golibvirt.DomainState(state) == golibvirt.DomainShutoff {
+			s, err := readServer(conn, dom)
+			if err != nil || s.rec.Error != "" {
+				continue // not ours, gone meanwhile, or a failed create's record
+			}
+		}
+		held.memKiB += maxMem
+		held.cpus += uint64(vcpus)
+	}
+	return held, nil
 }
 
 func free(total, used uint64) uint64 {
@@ -319,9 +396,9 @@ func (d *Driver) seed(ctx context.Context, spec region.ServerSpec) ([]byte, erro
 
 // build makes the server's disk and seed, defines its domain and starts it. The volumes it
 // made are in dom.rec.Volumes, for whoever undoes a failure.
-func (d *Driver) build(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, dom domainSpec, seed []byte) (*server, error) {
+func (d *Driver) build(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool, dom domainSpec, seed []byte) (*server, error) {
 	if dom.image.File != "" || dom.image.Volume != "" {
-		base, err := d.baseVolume(conn, pool, dom.image)
+		base, err := d.baseVolume(ctx, conn, pool, dom.image)
 		if err != nil {
 			return nil, err
 		}
@@ -342,6 +419,9 @@ func (d *Driver) build(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, dom 
 		return nil, err
 	}
 	dom.seed = seedVol.path
+	if err := d.defineFilter(conn, dom.id, dom.rec.Spec.Networking); err != nil {
+		return nil, err
+	}
 	doc, err := domainXML(dom)
 	if err != nil {
 		return nil, err
@@ -424,6 +504,10 @@ func (d *Driver) DeleteServer(ctx context.Context, id string) error {
 	if err := conn.DomainUndefineFlags(s.dom, flags); err != nil && !golibvirt.IsNotFound(err) {
 		return d.fault("delete server: undefine", err)
 	}
+	// Only now: a filter a domain refers to cannot be undefined.
+	if err := undefineFilter(conn, s.id); err != nil {
+		return d.fault("delete server", err)
+	}
 	// The host's event would say so too; whichever comes first is reported, once.
 	if gone, ok := d.index.remove(s.id); ok {
 		d.watches.publish(region.Event{Kind: region.ServerDeleted, ServerID: gone.id, Scope: gone.scope, Tags: gone.tags})
@@ -466,10 +550,16 @@ func (d *Driver) StartServer(ctx context.Context, id string) (region.Server, err
 	if !s.rec.Built {
 		d.building.add(s.id)
 	}
-	if !s.rec.StopBy.IsZero() {
-		s.rec.StopBy = time.Time{}
-		s.state = golibvirt.DomainRunning
-		if err := writeRecord(conn, s); err != nil {
+	if !s.rec.StopBy.IsZero() || !s.rec.Built {
+		buildBy := d.opts.Now().Add(d.buildTimeout).UTC()
+		err := d.updateRecord(conn, s, func(r *record) {
+			r.StopBy = time.Time{}
+			if !r.Built {
+				// A guest stopped before it was built gets its whole time again.
+				r.BuildBy, r.Stalled = buildBy, ""
+			}
+		})
+		if err != nil {
 			return region.Server{}, d.fault("start server", err)
 		}
 	}
@@ -491,8 +581,8 @@ func (d *Driver) StopServer(ctx context.Context, id string) (region.Server, erro
 	if !s.rec.StopBy.IsZero() {
 		return region.Server{}, fmt.Errorf("stop server: the server is stopping already: %w", region.ErrRefused)
 	}
-	s.rec.StopBy = d.opts.Now().Add(d.stopTimeout).UTC()
-	if err := writeRecord(conn, s); err != nil {
+	stopBy := d.opts.Now().Add(d.stopTimeout).UTC()
+	if err := d.updateRecord(conn, s, func(r *record) { r.StopBy = stopBy }); err != nil {
 		return region.Server{}, d.fault("stop server", err)
 	}
 	d.stopping.add(s.id)
@@ -516,8 +606,7 @@ func (d *Driver) forceStops(ctx context.Context, conn *golibvirt.Libvirt) {
 		}
 		switch {
 		case s.state == golibvirt.DomainShutoff:
-			s.rec.StopBy = time.Time{}
-			if err := writeRecord(conn, s); err == nil {
+			if err := d.updateRecord(conn, s, func(r *record) { r.StopBy = time.Time{} }); err == nil {
 				d.stopping.remove(id)
 			}
 		case d.opts.Now().After(s.rec.StopBy):
@@ -551,8 +640,31 @@ func (d *Driver) watchBuilds(conn *golibvirt.Libvirt) {
 		}
 		if d.observe(conn, s); s.rec.Built || s.rec.Error != "" || !running(s) {
 			d.building.remove(id)
+			continue
 		}
+		d.stall(conn, s)
 	}
+}
+
+// stall marks a running guest that has not taken its address by its BuildBy: the server
+// shows ERROR saying why. It stays watched, and becomes RUNNING if the guest takes its address
+// after all. Its record's change is the event that tells the owner.
+func (d *Driver) stall(conn *golibvirt.Libvirt, s *server) {
+	if s.rec.Stalled != "" || s.rec.BuildBy.IsZero() || d.opts.Now().Before(s.rec.BuildBy) {
+		return
+	}
+	msg := fmt.Sprintf("The guest did not take its network address within %s of starting: its image may not run a "+
+		"DHCP client on its first network interface, or it did not boot. The server still runs, and is shown running if the guest takes its address.", d.buildTimeout)
+	err := d.updateRecord(conn, s, func(r *record) {
+		if !r.Built {
+			r.Stalled = msg
+		}
+	})
+	if err != nil {
+		d.log.Warn("record that a server's build stalled", "server", s.id, "err", err)
+		return
+	}
+	d.log.Warn("a server's guest did not take its address in time", "server", s.id, "timeout", d.buildTimeout)
 }
 
 // RebootServer implements region.Client: soft is the ACPI power button, after which the host
@@ -588,8 +700,10 @@ func (d *Driver) UpdateNetworking(ctx context.Context, id string, n region.Serve
 	if n.PublicIP {
 		return region.Server{}, fmt.Errorf("update networking: region %s offers no public IP addresses: %w", d.opts.Region.ID, region.ErrRefused)
 	}
-	s.rec.Spec.Networking = n
-	if err := writeRecord(conn, s); err != nil {
+	if err := d.defineFilter(conn, s.id, n); err != nil {
+		return region.Server{}, d.fault("update networking", err)
+	}
+	if err := d.updateRecord(conn, s, func(r *record) { r.Spec.Networking = n }); err != nil {
 		return region.Server{}, d.fault("update networking", err)
 	}
 	return d.observe(conn, s), nil
@@ -641,7 +755,7 @@ func (k projectKeyPair) PublicKey() ssh.PublicKey { return k.signer.PublicKey() 
 // projectKey returns the project's key pair, made on first use. It lives in Redis, under the
 // region's hash tag, so that every process and every server of the project shares it.
 func (d *Driver) projectKey(ctx context.Context, org, project string) (projectKeyPair, error) {
-	key := "libvirt:{" + d.opts.Region.ID + "}:sshkey:" + org + "/" + project
+	key := sshKeyKey(d.opts.Region.ID, org, project)
 	stored, err := d.opts.Redis.Get(ctx, key).Result()
 	if errors.Is(err, redis.Nil) {
 		_, fresh, gerr := ed25519.GenerateKey(rand.Reader)
