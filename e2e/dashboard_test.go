@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -201,4 +202,50 @@ func TestDashboardRebuildNeedsConsent(t *testing.T) {
 	if f := flavor(); f != "g1.medium" {
 		t.Errorf("flavor is %s after the rebuild, want g1.medium", f)
 	}
+}
+
+// TestDashboardFirstLook: a member of two projects who never used the dashboard sees the
+// instances of all of them at once, the pages name an icon that is served (and so is
+// /favicon.ico, which browsers ask for anyway), and at 400 px wide every row still shows its
+// name, power, IPs and actions without the page scrolling sideways.
+func TestDashboardFirstLook(t *testing.T) {
+	sys := startSystem(t)
+	b := newBrowser(t, sys.URL)
+	tok := sys.token(t, "carol",
+		auth.Grant{OrganizationID: "acme", ProjectID: "web", Role: auth.RoleMember},
+		auth.Grant{OrganizationID: "acme", ProjectID: "data", Role: auth.RoleMember})
+	sys.createInstance(t, tok, "web-1", "g1.small")
+	sys.graphql(t, tok, `mutation($in: CreateInstanceInput!) { createInstance(input: $in) { userErrors { field code message } } }`,
+		map[string]any{"in": map[string]any{"organizationId": "acme", "projectId": "data", "networkId": "net-acme-data-eu",
+			"name": "etl-1", "flavorId": "g1.small", "imageId": "ubuntu-24.04"}})
+
+	signIn(t, b, sys, tok)
+	b.do(t, "both projects' instances", visible(row("web-1")), visible(row("etl-1")))
+	if p := eval[string](t, b, `document.getElementById('project').value`); p != "" {
+		t.Errorf("project selector on %q, want all projects", p)
+	}
+
+	icon := eval[string](t, b, `document.querySelector('link[rel="icon"]').href`)
+	for _, u := range []string{icon, sys.URL + "/favicon.ico"} {
+		resp, err := http.Get(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "image/svg+xml" {
+			t.Errorf("GET %s: %s %q, want 200 image/svg+xml", u, resp.Status, resp.Header.Get("Content-Type"))
+		}
+	}
+
+	b.do(t, "a 400 px wide window", chromedp.EmulateViewport(400, 800), visible(row("web-1")+` button[data-action="stop"]`))
+	if w := eval[int](t, b, `document.documentElement.scrollWidth - window.innerWidth`); w > 0 {
+		t.Errorf("the page is %d px wider than the window", w)
+	}
+	for _, col := range []string{"name", "power", "ips", "actions"} {
+		sel := row("web-1") + fmt.Sprintf(` td[data-col=%q]`, col)
+		if right := eval[float64](t, b, `(function(){var r=document.querySelector('`+sel+`').getBoundingClientRect(); return r.width > 0 ? r.right : -1})()`); right < 0 || right > 400 {
+			t.Errorf("column %s ends at %.0f px, want it shown within the 400 px window", col, right)
+		}
+	}
+	b.screenshot(t, "dashboard-narrow")
 }

@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/chromedp/chromedp"
@@ -59,4 +60,23 @@ func TestGraphiQLRunsQueriesAndSubscriptionsOffline(t *testing.T) {
 	b.do(t, "see the live change", responseContains(`"description": "changed while watched"`))
 	b.screenshot(t, "graphiql-subscription")
 	b.do(t, "stop the subscription", click(".graphiql-execute-button"))
+}
+
+// TestGraphiQLOpensOnAnExample: the first time, the editor holds a commented example that
+// runs as it is and lists the caller's instances.
+func TestGraphiQLOpensOnAnExample(t *testing.T) {
+	sys := startSystem(t)
+	b := newBrowser(t, sys.URL)
+	tok := sys.token(t, "ivan", auth.Grant{OrganizationID: "acme", Role: auth.RoleAdmin})
+	sys.createInstance(t, tok, "ex-1", "g1.small")
+
+	b.do(t, "open GraphiQL",
+		chromedp.Navigate(signInLink(sys.URL, "/graphiql", tok)),
+		visible(".graphiql-query-editor .CodeMirror"),
+	)
+	doc := eval[string](t, b, `document.querySelector('.graphiql-query-editor .CodeMirror').CodeMirror.getValue()`)
+	if !strings.HasPrefix(doc, "# Welcome to ComputeQL.") || !strings.Contains(doc, "instances(organizationId: \"acme\"") {
+		t.Fatalf("the editor opens on %q, want the commented example", doc)
+	}
+	b.do(t, "run the example", click(".graphiql-execute-button"), responseContains(`"name": "ex-1"`))
 }

@@ -4,6 +4,7 @@ package server
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -33,6 +34,7 @@ import (
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/server/dashboard"
 	"github.com/computeql/computeql/server/graphiql"
+	"github.com/computeql/computeql/server/webasset"
 )
 
 // Options configure the HTTP handler.
@@ -91,6 +93,19 @@ type Options struct {
 	// RateBurst is how many requests a principal may send at once after a quiet spell: the size
 	// of its token bucket. Defaults to 100.
 	RateBurst int
+	// MaxSockets bounds the WebSockets this process holds open; a handshake past it is refused
+	// with 429 and Retry-After. Defaults to 10,000.
+	MaxSockets int
+	// MaxSocketsPerPrincipal bounds the WebSockets one principal holds open in this process
+	// (a dashboard needs one); connection_init past it closes the socket with 4429. Defaults
+	// to 32.
+	MaxSocketsPerPrincipal int
+	// MaxSubscriptionsPerSocket bounds the subscriptions running on one WebSocket; one past it
+	// is refused with RATE_LIMITED. Defaults to 100.
+	MaxSubscriptionsPerSocket int
+	// MaxSubscriptionsPerPrincipal bounds the subscriptions one principal runs in this process,
+	// over every transport; one past it is refused with RATE_LIMITED. Defaults to 200.
+	MaxSubscriptionsPerPrincipal int
 	// now is the rate limiter's clock, which tests set. Defaults to time.Now.
 	now func() time.Time
 }
@@ -113,6 +128,10 @@ func (o *Options) applyDefaults() error {
 	if o.MaxBodyBytes == 0 {
 		o.MaxBodyBytes = 1 << 20
 	}
+	o.MaxSockets = cmp.Or(o.MaxSockets, 10_000)
+	o.MaxSocketsPerPrincipal = cmp.Or(o.MaxSocketsPerPrincipal, 32)
+	o.MaxSubscriptionsPerSocket = cmp.Or(o.MaxSubscriptionsPerSocket, 100)
+	o.MaxSubscriptionsPerPrincipal = cmp.Or(o.MaxSubscriptionsPerPrincipal, 200)
 	if o.MaxTokens == 0 {
 		o.MaxTokens = 10_000
 	}
@@ -168,6 +187,10 @@ func New(opts Options) (http.Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("server: metrics: %w", err)
 	}
+	limits, err := newConnLimits(opts, opts.Registry)
+	if err != nil {
+		return nil, err
+	}
 	gql := handler.New(graph.NewSchema(opts.Service, opts.Feed))
 	// The first transport that supports a request serves it: WebSocket (any Upgrade header)
 	// first, and SSE before POST, whose check ignores Accept.
@@ -175,7 +198,7 @@ func New(opts Options) (http.Handler, error) {
 	gql.AddTransport(websocketTransport{
 		Websocket: transport.Websocket{
 			Implementation: newGorillaWebsocket(origins, opts.StreamWriteTimeout, opts.KeepAliveInterval, wsMetrics),
-			InitFunc:       websocketInit(opts.Keys, opts.Logger),
+			InitFunc:       websocketInit(opts.Keys, limits, opts.Logger),
 			InitTimeout:    10 * time.Second,
 			// graphql-ws: a "ka" message every interval.
 			KeepAlivePingInterval: opts.KeepAliveInterval,
@@ -187,7 +210,8 @@ func New(opts Options) (http.Handler, error) {
 				opts.Logger.DebugContext(ctx, "websocket", "err", err)
 			},
 		},
-		grace: opts.StreamWriteTimeout + time.Second,
+		grace:  opts.StreamWriteTimeout + time.Second,
+		limits: limits,
 	})
 	gql.AddTransport(transport.SSE{KeepAlivePingInterval: opts.KeepAliveInterval})
 	gql.AddTransport(getTransport{})
@@ -199,6 +223,7 @@ func New(opts Options) (http.Handler, error) {
 	gql.SetRecoverFunc(graph.Recover(opts.Logger))
 	gql.Use(graph.SubscriptionEndings{})
 	gql.Use(socketTokenExpiry{})
+	gql.Use(subscriptionLimit{limits})
 	// The rate limit is the first extension, so that a refused operation costs nothing else.
 	rateLimited := func(h http.Handler) http.Handler { return h }
 	if opts.RateLimit >= 0 {
@@ -232,6 +257,7 @@ func New(opts Options) (http.Handler, error) {
 	dash := dashboard.Handler("/graphql", "/graphiql")
 	mux.Handle("/{$}", dash)
 	mux.Handle(dashboard.AssetsDir, dash)
+	mux.Handle("/favicon.ico", webasset.Favicon())
 	return logRequests(opts.Logger, mux), nil
 }
 

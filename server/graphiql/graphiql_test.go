@@ -146,6 +146,7 @@ func TestReferencedAssetsServed(t *testing.T) {
 	wantType := map[string]string{
 		".js":  "text/javascript; charset=utf-8",
 		".css": "text/css; charset=utf-8",
+		".svg": "image/svg+xml",
 	}
 	for _, ref := range references(page) {
 		t.Run(ref, func(t *testing.T) {

@@ -22,12 +22,13 @@ import (
 )
 
 // shared holds the files every page may use besides its own: the GraphQL-over-WebSocket
-// client, so that GraphiQL and the dashboard speak the subscription protocol with one code.
+// client, so that GraphiQL and the dashboard speak the subscription protocol with one code,
+// and the icon.
 //
-//go:embed shared/*.js
+//go:embed shared/*.js shared/*.svg
 var shared embed.FS
 
-// Shared returns the files every page may include (gqlws.js), for NewSet.
+// Shared returns the files every page may include (gqlws.js, favicon.svg), for NewSet.
 func Shared() fs.FS {
 	sub, err := fs.Sub(shared, "shared")
 	if err != nil {
@@ -98,6 +99,24 @@ func NewSet(dir string, fsyses ...fs.FS) *Set {
 		}
 	}
 	return s
+}
+
+// Favicon serves the icon the pages name, for the browsers and tools that ask for
+// /favicon.ico whatever a page says (an unanswered one is an error in a browser's console).
+func Favicon() http.Handler {
+	body, err := fs.ReadFile(shared, "shared/favicon.svg")
+	if err != nil {
+		panic(err)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !AllowRead(w, r) {
+			return
+		}
+		w.Header().Set("Content-Type", contentTypes[".svg"])
+		w.Header().Set("Cache-Control", "public, max-age=86400")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(body))
+	})
 }
 
 // URL returns the versioned URL of the named file, for a page template.

@@ -252,7 +252,7 @@
         var items = projects.map(function (p) {
           return { value: p, label: p };
         });
-        options($('project'), items, project || projects[0] || '', 'All projects');
+        options($('project'), items, project || '', 'All projects');
         chooseProject($('project').value);
       })
       .catch(function (err) {

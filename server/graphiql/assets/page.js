@@ -212,6 +212,25 @@
   }
   sockets = new window.ComputeQLWS.Client({ endpoint: endpoint, token: loadToken });
 
+  // What the editor shows the first time (GraphiQL keeps the user's own document after that).
+  var example = [
+    '# Welcome to ComputeQL. Put a bearer token in the bar above (make run prints a link that',
+    '# signs in), then run this with the ▶ button or Ctrl-Enter. The Docs pane lists',
+    '# everything else.',
+    '#',
+    '# The instances of the demo organization acme, oldest first:',
+    '{',
+    '  instances(organizationId: "acme", first: 10) {',
+    '    edges { node { id name projectId status { powerState privateIP healthStatus } } }',
+    '  }',
+    '}',
+    '',
+    '# Then try, one at a time:',
+    '#   subscription { instanceEvents(organizationId: "acme") { kind instance { name status { powerState } } } }',
+    '#   mutation { stopInstance(input: {id: "<an id from above>"}) { userErrors { field code message } } }',
+    ''
+  ].join('\n');
+
   var root = window.ReactDOM.createRoot(mount);
   function render() {
     // A fresh fetcher identity makes GraphiQL introspect again, so a token
@@ -219,7 +238,7 @@
     var current = function (params, opts) {
       return fetcher(params, opts);
     };
-    root.render(window.React.createElement(window.GraphiQL, { fetcher: current }));
+    root.render(window.React.createElement(window.GraphiQL, { fetcher: current, defaultQuery: example }));
   }
 
   // Saved on every keystroke so the next request uses it, but the schema is
