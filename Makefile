@@ -4,7 +4,7 @@ PKGS := ./...
 # Where make images writes the guest images the libvirt tests boot (ignored by git).
 IMAGES_DIR ?= $(CURDIR)/images
 
-.PHONY: run test images virt-test bench-virt cluster-test chaos vet fmt-check generate generate-check bench gobench bench-compile fuzz lint
+.PHONY: run test images virt-test bench-virt bench-publish cluster-test chaos vet fmt-check generate generate-check bench gobench bench-compile fuzz lint
 
 ## run: the whole system in one process with an embedded in-memory Redis and demo data.
 run:
@@ -80,9 +80,17 @@ bench-compile:
 	$(GO) test -run='^$$' -bench=. -benchtime=1x $(PKGS)
 
 ## bench: the load tool at its default sizes (under 3 minutes): the whole system, started with a
-## real redis-server, against the machine's limits; writes docs/bench/latest.{json,md}.
+## real redis-server, against the machine's limits; writes bench-results/latest.{json,md}
+## (ignored by git; make bench-publish updates the committed docs/bench instead). Then, when
+## libvirtd and QEMU are installed, its libvirt phase: bench-virt.
 bench:
 	$(GO) run . bench
+	@if command -v libvirtd >/dev/null && command -v qemu-system-x86_64 >/dev/null; then $(MAKE) bench-virt; \
+		else echo "no libvirtd or qemu-system-x86_64: the libvirt phase (bench-virt) not run"; fi
+
+## bench-publish: make bench's load tool, writing the committed report docs/bench/latest.*.
+bench-publish:
+	$(GO) run . bench --out docs/bench
 
 ## bench-virt: seconds from creating a real guest to RUNNING and to its answering HTTP, for 1
 ## and 4 at once, on a private libvirtd, beside the simulator's figure (README "Running on

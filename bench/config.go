@@ -60,7 +60,8 @@ type Config struct {
 	// run). Defaults to 1m.
 	Timeout time.Duration
 	// Out is the directory of the report files latest.json and latest.md. Defaults to
-	// docs/bench.
+	// bench-results, which git ignores: the committed report in docs/bench changes only when
+	// asked (make bench-publish, or --out docs/bench).
 	Out string
 	// Profile, when set, is a directory the CPU and memory profiles of the API process
 	// during the create and fan-out runs, and of the first worker during convergence, are
@@ -108,7 +109,7 @@ func parseConfig(args []string, env func(string) (string, bool), usage io.Writer
 	fs.IntVar(&c.RedisOps, "redis-ops", 20_000, "XADDs and XREADGROUPs of the Redis limits")
 	fs.IntVar(&c.Pings, "pings", 2000, "PINGs of the Redis round trip")
 	fs.DurationVar(&c.Timeout, "timeout", time.Minute, "longest wait for the system to catch up")
-	fs.StringVar(&c.Out, "out", "docs/bench", "directory of the report files latest.json and latest.md")
+	fs.StringVar(&c.Out, "out", "bench-results", "directory of the report files latest.json and latest.md (docs/bench: the committed report)")
 	fs.StringVar(&c.Profile, "profile", "", "directory for CPU and memory profiles of the API (create, fan-out) and a worker (convergence) (embedded only)")
 	fs.BoolVar(&c.ServeBare, "serve-bare-graphql", false, "internal: serve the bare gqlgen handler of the limits on a free loopback port until stopped")
 	var errs []error

@@ -21,7 +21,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		Org: "bench", Project: "load", Network: "bench-net", Flavor: "bench-small", Image: "bench-image",
 		Workers: 2, Duration: 5 * time.Second, Concurrency: 64, CreateRate: 1000, Instances: 2000,
 		ChurnRate: 200, Probes: 100, ProbeRate: 50, Subscribers: 10_000, FanOutRate: 200,
-		RedisOps: 20_000, Pings: 2000, Timeout: time.Minute, Out: "docs/bench",
+		RedisOps: 20_000, Pings: 2000, Timeout: time.Minute, Out: "bench-results",
 	}
 	if c != want {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)

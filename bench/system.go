@@ -126,7 +126,9 @@ func (s *system) startRedis() error {
 // roleArgs are the command-line settings every child shares: unlimited requests (the
 // benchmark floods on purpose from one principal) and a region that builds at once.
 func (s *system) roleArgs(role string) []string {
-	return []string{role, "--redis", s.redisURL, "--catalog", s.cfg.CatalogFile, "--rate-limit", "-1", "--build-delay", "0"}
+	// Its subscribers are all one principal's, like its load.
+	return []string{role, "--redis", s.redisURL, "--catalog", s.cfg.CatalogFile, "--rate-limit", "-1", "--build-delay", "0",
+		"--max-sockets", "1000000", "--max-sockets-per-principal", "1000000", "--max-subscriptions-per-principal", "1000000"}
 }
 
 // roleEnv passes the token secret, which the process list should not show.
