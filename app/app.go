@@ -26,8 +26,10 @@ import (
 	neturl "net/url"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -65,6 +67,9 @@ type config struct {
 	// Requests per second and burst per principal on each API process.
 	rateLimit float64
 	rateBurst int
+	// What stays open: sockets of the process and of one principal, subscriptions of one
+	// socket and of one principal.
+	maxSockets, maxPrincipalSockets, maxSocketSubscriptions, maxPrincipalSubscriptions int
 	// Whether the API answers introspection queries.
 	introspection bool
 	// Address of Go's profiler; empty: not served.
@@ -94,6 +99,10 @@ func flags(name string, c *config) (*flag.FlagSet, error) {
 	fs.DurationVar(&c.tokenSkew, "token-skew", 30*time.Second, "clock difference allowed on the exp and nbf of bearer tokens, at most 5m")
 	fs.Float64Var(&c.rateLimit, "rate-limit", 50, "requests per second one principal may sustain on each API process (negative: no limit)")
 	fs.IntVar(&c.rateBurst, "rate-burst", 100, "requests one principal may send at once after a quiet spell")
+	fs.IntVar(&c.maxSockets, "max-sockets", 10_000, "WebSockets one API process holds open; more are refused with 429")
+	fs.IntVar(&c.maxPrincipalSockets, "max-sockets-per-principal", 32, "WebSockets one principal holds open on one API process; more are closed with 4429")
+	fs.IntVar(&c.maxSocketSubscriptions, "max-subscriptions-per-socket", 100, "subscriptions running on one WebSocket; more are refused with RATE_LIMITED")
+	fs.IntVar(&c.maxPrincipalSubscriptions, "max-subscriptions-per-principal", 200, "subscriptions one principal runs on one API process, over every transport; more are refused with RATE_LIMITED")
 	fs.StringVar(&c.logFormat, "log-format", "auto", "log format: json, text, or auto (JSON unless standard error is a terminal)")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "least level logged: debug, info, warn or error")
 	fs.StringVar(&c.opsListen, "ops-listen", "", "address to serve /metrics, /healthz and /readyz on, apart from the API: how worker and region processes are watched (none: off; the API serves them on --listen too)")
@@ -114,11 +123,42 @@ func flags(name string, c *config) (*flag.FlagSet, error) {
 	return fs, errors.Join(errs...)
 }
 
-// Run runs the command line args (without the program name) until ctx ends.
+// usage lists the commands; each command's -h lists its flags.
+const usage = `computeql: a GraphQL API for cloud compute instances.
+
+Usage: computeql [command] [flags]
+
+Commands:
+  all       (the default) the API, a worker and the regions' drivers in one process
+  api       the GraphQL API, the dashboard and GraphiQL
+  worker    a worker: reconciles instances against their regions
+  region    the drivers of the regions that need a process of their own
+  token     mint a bearer token signed with --token-secret
+  bench     the load tool: the whole system against the machine's limits
+  version   print the version and the source revision
+  help      print this, or a command's flags: computeql help COMMAND
+
+Every flag may be set by an environment variable instead: --listen as COMPUTEQL_LISTEN.
+`
+
+// Run runs the command line args (without the program name) until ctx ends. Asking for help
+// (help, -h, --help) is not an error.
 func Run(ctx context.Context, args []string, out io.Writer) error {
+	err := run(ctx, args, out)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	return err
+}
+
+func run(ctx context.Context, args []string, out io.Writer) error {
 	role := "all"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		role, args = args[0], args[1:]
+	}
+	if role == "all" && len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		_, err := io.WriteString(out, usage)
+		return err
 	}
 	switch role {
 	case "all", "api", "worker", "region":
@@ -127,9 +167,39 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		return mintToken(args, out)
 	case "bench":
 		return bench.Main(ctx, args, out)
+	case "version":
+		_, err := fmt.Fprintln(out, version())
+		return err
+	case "help":
+		if len(args) == 0 {
+			_, err := io.WriteString(out, usage)
+			return err
+		}
+		return run(ctx, []string{args[0], "-h"}, out)
 	default:
-		return fmt.Errorf("unknown command %q (want all, api, worker, region, token or bench)", role)
+		return fmt.Errorf("unknown command %q (want all, api, worker, region, token, bench, version or help)", role)
 	}
+}
+
+// version is the module's version and the source revision it was built from, as the Go
+// toolchain recorded them.
+func version() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "computeql (no build information)"
+	}
+	v := "computeql " + info.Main.Version
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			v += " revision " + s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				v += " (modified)"
+			}
+		}
+	}
+	return v + " " + info.GoVersion
 }
 
 func serve(ctx context.Context, role string, args []string, out io.Writer) error {
@@ -326,6 +396,8 @@ func apiServer(ctx context.Context, c config, cat *region.Catalog, st *store.Sto
 	}
 	h, err := server.New(server.Options{
 		Service: svc, Feed: events, Keys: keys, Logger: log, Registry: reg, RateLimit: c.rateLimit, RateBurst: c.rateBurst,
+		MaxSockets: c.maxSockets, MaxSocketsPerPrincipal: c.maxPrincipalSockets,
+		MaxSubscriptionsPerSocket: c.maxSocketSubscriptions, MaxSubscriptionsPerPrincipal: c.maxPrincipalSubscriptions,
 		DisableIntrospection: !c.introspection,
 		Ready:                ready,
 	})
@@ -333,6 +405,9 @@ func apiServer(ctx context.Context, c config, cat *region.Catalog, st *store.Sto
 		return nil, nil, err
 	}
 	ln, err := net.Listen("tcp", c.listen)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, nil, fmt.Errorf("%w: another program serves %s; stop it, or listen elsewhere with --listen 127.0.0.1:8081 (or COMPUTEQL_LISTEN=127.0.0.1:8081 make run)", err, c.listen)
+	}
 	if err != nil {
 		return nil, nil, err
 	}

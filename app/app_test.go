@@ -365,3 +365,46 @@ func TestRedisClientLogsAreStructured(t *testing.T) {
 		t.Errorf("logged %v", got)
 	}
 }
+
+// A port already taken is an error that says what to do about it.
+func TestTakenPortSaysHowToListenElsewhere(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = Run(ctx, []string{"--listen", ln.Addr().String(), "--token-secret", secret}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "address already in use") || !strings.Contains(err.Error(), "--listen 127.0.0.1:8081") {
+		t.Errorf("serving on a taken port: %v; want it to say the port is taken and how to listen elsewhere", err)
+	}
+}
+
+// Help is asked for, not an error: help, -h and a command's -h exit cleanly, help lists the
+// commands, and version says what was built.
+func TestHelpAndVersion(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string // in what Run writes to its output; "" for flag usage, which goes to standard error
+	}{
+		{[]string{"help"}, "Commands:"},
+		{[]string{"-h"}, "token     mint a bearer token"},
+		{[]string{"--help"}, "version   print the version"},
+		{[]string{"version"}, "computeql "},
+		{[]string{"help", "api"}, ""},
+		{[]string{"token", "-h"}, ""},
+		{[]string{"worker", "--help"}, ""},
+	} {
+		var out strings.Builder
+		if err := Run(context.Background(), tc.args, &out); err != nil {
+			t.Errorf("%v: %v, want no error", tc.args, err)
+		}
+		if !strings.Contains(out.String(), tc.want) {
+			t.Errorf("%v wrote %q, want it to contain %q", tc.args, out.String(), tc.want)
+		}
+	}
+	if err := Run(context.Background(), []string{"nonsense"}, io.Discard); err == nil || !strings.Contains(err.Error(), "want all, api") {
+		t.Errorf("an unknown command: %v, want an error listing the commands", err)
+	}
+}

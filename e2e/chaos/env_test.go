@@ -103,7 +103,9 @@ type envOptions struct {
 // to them.
 func newEnv(t *testing.T, r *harness.Redis, o envOptions) *env {
 	e := &env{t: t, started: time.Now(), redis: r, ledger: NewLedger(), tokens: map[string]string{}}
-	e.d = harness.NewDeployment(t, r, harness.Options{Args: []string{"--build-delay", buildDelay, "--rate-limit", "-1"}})
+	e.d = harness.NewDeployment(t, r, harness.Options{Args: []string{"--build-delay", buildDelay, "--rate-limit", "-1",
+		// Every subscriber of a scenario is the same principal.
+		"--max-sockets-per-principal", "1000000", "--max-subscriptions-per-principal", "1000000"}})
 	for range o.apis {
 		e.apis = append(e.apis, e.d.API(t))
 	}
