@@ -50,7 +50,10 @@ type Feed struct {
 
 	mu   sync.Mutex
 	orgs map[string]*orgFeed
-	wg   sync.WaitGroup
+	// stops counts readers stopped by their last subscriber's leave. A position read while
+	// one stopped may predate events that reader fanned out: it is read again.
+	stops uint64
+	wg    sync.WaitGroup
 
 	delivered, dropped prometheus.Counter
 }
@@ -203,31 +206,40 @@ func (f *Feed) SubscribeInstance(ctx context.Context, org, instanceID, after str
 // the last subscriber's leave takes to stop the reader: a subscription is never added to a
 // reader that is stopping.
 func (f *Feed) join(ctx context.Context, org string, s *Subscription) error {
-	f.mu.Lock()
-	if of, ok := f.orgs[org]; ok {
+	for {
+		f.mu.Lock()
+		if of, ok := f.orgs[org]; ok {
+			of.add(s)
+			f.mu.Unlock()
+			return nil
+		}
+		stops := f.stops
+		f.mu.Unlock()
+		// Read outside the lock, which every subscribe, leave and scrape of every organization
+		// takes: a slow Redis must not stall them all. Two first subscribers may both read; the
+		// first to come back starts the reader.
+		last, err := f.log.LastEvent(ctx, org)
+		if err != nil {
+			return err
+		}
+		f.mu.Lock()
+		of, ok := f.orgs[org]
+		if !ok && f.stops != stops {
+			// A reader stopped meanwhile, perhaps this organization's after fanning out events
+			// later than last: starting from last would hand them out again.
+			f.mu.Unlock()
+			continue
+		}
+		if !ok {
+			rctx, cancel := context.WithCancel(f.ctx)
+			of = &orgFeed{org: org, last: last, subs: map[string]map[*Subscription]struct{}{}, cancel: cancel}
+			f.orgs[org] = of
+			f.wg.Go(func() { f.read(rctx, of) })
+		}
 		of.add(s)
 		f.mu.Unlock()
 		return nil
 	}
-	f.mu.Unlock()
-	// Read outside the lock, which every subscribe, leave and scrape of every organization
-	// takes: a slow Redis must not stall them all. Two first subscribers may both read; the
-	// first to come back starts the reader.
-	last, err := f.log.LastEvent(ctx, org)
-	if err != nil {
-		return err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	of, ok := f.orgs[org]
-	if !ok {
-		rctx, cancel := context.WithCancel(f.ctx)
-		of = &orgFeed{org: org, last: last, subs: map[string]map[*Subscription]struct{}{}, cancel: cancel}
-		f.orgs[org] = of
-		f.wg.Go(func() { f.read(rctx, of) })
-	}
-	of.add(s)
-	return nil
 }
 
 // add puts the subscription among the feed's, live from the last event fanned out.
@@ -351,6 +363,7 @@ func (s *Subscription) leave() {
 	of.mu.Unlock()
 	if empty && f.orgs[of.org] == of {
 		delete(f.orgs, of.org)
+		f.stops++
 		of.cancel()
 	}
 }
