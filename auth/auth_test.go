@@ -110,6 +110,7 @@ func TestMintRefusesBadGrants(t *testing.T) {
 	k := mustKeys(t, secret)
 	for name, p := range map[string]Principal{
 		"no subject":    {Grants: []Grant{{OrganizationID: "acme", Role: RoleViewer}}},
+		"long subject":  {Subject: strings.Repeat("s", MaxSubjectBytes+1), Grants: []Grant{{OrganizationID: "acme", Role: RoleViewer}}},
 		"project admin": {Subject: "s", Grants: []Grant{{OrganizationID: "acme", ProjectID: "web", Role: RoleAdmin}}},
 		"no org":        {Subject: "s", Grants: []Grant{{Role: RoleViewer}}},
 	} {

@@ -39,7 +39,12 @@ var (
 	errAlgorithm = errors.New("algorithm not accepted")
 	// errNoSubject: the token has no sub claim.
 	errNoSubject = errors.New("no subject")
+	// errLongSubject: the sub claim is longer than MaxSubjectBytes.
+	errLongSubject = fmt.Errorf("subject longer than %d bytes", MaxSubjectBytes)
 )
+
+// MaxSubjectBytes bounds a principal's subject, which every change and event records.
+const MaxSubjectBytes = 256
 
 type claims struct {
 	jwt.RegisteredClaims
@@ -177,6 +182,9 @@ func (k *Keys) Mint(p Principal, now time.Time, ttl time.Duration) (string, erro
 	if p.Subject == "" {
 		return "", errors.New("mint token: empty subject")
 	}
+	if len(p.Subject) > MaxSubjectBytes {
+		return "", fmt.Errorf("mint token: %w", errLongSubject)
+	}
 	for _, g := range p.Grants {
 		if err := g.Validate(); err != nil {
 			return "", fmt.Errorf("mint token: %w", err)
@@ -219,6 +227,9 @@ func (k *Keys) Verify(token string) (Principal, error) {
 	}
 	if c.Subject == "" {
 		return Principal{}, fmt.Errorf("%w: %w", ErrInvalidToken, errNoSubject)
+	}
+	if len(c.Subject) > MaxSubjectBytes {
+		return Principal{}, fmt.Errorf("%w: %w", ErrInvalidToken, errLongSubject)
 	}
 	for _, g := range c.Grants {
 		if err := g.Validate(); err != nil {

@@ -199,6 +199,8 @@ func TestVerify(t *testing.T) {
 			{"wrong audience", with(func(c *claims) { c.Audience = jwt.ClaimStrings{"other"} }), jwt.ErrTokenInvalidAudience},
 			{"one of the audiences", with(func(c *claims) { c.Audience = jwt.ClaimStrings{"other", defaultAudience} }), nil},
 			{"no subject", with(func(c *claims) { c.Subject = "" }), errNoSubject},
+			{"longest subject", with(func(c *claims) { c.Subject = strings.Repeat("s", MaxSubjectBytes) }), nil},
+			{"subject too long", with(func(c *claims) { c.Subject = strings.Repeat("s", MaxSubjectBytes+1) }), errLongSubject},
 			{"no expiry", with(func(c *claims) { c.ExpiresAt = nil }), jwt.ErrTokenRequiredClaimMissing},
 			{"project admin", with(func(c *claims) { c.Grants = []Grant{{OrganizationID: "acme", ProjectID: "web", Role: RoleAdmin}} }), ErrInvalidToken},
 			{"unknown role", with(func(c *claims) { c.Grants = []Grant{{OrganizationID: "acme", Role: "root"}} }), ErrInvalidToken},
@@ -254,7 +256,7 @@ func TestVerify(t *testing.T) {
 				if err != nil {
 					t.Fatalf("Verify = %v, want accepted", err)
 				}
-				if p.Subject != "alice" || !reflect.DeepEqual(p.Grants, aliceGrants) {
+				if p.Subject != "alice" && len(p.Subject) != MaxSubjectBytes || !reflect.DeepEqual(p.Grants, aliceGrants) {
 					t.Errorf("principal = %+v", p)
 				}
 				return

@@ -339,6 +339,9 @@ type ImageResolver interface {
 	Tags(ctx context.Context, obj *region.Image) ([]instance.Tag, error)
 }
 type InstanceResolver interface {
+	Description(ctx context.Context, obj *instance.Instance) (string, error)
+	Tags(ctx context.Context, obj *instance.Instance) ([]instance.Tag, error)
+
 	Region(ctx context.Context, obj *instance.Instance) (*region.Region, error)
 
 	Network(ctx context.Context, obj *instance.Instance) (*region.Network, error)
@@ -2234,7 +2237,11 @@ type InstanceEvent {
   "Opaque position in the event log; resume a subscription after it."
   cursor: String!
   kind: InstanceEventKind!
-  "The instance as of this event."
+  """
+  The instance as of this event. Its description, tags and userData are the instance's current
+  ones (empty once it is deleted): the event log keeps no copy of fields that large, so that an
+  event costs a few kilobytes whatever the instance holds.
+  """
   instance: Instance!
   changedFields: [String!]!
   occurredAt: Time!
@@ -4370,7 +4377,7 @@ func (ec *executionContext) _Instance_description(ctx context.Context, field gra
 			return ec.fieldContext_Instance_description(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.Description, nil
+			return ec.Resolvers.Instance().Description(ctx, obj)
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
@@ -4381,7 +4388,7 @@ func (ec *executionContext) _Instance_description(ctx context.Context, field gra
 	)
 }
 func (ec *executionContext) fieldContext_Instance_description(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, true, true, errors.New("field of type String does not have child fields"))
 }
 
 func (ec *executionContext) _Instance_tags(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -4393,7 +4400,7 @@ func (ec *executionContext) _Instance_tags(ctx context.Context, field graphql.Co
 			return ec.fieldContext_Instance_tags(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.Tags, nil
+			return ec.Resolvers.Instance().Tags(ctx, obj)
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v []instance.Tag) graphql.Marshaler {
@@ -4407,8 +4414,8 @@ func (ec *executionContext) fieldContext_Instance_tags(_ context.Context, field 
 	fc = &graphql.FieldContext{
 		Object:     "Instance",
 		Field:      field,
-		IsMethod:   false,
-		IsResolver: false,
+		IsMethod:   true,
+		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 			return ec.childFields_Tag(ctx, field)
 		},
@@ -10333,15 +10340,81 @@ func (ec *executionContext) _Instance(ctx context.Context, sel ast.SelectionSet,
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "description":
-			out.Values[i] = ec._Instance_description(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
-				atomic.AddUint32(&out.Invalids, 1)
+			field := field
+
+			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
+				defer func() {
+					if r := recover(); r != nil {
+						ec.Error(ctx, ec.Recover(ctx, r))
+					}
+				}()
+				res = ec._Instance_description(ctx, field, obj)
+				if res == graphql.Null {
+					atomic.AddUint32(&fs.Invalids, 1)
+				}
+				return res
 			}
+
+			if field.IsDeferred() {
+				deferredFieldSet.AddField(field)
+				fieldIndex := len(deferredFieldSet.Values) - 1
+				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
+					return innerFunc(ctx, deferredFieldSet)
+				})
+
+				for _, deferrable := range field.Deferrables {
+					view, ok := deferLabelToView[deferrable.Label]
+					if !ok {
+						view = deferredFieldSet.NewView()
+						deferLabelToView[deferrable.Label] = view
+					}
+					view.AddIndices(fieldIndex)
+				}
+
+				// don't run the out.Concurrently() call below
+				out.Values[i] = graphql.Null
+				continue
+			}
+
+			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "tags":
-			out.Values[i] = ec._Instance_tags(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
-				atomic.AddUint32(&out.Invalids, 1)
+			field := field
+
+			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
+				defer func() {
+					if r := recover(); r != nil {
+						ec.Error(ctx, ec.Recover(ctx, r))
+					}
+				}()
+				res = ec._Instance_tags(ctx, field, obj)
+				if res == graphql.Null {
+					atomic.AddUint32(&fs.Invalids, 1)
+				}
+				return res
 			}
+
+			if field.IsDeferred() {
+				deferredFieldSet.AddField(field)
+				fieldIndex := len(deferredFieldSet.Values) - 1
+				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
+					return innerFunc(ctx, deferredFieldSet)
+				})
+
+				for _, deferrable := range field.Deferrables {
+					view, ok := deferLabelToView[deferrable.Label]
+					if !ok {
+						view = deferredFieldSet.NewView()
+						deferLabelToView[deferrable.Label] = view
+					}
+					view.AddIndices(fieldIndex)
+				}
+
+				// don't run the out.Concurrently() call below
+				out.Values[i] = graphql.Null
+				continue
+			}
+
+			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "organizationId":
 			out.Values[i] = ec._Instance_organizationId(ctx, field, obj)
 			if out.Values[i] == graphql.Null {

@@ -36,6 +36,21 @@ func (r *imageResolver) Tags(ctx context.Context, obj *region.Image) ([]instance
 	return instance.TagsOf(obj.Tags), nil
 }
 
+// Description is the resolver for the description field.
+func (r *instanceResolver) Description(ctx context.Context, obj *instance.Instance) (string, error) {
+	large, err := obj.Large(ctx)
+	return large.Description, err
+}
+
+// Tags is the resolver for the tags field.
+func (r *instanceResolver) Tags(ctx context.Context, obj *instance.Instance) ([]instance.Tag, error) {
+	large, err := obj.Large(ctx)
+	if large.Tags == nil {
+		large.Tags = []instance.Tag{}
+	}
+	return large.Tags, err
+}
+
 // Region is the resolver for the region field.
 func (r *instanceResolver) Region(ctx context.Context, obj *instance.Instance) (*region.Region, error) {
 	return found(r.catalog().Region(obj.RegionID)), nil
@@ -71,10 +86,11 @@ func (r *instanceResolver) SSHCertificateAuthority(ctx context.Context, obj *ins
 
 // UserData is the resolver for the userData field.
 func (r *instanceResolver) UserData(ctx context.Context, obj *instance.Instance) (*string, error) {
-	if len(obj.UserData) == 0 {
-		return nil, nil
+	large, err := obj.Large(ctx)
+	if err != nil || len(large.UserData) == 0 {
+		return nil, err
 	}
-	s := instance.EncodeUserData(obj.UserData)
+	s := instance.EncodeUserData(large.UserData)
 	return &s, nil
 }
 

@@ -69,6 +69,13 @@ func (r *Record) Caller() string {
 	return ""
 }
 
+// MaxMessageBytes bounds the messages of conditions and events, which may quote a region's
+// errors, so that the bytes an event costs the log are bounded.
+const MaxMessageBytes = 1024
+
+// BoundMessage returns the message cut to MaxMessageBytes.
+func BoundMessage(s string) string { return truncate(s, MaxMessageBytes) }
+
 // ErrCursorExpired is returned by stores for a position older than the log keeps.
 var ErrCursorExpired = errors.New("cursor expired")
 

@@ -186,6 +186,9 @@ type Instance struct {
 	StatusVersion int64
 	Spec
 	Status Status
+	// large is set on an instance read from the event log, which has no copy of its large
+	// fields (see LargeFields).
+	large *lazyLarge
 }
 
 // DesiredPower is the power state the user asked for.
@@ -209,6 +212,7 @@ func Key(org, id string) string { return org + "/" + id }
 // setCondition replaces the condition of the same type, keeping its transition time when the
 // status did not change.
 func (s *Status) setCondition(c Condition) {
+	c.Message = BoundMessage(c.Message)
 	for i, old := range s.Conditions {
 		if old.Type == c.Type {
 			if old.Status == c.Status {

@@ -72,6 +72,10 @@ func TestInstanceHistory(t *testing.T) {
 	if !reflect.DeepEqual(nodes[1].ChangedFields, []string{"description"}) || nodes[1].Instance.Description != "one" || nodes[1].Instance.Generation != 2 {
 		t.Errorf("update event %+v", nodes[1])
 	}
+	// The log keeps no copy of large fields: every event shows the instance's current ones.
+	if nodes[0].Instance.Description != "one" || nodes[0].Instance.Generation != 1 {
+		t.Errorf("created event's instance %+v, want generation 1 with the current description", nodes[0].Instance)
+	}
 	if nodes[0].ChangedFields == nil || len(nodes[0].ChangedFields) != 0 {
 		t.Errorf("created event changedFields %v, want []", nodes[0].ChangedFields)
 	}

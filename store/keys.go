@@ -27,6 +27,15 @@ func projectIndexKey(org, project string) string {
 // instances, appended by the script that commits the change.
 func eventsKey(org string) string { return prefix + orgTag(org) + ":events" }
 
+// eventBytesKey sums the sizes of the entries of the organization's event stream, so that
+// the stream is trimmed by bytes as well as by count.
+func eventBytesKey(org string) string { return prefix + orgTag(org) + ":events:bytes" }
+
+// historyKey is a stream indexing one instance's events in its organization's event stream:
+// each entry has the id of the event it stands for (and its kind), so that a page of one
+// instance's history reads that page, however long the organization's log is.
+func historyKey(org, id string) string { return instanceKey(org, id) + ":h" }
+
 // quotaKey is a hash of limit:<kind> (only kinds set with setQuota) and used:<kind>.
 func quotaKey(org string) string { return prefix + orgTag(org) + ":quota" }
 

@@ -47,11 +47,42 @@ end
 // eventLua appends an event to the organization's event stream from inside the script that
 // commits the change, so there is no event without a change and no change without an event.
 // The event carries the instance as stored after the change (or, for a deletion, before it),
-// with the record's schema version.
-// An ACTION event also carries who called which verb and its outcome. The stream keeps about
-// eventsKept entries per organization.
-const eventLua = `
-local function appendEvent(eventsKey, instKey, id, kind, changed, at, msg, actor, action, outcome)
+// with the record's schema version, but never its large fields (the hash's field large): an
+// event is a few kilobytes whatever the instance holds. An ACTION event also carries who
+// called which verb and its outcome.
+//
+// Each entry records its size in n, and the bytes key sums them: the log keeps at most
+// eventsKept entries and eventsKeptBytes bytes per organization, the oldest dropped first, a
+// few per append so that every append does bounded work. The instance's history index gets
+// an entry with the event's id, so that one instance's history is read without reading the
+// organization's (it keeps about historyKept).
+var eventLua = `
+local function trimEvents(eventsKey, bytesKey, size)
+  local total = redis.call('INCRBY', bytesKey, size)
+  local len = redis.call('XLEN', eventsKey)
+  if total <= ` + strconv.Itoa(eventsKeptBytes) + ` and len <= ` + strconv.Itoa(eventsKept) + ` then
+    return
+  end
+  local cut = 0
+  for _, e in ipairs(redis.call('XRANGE', eventsKey, '-', '+', 'COUNT', 8)) do
+    if total - cut <= ` + strconv.Itoa(eventsKeptBytes) + ` and len <= ` + strconv.Itoa(eventsKept) + ` then
+      break
+    end
+    local fields = e[2]
+    for i = 1, #fields, 2 do
+      if fields[i] == 'n' then
+        cut = cut + tonumber(fields[i + 1])
+      end
+    end
+    redis.call('XDEL', eventsKey, e[1])
+    len = len - 1
+  end
+  if cut > 0 then
+    redis.call('DECRBY', bytesKey, cut)
+  end
+end
+
+local function appendEvent(eventsKey, bytesKey, histKey, instKey, id, kind, changed, at, msg, actor, action, outcome)
   local f = redis.call('HMGET', instKey, 'spec', 'status', 'gen', 'sv', 'proj', 'v')
   local entry = {'kind', kind, 'id', id, 'proj', f[5], 'spec', f[1], 'status', f[2], 'gen', f[3], 'sv', f[4],
     'changed', changed, 'at', at, 'msg', msg, 'v', f[6] or '1'}
@@ -60,20 +91,28 @@ local function appendEvent(eventsKey, instKey, id, kind, changed, at, msg, actor
       table.insert(entry, v)
     end
   end
-  redis.call('XADD', eventsKey, 'MAXLEN', '~', 10000, '*', unpack(entry))
+  local size = ` + strconv.Itoa(eventOverhead) + `
+  for _, v in ipairs(entry) do
+    size = size + #v
+  end
+  table.insert(entry, 'n')
+  table.insert(entry, tostring(size))
+  local eid = redis.call('XADD', eventsKey, '*', unpack(entry))
+  redis.call('XADD', histKey, 'MAXLEN', '~', ` + strconv.Itoa(historyKept) + `, eid, 'k', kind)
+  trimEvents(eventsKey, bytesKey, size)
 end
 `
 
 // createScript stores a new instance, claims its name and charges its quota, all or nothing.
 //
 // KEYS[1] claim, KEYS[2] instance, KEYS[3] org index, KEYS[4] project index, KEYS[5] quota,
-// KEYS[6] events
+// KEYS[6] events, KEYS[7] event bytes, KEYS[8] history index
 // ARGV[1] id, ARGV[2] spec JSON, ARGV[3] status JSON, ARGV[4] project, ARGV[5] now (Unix ms),
-// ARGV[6..] the charge
+// ARGV[6] large fields JSON, ARGV[7..] the charge
 // Returns an empty array on success (a CREATED event appended), else the refusals: "name"
 // when the claim is taken, and the quota refusals of overQuota.
 var createScript = redis.NewScript(quotaLua + eventLua + `
-local refusals = overQuota(KEYS[5], 6)
+local refusals = overQuota(KEYS[5], 7)
 if redis.call('EXISTS', KEYS[1]) == 1 then
   table.insert(refusals, 1, 'name')
 end
@@ -81,11 +120,11 @@ if #refusals > 0 then
   return refusals
 end
 redis.call('SET', KEYS[1], ARGV[1])
-redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', ARGV[3], 'gen', 1, 'sv', 1, 'proj', ARGV[4], 'v', ` + strconv.Itoa(SchemaVersion) + `)
+redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', ARGV[3], 'gen', 1, 'sv', 1, 'proj', ARGV[4], 'large', ARGV[6], 'v', ` + strconv.Itoa(SchemaVersion) + `)
 redis.call('ZADD', KEYS[3], 0, ARGV[1])
 redis.call('ZADD', KEYS[4], 0, ARGV[1])
-applyCharge(KEYS[5], 6)
-appendEvent(KEYS[6], KEYS[2], ARGV[1], 'CREATED', '', ARGV[5], '')
+applyCharge(KEYS[5], 7)
+appendEvent(KEYS[6], KEYS[7], KEYS[8], KEYS[2], ARGV[1], 'CREATED', '', ARGV[5], '')
 return refusals
 `)
 
@@ -93,13 +132,13 @@ return refusals
 // delta; with an expected status version it also writes the status if that is unchanged.
 // All or nothing.
 //
-// KEYS[1] instance, KEYS[2] quota, KEYS[3] events
+// KEYS[1] instance, KEYS[2] quota, KEYS[3] events, KEYS[4] event bytes, KEYS[5] history index
 // ARGV[1] expected generation, ARGV[2] spec JSON,
 // ARGV[3] expected status version ("" leaves the status alone), ARGV[4] status JSON,
 // ARGV[5] id, ARGV[6] changed fields (comma-separated), ARGV[7] now (Unix ms),
 // ARGV[8] event kind (UPDATED, or ACTION for a verb that changed the desired power),
 // ARGV[9] actor, ARGV[10] action, ARGV[11] outcome, ARGV[12] event message,
-// ARGV[13..] the quota delta (negative amounts release)
+// ARGV[13] large fields JSON, ARGV[14..] the quota delta (negative amounts release)
 // Returns {"ok"} (the event appended), {"gone"}, {"stale"}, {"statusstale"}, or the quota
 // refusals of overQuota.
 var updateSpecScript = redis.NewScript(quotaLua + eventLua + `
@@ -113,18 +152,18 @@ end
 if ARGV[3] ~= '' and cur[2] ~= ARGV[3] then
   return {'statusstale'}
 end
-local refusals = overQuota(KEYS[2], 13)
+local refusals = overQuota(KEYS[2], 14)
 if #refusals > 0 then
   return refusals
 end
-redis.call('HSET', KEYS[1], 'spec', ARGV[2])
+redis.call('HSET', KEYS[1], 'spec', ARGV[2], 'large', ARGV[13])
 redis.call('HINCRBY', KEYS[1], 'gen', 1)
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[1], 'status', ARGV[4])
   redis.call('HINCRBY', KEYS[1], 'sv', 1)
 end
-applyCharge(KEYS[2], 13)
-appendEvent(KEYS[3], KEYS[1], ARGV[5], ARGV[8], ARGV[6], ARGV[7], ARGV[12], ARGV[9], ARGV[10], ARGV[11])
+applyCharge(KEYS[2], 14)
+appendEvent(KEYS[3], KEYS[4], KEYS[5], KEYS[1], ARGV[5], ARGV[8], ARGV[6], ARGV[7], ARGV[12], ARGV[9], ARGV[10], ARGV[11])
 return {'ok'}
 `)
 
@@ -132,7 +171,7 @@ return {'ok'}
 // it. The generation is not compared: a worker's status may follow a spec the user has changed
 // since, and the status's observedGeneration says which generation it realised.
 //
-// KEYS[1] instance, KEYS[2] events
+// KEYS[1] instance, KEYS[2] events, KEYS[3] event bytes, KEYS[4] history index
 // ARGV[1] expected status version, ARGV[2] status JSON, ARGV[3] id, ARGV[4] event kind,
 // ARGV[5] changed fields (comma-separated), ARGV[6] now (Unix ms), ARGV[7] event message
 // Returns 1 when written (the event appended), 0 when the status version moved on, -1 when
@@ -147,7 +186,7 @@ if sv ~= ARGV[1] then
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'sv', 1)
-appendEvent(KEYS[2], KEYS[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+appendEvent(KEYS[2], KEYS[3], KEYS[4], KEYS[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 return 1
 `)
 
@@ -158,22 +197,23 @@ return 1
 // and the charge is never released twice.
 //
 // KEYS[1] instance, KEYS[2] claim, KEYS[3] org index, KEYS[4] project index, KEYS[5] quota,
-// KEYS[6] events
+// KEYS[6] events, KEYS[7] event bytes, KEYS[8] history index
 // ARGV[1] expected generation, ARGV[2] id, ARGV[3] now (Unix ms),
 // ARGV[4..] the charge to release (negative amounts)
-// Returns 1 when forgotten (a DELETED event appended, carrying the instance as it was), 0
+// Returns 1 when forgotten (a DELETED event appended, carrying the instance as it was, and the
+// instance's history index deleted with it), 0
 // when the instance is gone or its generation moved on.
 var forgetScript = redis.NewScript(quotaLua + eventLua + `
 local gen = redis.call('HGET', KEYS[1], 'gen')
 if gen ~= ARGV[1] then
   return 0
 end
-appendEvent(KEYS[6], KEYS[1], ARGV[2], 'DELETED', '', ARGV[3], '')
+appendEvent(KEYS[6], KEYS[7], KEYS[8], KEYS[1], ARGV[2], 'DELETED', '', ARGV[3], '')
 applyCharge(KEYS[5], 4)
 if redis.call('GET', KEYS[2]) == ARGV[2] then
   redis.call('DEL', KEYS[2])
 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[8])
 redis.call('ZREM', KEYS[3], ARGV[2])
 redis.call('ZREM', KEYS[4], ARGV[2])
 return 1
@@ -183,7 +223,7 @@ return 1
 // warning (e.g. that duplicate servers were found and deleted), or a verb that changed no
 // desired state (a reboot, a console session).
 //
-// KEYS[1] instance, KEYS[2] events
+// KEYS[1] instance, KEYS[2] events, KEYS[3] event bytes, KEYS[4] history index
 // ARGV[1] id, ARGV[2] now (Unix ms), ARGV[3] kind, ARGV[4] message, ARGV[5] actor,
 // ARGV[6] action, ARGV[7] outcome
 // Returns 1, or 0 when the instance is gone (nothing is recorded).
@@ -191,11 +231,53 @@ var noteScript = redis.NewScript(eventLua + `
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
-appendEvent(KEYS[2], KEYS[1], ARGV[1], ARGV[3], '', ARGV[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+appendEvent(KEYS[2], KEYS[3], KEYS[4], KEYS[1], ARGV[1], ARGV[3], '', ARGV[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 return 1
 `)
 
-var scripts = []*redis.Script{createScript, updateSpecScript, writeStatusScript, forgetScript, noteScript, upgradeScript}
+// historyScript reads a page of one instance's history: its index from the position after
+// which to start (or from the oldest event the log still keeps), then each event by its id.
+// Its work is the page's, however long the organization's log is.
+//
+// KEYS[1] events, KEYS[2] history index
+// ARGV[1] the position to start after ("" for the oldest kept), ARGV[2] the page size
+// Returns {"expired"} when the log no longer reaches back to ARGV[1], else {more (0 or 1),
+// the events as XRANGE gives them...}. An event trimmed since its index entry was read is
+// left out.
+var historyScript = redis.NewScript(`
+local function before(a, b)
+  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
+  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
+  ams, aseq, bms, bseq = tonumber(ams), tonumber(aseq), tonumber(bms), tonumber(bseq)
+  return ams < bms or (ams == bms and aseq < bseq)
+end
+local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+if #first == 0 then
+  return {0}
+end
+local start = first[1][1]
+if ARGV[1] ~= '' then
+  if before(ARGV[1], start) then
+    return {'expired'}
+  end
+  start = '(' .. ARGV[1]
+end
+local limit = tonumber(ARGV[2])
+local out = {0}
+for i, e in ipairs(redis.call('XRANGE', KEYS[2], start, '+', 'COUNT', limit + 1)) do
+  if i > limit then
+    out[1] = 1
+    break
+  end
+  local ev = redis.call('XRANGE', KEYS[1], e[1], e[1])
+  if #ev == 1 then
+    table.insert(out, ev[1])
+  end
+end
+return out
+`)
+
+var scripts = []*redis.Script{createScript, updateSpecScript, writeStatusScript, forgetScript, noteScript, upgradeScript, historyScript}
 
 // upgradeScript writes a migrated instance record if it is still the one that was read: same
 // version (ARGV[1], "" for none), generation and status version. Otherwise it writes nothing
@@ -203,12 +285,12 @@ var scripts = []*redis.Script{createScript, updateSpecScript, writeStatusScript,
 //
 // KEYS[1] instance
 // ARGV[1] version read, ARGV[2] gen read, ARGV[3] sv read, ARGV[4] new version, ARGV[5] spec,
-// ARGV[6] status
+// ARGV[6] status, ARGV[7] large fields
 var upgradeScript = redis.NewScript(`
 local f = redis.call('HMGET', KEYS[1], 'v', 'gen', 'sv')
 if (f[1] or '') ~= ARGV[1] or f[2] ~= ARGV[2] or f[3] ~= ARGV[3] then
   return 0
 end
-redis.call('HSET', KEYS[1], 'v', ARGV[4], 'spec', ARGV[5], 'status', ARGV[6])
+redis.call('HSET', KEYS[1], 'v', ARGV[4], 'spec', ARGV[5], 'status', ARGV[6], 'large', ARGV[7])
 return 1
 `)

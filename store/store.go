@@ -56,9 +56,32 @@ func chargeArgs(args []any, amounts, limits quota.Amounts) []any {
 	return args
 }
 
+// Event log bounds, per organization (see eventLua).
+const (
+	eventsKept      = 10_000
+	eventsKeptBytes = 16 << 20
+	// eventOverhead is what Redis spends on an entry beyond its fields' bytes, counted with
+	// them so that the bytes bound holds for many small events too.
+	eventOverhead = 64
+	historyKept   = 1_000
+)
+
+// encodeSpec returns the spec without its large fields, and those fields, as stored.
+func encodeSpec(spec *instance.Spec) (specJSON, largeJSON []byte, err error) {
+	small, large := instance.SplitLarge(*spec)
+	specJSON, err1 := json.Marshal(&small)
+	largeJSON, err2 := json.Marshal(&large)
+	return specJSON, largeJSON, errors.Join(err1, err2)
+}
+
+// eventKeys are the keys every script that appends an event to the log takes last.
+func eventKeys(org, id string) []string {
+	return []string{eventsKey(org), eventBytesKey(org), historyKey(org, id)}
+}
+
 // Create implements instance.Store with createScript.
 func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim string, limits quota.Amounts) (*instance.Refusal, error) {
-	spec, err := json.Marshal(&inst.Spec)
+	spec, large, err := encodeSpec(&inst.Spec)
 	if err != nil {
 		return nil, fmt.Errorf("create: encode spec: %w", err)
 	}
@@ -67,11 +90,11 @@ func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim strin
 		return nil, fmt.Errorf("create: encode status: %w", err)
 	}
 	org := inst.OrganizationID
-	keys := []string{
+	keys := append([]string{
 		claimKey(org, claim), instanceKey(org, inst.ID), orgIndexKey(org),
-		projectIndexKey(org, inst.ProjectID), quotaKey(org), eventsKey(org),
-	}
-	args := chargeArgs([]any{inst.ID, spec, status, inst.ProjectID, inst.CreatedAt.UnixMilli()}, inst.Charge, limits)
+		projectIndexKey(org, inst.ProjectID), quotaKey(org),
+	}, eventKeys(org, inst.ID)...)
+	args := chargeArgs([]any{inst.ID, spec, status, inst.ProjectID, inst.CreatedAt.UnixMilli(), large}, inst.Charge, limits)
 	reply, err := createScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return nil, failed("create", err)
@@ -98,7 +121,7 @@ func (s *Store) Act(ctx context.Context, inst *instance.Instance, changed []stri
 }
 
 func (s *Store) updateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status, changed []string, kind instance.EventKind, ev instance.ActionEvent) (*instance.Refusal, error) {
-	spec, err := json.Marshal(&inst.Spec)
+	spec, large, err := encodeSpec(&inst.Spec)
 	if err != nil {
 		return nil, fmt.Errorf("update spec: encode spec: %w", err)
 	}
@@ -114,9 +137,9 @@ func (s *Store) updateSpec(ctx context.Context, inst *instance.Instance, delta, 
 		at = ev.At
 	}
 	org := inst.OrganizationID
-	keys := []string{instanceKey(org, inst.ID), quotaKey(org), eventsKey(org)}
+	keys := append([]string{instanceKey(org, inst.ID), quotaKey(org)}, eventKeys(org, inst.ID)...)
 	args := chargeArgs([]any{inst.Generation, spec, expectSV, statusJSON, inst.ID, strings.Join(changed, ","), at.UnixMilli(),
-		string(kind), ev.Actor, string(ev.Action), string(ev.Outcome), ev.Message}, delta, limits)
+		string(kind), ev.Actor, string(ev.Action), string(ev.Outcome), instance.BoundMessage(ev.Message), large}, delta, limits)
 	reply, err := updateSpecScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return nil, failed("update spec", err)
@@ -146,9 +169,9 @@ func (s *Store) WriteStatus(ctx context.Context, inst *instance.Instance, status
 	if err != nil {
 		return false, fmt.Errorf("write status: encode status: %w", err)
 	}
-	keys := []string{instanceKey(inst.OrganizationID, inst.ID), eventsKey(inst.OrganizationID)}
+	keys := append([]string{instanceKey(inst.OrganizationID, inst.ID)}, eventKeys(inst.OrganizationID, inst.ID)...)
 	reply, err := writeStatusScript.Run(ctx, s.rdb, keys, inst.StatusVersion, statusJSON, inst.ID,
-		string(ev.Kind), strings.Join(ev.Changed, ","), ev.At.UnixMilli(), ev.Message).Int()
+		string(ev.Kind), strings.Join(ev.Changed, ","), ev.At.UnixMilli(), instance.BoundMessage(ev.Message)).Int()
 	if err != nil {
 		return false, failed("write status", err)
 	}
@@ -162,10 +185,10 @@ func (s *Store) WriteStatus(ctx context.Context, inst *instance.Instance, status
 // nothing, when the instance is gone (e.g. already forgotten) or its generation moved on.
 func (s *Store) Forget(ctx context.Context, inst *instance.Instance, at time.Time) (bool, error) {
 	org := inst.OrganizationID
-	keys := []string{
+	keys := append([]string{
 		instanceKey(org, inst.ID), claimKey(org, instance.NameClaim(inst.NetworkID, inst.Name)),
-		orgIndexKey(org), projectIndexKey(org, inst.ProjectID), quotaKey(org), eventsKey(org),
-	}
+		orgIndexKey(org), projectIndexKey(org, inst.ProjectID), quotaKey(org),
+	}, eventKeys(org, inst.ID)...)
 	// Releasing is charging the negated amounts; limits only matter for positive amounts.
 	args := chargeArgs([]any{inst.Generation, inst.ID, at.UnixMilli()}, quota.Amounts{}.Sub(inst.Charge), nil)
 	reply, err := forgetScript.Run(ctx, s.rdb, keys, args...).Int()
@@ -201,7 +224,7 @@ func parseRefusals(reply []string) (*instance.Refusal, error) {
 	return r, nil
 }
 
-var instanceFields = []string{"spec", "status", "gen", "sv", "proj", "v"}
+var instanceFields = []string{"spec", "status", "gen", "sv", "proj", "v", "large"}
 
 // NameClaimed implements instance.Store.
 func (s *Store) NameClaimed(ctx context.Context, org, claim string) (bool, error) {
@@ -219,8 +242,8 @@ func (s *Store) Warn(ctx context.Context, inst *instance.Instance, at time.Time,
 
 // note records an event that changes nothing with noteScript; false when the instance is gone.
 func (s *Store) note(ctx context.Context, inst *instance.Instance, kind instance.EventKind, ev instance.ActionEvent) (bool, error) {
-	keys := []string{instanceKey(inst.OrganizationID, inst.ID), eventsKey(inst.OrganizationID)}
-	n, err := noteScript.Run(ctx, s.rdb, keys, inst.ID, ev.At.UnixMilli(), string(kind), ev.Message,
+	keys := append([]string{instanceKey(inst.OrganizationID, inst.ID)}, eventKeys(inst.OrganizationID, inst.ID)...)
+	n, err := noteScript.Run(ctx, s.rdb, keys, inst.ID, ev.At.UnixMilli(), string(kind), instance.BoundMessage(ev.Message),
 		ev.Actor, string(ev.Action), string(ev.Outcome)).Int()
 	if err != nil {
 		return false, fmt.Errorf("record %s event: %w", strings.ToLower(string(kind)), err)
@@ -228,43 +251,49 @@ func (s *Store) note(ctx context.Context, inst *instance.Instance, kind instance
 	return n == 1, nil
 }
 
-// historyBatch is how many log entries History reads per round trip: the log holds every
-// instance of the organization, and one instance's events are picked out of it.
+// historyBatch is how many events ReadEvents returns at most per call.
 const historyBatch = 500
 
-// History implements instance.Store from the organization's event log.
+// History implements instance.Store from the instance's history index with historyScript:
+// one round trip, whose work is the page's whatever the length of the organization's log.
 func (s *Store) History(ctx context.Context, org, id, after string, limit int) ([]instance.Record, bool, error) {
-	start := "-"
-	if after != "" {
-		if err := s.checkKept(ctx, org, after); err != nil {
-			return nil, false, failed("history", err)
-		}
-		start = "(" + after
+	reply, err := historyScript.Run(ctx, s.rdb, []string{eventsKey(org), historyKey(org, id)}, after, limit).Slice()
+	if err != nil {
+		return nil, false, failed("history", err)
 	}
-	var out []instance.Record
-	for {
-		msgs, err := s.rdb.XRangeN(ctx, eventsKey(org), start, "+", historyBatch).Result()
+	if len(reply) == 1 && reply[0] == "expired" {
+		return nil, false, instance.ErrCursorExpired
+	}
+	more, _ := reply[0].(int64)
+	msgs := make([]redis.XMessage, 0, len(reply)-1)
+	for _, e := range reply[1:] {
+		m, err := scriptEntry(e)
 		if err != nil {
-			return nil, false, failed("history", err)
+			return nil, false, fmt.Errorf("history: %w", err)
 		}
-		for _, m := range msgs {
-			if m.Values["id"] != id {
-				continue
-			}
-			if len(out) == limit {
-				return out, true, nil
-			}
-			r, err := decodeRecord(org, m)
-			if err != nil {
-				return nil, false, err
-			}
-			out = append(out, r)
-		}
-		if len(msgs) < historyBatch {
-			return out, false, nil
-		}
-		start = "(" + msgs[len(msgs)-1].ID
+		msgs = append(msgs, m)
 	}
+	out, err := s.decodeRecords(org, msgs)
+	return out, more == 1, err
+}
+
+// scriptEntry reads a stream entry as a script returns it: {id, {field, value, ...}}.
+func scriptEntry(e any) (redis.XMessage, error) {
+	pair, ok := e.([]any)
+	if !ok || len(pair) != 2 {
+		return redis.XMessage{}, fmt.Errorf("unexpected stream entry %v", e)
+	}
+	id, _ := pair[0].(string)
+	kv, ok := pair[1].([]any)
+	if id == "" || !ok || len(kv)%2 != 0 {
+		return redis.XMessage{}, fmt.Errorf("unexpected stream entry %v", e)
+	}
+	m := redis.XMessage{ID: id, Values: make(map[string]any, len(kv)/2)}
+	for i := 0; i < len(kv); i += 2 {
+		k, _ := kv[i].(string)
+		m.Values[k] = kv[i+1]
+	}
+	return m, nil
 }
 
 // LastEvent returns the position of the organization's newest event, "0-0" when it has none:
@@ -290,7 +319,7 @@ func (s *Store) ReadEvents(ctx context.Context, org, after string, block time.Du
 	if err != nil {
 		return nil, failed("read events", err)
 	}
-	return decodeRecords(org, streams[0].Messages)
+	return s.decodeRecords(org, streams[0].Messages)
 }
 
 // EventsBetween returns the organization's events after one position up to another, oldest
@@ -306,7 +335,7 @@ func (s *Store) EventsBetween(ctx context.Context, org, after, upTo string) ([]i
 	if err != nil {
 		return nil, failed("events between", err)
 	}
-	return decodeRecords(org, msgs)
+	return s.decodeRecords(org, msgs)
 }
 
 // checkKept returns instance.ErrCursorExpired when the organization's log no longer reaches
@@ -323,10 +352,10 @@ func (s *Store) checkKept(ctx context.Context, org, pos string) error {
 	return nil
 }
 
-func decodeRecords(org string, msgs []redis.XMessage) ([]instance.Record, error) {
+func (s *Store) decodeRecords(org string, msgs []redis.XMessage) ([]instance.Record, error) {
 	out := make([]instance.Record, 0, len(msgs))
 	for _, m := range msgs {
-		r, err := decodeRecord(org, m)
+		r, err := s.decodeRecord(org, m)
 		if err != nil {
 			return nil, err
 		}
@@ -335,15 +364,21 @@ func decodeRecords(org string, msgs []redis.XMessage) ([]instance.Record, error)
 	return out, nil
 }
 
-// decodeRecord reads an event entry appended by eventLua.
-func decodeRecord(org string, m redis.XMessage) (instance.Record, error) {
+// decodeRecord reads an event entry appended by eventLua. Its instance has no large fields
+// (records of schema version 3 on do not copy them into events): they are read from the
+// instance, when asked for.
+func (s *Store) decodeRecord(org string, m redis.XMessage) (instance.Record, error) {
 	str := func(k string) string { s, _ := m.Values[k].(string); return s }
-	inst, err := decode(org, str("id"), []any{m.Values["spec"], m.Values["status"], m.Values["gen"], m.Values["sv"], m.Values["proj"], m.Values["v"]})
+	id := str("id")
+	inst, err := decode(org, id, []any{m.Values["spec"], m.Values["status"], m.Values["gen"], m.Values["sv"], m.Values["proj"], m.Values["v"], nil})
 	if err != nil {
 		return instance.Record{}, fmt.Errorf("decode event %s: %w", m.ID, err)
 	}
 	if inst == nil {
 		return instance.Record{}, fmt.Errorf("decode event %s: it carries no instance", m.ID)
+	}
+	if v, _ := recordVersion(str("v")); v >= largeSplitVersion {
+		inst.LoadLargeWith(func(ctx context.Context) (instance.LargeFields, bool, error) { return s.large(ctx, org, id) })
 	}
 	ms, err := strconv.ParseInt(str("at"), 10, 64)
 	if err != nil {
@@ -357,6 +392,22 @@ func decodeRecord(org string, m redis.XMessage) (instance.Record, error) {
 		r.Changed = strings.Split(c, ",")
 	}
 	return r, nil
+}
+
+// large reads the instance's current large fields; ok is false when it is gone.
+func (s *Store) large(ctx context.Context, org, id string) (instance.LargeFields, bool, error) {
+	v, err := s.rdb.HGet(ctx, instanceKey(org, id), "large").Result()
+	if errors.Is(err, redis.Nil) {
+		return instance.LargeFields{}, false, nil
+	}
+	if err != nil {
+		return instance.LargeFields{}, false, failed("read large fields", err)
+	}
+	var l instance.LargeFields
+	if err := json.Unmarshal([]byte(v), &l); err != nil {
+		return instance.LargeFields{}, false, fmt.Errorf("decode large fields of %s/%s: %w", org, id, err)
+	}
+	return l, true, nil
 }
 
 // Exists reports whether the instance exists, reading nothing of it.
@@ -405,7 +456,13 @@ func decode(org, id string, vals []any) (*instance.Instance, error) {
 	inst.Generation, err3 = strconv.ParseInt(str(2), 10, 64)
 	inst.StatusVersion, err4 = strconv.ParseInt(str(3), 10, 64)
 	_, err5 := recordVersion(str(5))
-	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
+	var err6 error
+	if large := str(6); large != "" {
+		var l instance.LargeFields
+		err6 = json.Unmarshal([]byte(large), &l)
+		inst.SetLarge(l)
+	}
+	if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil {
 		return nil, fmt.Errorf("decode instance %s/%s: %w", org, id, err)
 	}
 	return inst, nil

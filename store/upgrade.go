@@ -15,7 +15,12 @@ import (
 // SchemaVersion is the version of the instance records this code writes, in each instance
 // hash's field v. Version 1 is every record written before records carried a version (no v
 // field); readers still accept it, since the step to 2 changes no meaning.
-const SchemaVersion = 2
+const SchemaVersion = 3
+
+// largeSplitVersion is the first schema version whose records keep their large fields in
+// the hash's field large, apart from spec, so that events (which copy spec) do not carry
+// them. A record of an earlier version has them in spec.
+const largeSplitVersion = 3
 
 // ErrNewerSchema is a record, or an organization's records, written by a newer version of
 // computeql than this one: reading or rewriting them could lose what this code does not know.
@@ -39,6 +44,19 @@ var migrations = map[int]func(fields map[string]string) error{
 			return err
 		}
 		f["spec"], f["status"] = string(specJSON), string(statusJSON)
+		return nil
+	},
+	// 2 → 3: the large fields move out of spec into their own field (see largeSplitVersion).
+	2: func(f map[string]string) error {
+		var spec instance.Spec
+		if err := json.Unmarshal([]byte(f["spec"]), &spec); err != nil {
+			return err
+		}
+		specJSON, largeJSON, err := encodeSpec(&spec)
+		if err != nil {
+			return err
+		}
+		f["spec"], f["large"] = string(specJSON), string(largeJSON)
 		return nil
 	},
 }
@@ -144,7 +162,7 @@ func (s *Store) upgradeRecord(ctx context.Context, org, id string) (bool, error)
 				return false, fmt.Errorf("migrate from schema version %d: %w", v, err)
 			}
 		}
-		ok, err := upgradeScript.Run(ctx, s.rdb, []string{key}, f["v"], gen, sv, SchemaVersion, f["spec"], f["status"]).Bool()
+		ok, err := upgradeScript.Run(ctx, s.rdb, []string{key}, f["v"], gen, sv, SchemaVersion, f["spec"], f["status"], f["large"]).Bool()
 		if err != nil || ok {
 			return ok, err
 		}

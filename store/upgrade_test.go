@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"reflect"
+	"strconv"
 	"sync"
 	"testing"
 
@@ -82,7 +83,7 @@ func TestUpgradeMigratesOldRecordsOnce(t *testing.T) {
 
 	for _, r := range recs {
 		f := hgetall(t, rdb, instanceKey(r.Org, r.ID))
-		if f["v"] != "2" || f["gen"] != r.Fields["gen"] || f["sv"] != r.Fields["sv"] || f["proj"] != r.Fields["proj"] {
+		if f["v"] != strconv.Itoa(SchemaVersion) || f["gen"] != r.Fields["gen"] || f["sv"] != r.Fields["sv"] || f["proj"] != r.Fields["proj"] {
 			t.Errorf("%s after upgrade: v %s gen %s sv %s proj %s", r.ID, f["v"], f["gen"], f["sv"], f["proj"])
 		}
 		after, err := st.Get(ctx, []string{r.Org}, r.ID)
@@ -92,15 +93,15 @@ func TestUpgradeMigratesOldRecordsOnce(t *testing.T) {
 		if !reflect.DeepEqual(after, before[r.ID]) {
 			t.Errorf("%s changed meaning:\nbefore %+v\nafter  %+v", r.ID, before[r.ID], after)
 		}
-		spec, _ := json.Marshal(&after.Spec)
+		spec, large, _ := encodeSpec(&after.Spec)
 		status, _ := json.Marshal(&after.Status)
-		if f["spec"] != string(spec) || f["status"] != string(status) {
-			t.Errorf("%s is not in the current shape:\nspec %s\nwant %s\nstatus %s\nwant %s", r.ID, f["spec"], spec, f["status"], status)
+		if f["spec"] != string(spec) || f["large"] != string(large) || f["status"] != string(status) {
+			t.Errorf("%s is not in the current shape:\nspec %s\nwant %s\nlarge %s\nwant %s\nstatus %s\nwant %s", r.ID, f["spec"], spec, f["large"], large, f["status"], status)
 		}
 	}
 	for _, org := range orgs {
-		if v, _ := rdb.Get(ctx, schemaKey(org)).Result(); v != "2" {
-			t.Errorf("%s marked %q, want 2", org, v)
+		if v, _ := rdb.Get(ctx, schemaKey(org)).Result(); v != strconv.Itoa(SchemaVersion) {
+			t.Errorf("%s marked %q, want %d", org, v, SchemaVersion)
 		}
 	}
 	if again, err := st.Upgrade(ctx, orgs); err != nil || again != (Upgraded{}) {
@@ -111,8 +112,8 @@ func TestUpgradeMigratesOldRecordsOnce(t *testing.T) {
 	if _, err := st.Create(ctx, inst, "net-1/new-1", roomy); err != nil {
 		t.Fatal(err)
 	}
-	if v := hgetall(t, rdb, instanceKey("acme", inst.ID))["v"]; v != "2" {
-		t.Errorf("a new record has version %q, want 2", v)
+	if v := hgetall(t, rdb, instanceKey("acme", inst.ID))["v"]; v != strconv.Itoa(SchemaVersion) {
+		t.Errorf("a new record has version %q, want %d", v, SchemaVersion)
 	}
 }
 
@@ -127,12 +128,14 @@ func TestUpgradeRereadsARecordThatChanged(t *testing.T) {
 	for k, v := range r.Fields {
 		stale[k] = v
 	}
-	if err := migrations[1](stale); err != nil {
-		t.Fatal(err)
+	for v := 1; v < SchemaVersion; v++ {
+		if err := migrations[v](stale); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// A worker writes a new status (sv 4 → 5) after the upgrade read version 4.
 	rdb.HSet(ctx, key, "sv", "5", "status", `{"provisioningStatus":"PROVISIONED","healthStatus":"DEGRADED","powerState":"RUNNING","observedGeneration":1}`)
-	ok, err := upgradeScript.Run(ctx, rdb, []string{key}, "", r.Fields["gen"], r.Fields["sv"], SchemaVersion, stale["spec"], stale["status"]).Bool()
+	ok, err := upgradeScript.Run(ctx, rdb, []string{key}, "", r.Fields["gen"], r.Fields["sv"], SchemaVersion, stale["spec"], stale["status"], stale["large"]).Bool()
 	if err != nil || ok {
 		t.Fatalf("the stale write was applied (%v, %v)", ok, err)
 	}
@@ -143,7 +146,7 @@ func TestUpgradeRereadsARecordThatChanged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if inst.Status.HealthStatus != instance.HealthDegraded || hgetall(t, rdb, key)["v"] != "2" {
+	if inst.Status.HealthStatus != instance.HealthDegraded || hgetall(t, rdb, key)["v"] != strconv.Itoa(SchemaVersion) {
 		t.Errorf("after the re-read: health %s, v %s; want the worker's DEGRADED, upgraded", inst.Status.HealthStatus, hgetall(t, rdb, key)["v"])
 	}
 }
@@ -154,15 +157,15 @@ func TestNewerSchemaIsRefused(t *testing.T) {
 	rdb := redisServer.Client(t)
 	st := New(rdb)
 	r := loadV1Fixture(t, rdb)[0]
-	rdb.HSet(ctx, instanceKey(r.Org, r.ID), "v", "3")
+	rdb.HSet(ctx, instanceKey(r.Org, r.ID), "v", SchemaVersion+1)
 	if _, err := st.Get(ctx, []string{r.Org}, r.ID); !errors.Is(err, ErrNewerSchema) {
-		t.Errorf("get of a version-3 record: %v, want ErrNewerSchema", err)
+		t.Errorf("get of a newer record: %v, want ErrNewerSchema", err)
 	}
 	if _, err := st.Upgrade(ctx, []string{r.Org}); !errors.Is(err, ErrNewerSchema) {
-		t.Errorf("upgrade over a version-3 record: %v, want ErrNewerSchema", err)
+		t.Errorf("upgrade over a newer record: %v, want ErrNewerSchema", err)
 	}
-	rdb.Set(ctx, schemaKey("globex"), 3, 0)
+	rdb.Set(ctx, schemaKey("globex"), SchemaVersion+1, 0)
 	if _, err := st.Upgrade(ctx, []string{"globex"}); !errors.Is(err, ErrNewerSchema) {
-		t.Errorf("upgrade of an organization marked 3: %v, want ErrNewerSchema", err)
+		t.Errorf("upgrade of an organization marked newer: %v, want ErrNewerSchema", err)
 	}
 }

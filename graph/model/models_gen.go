@@ -54,7 +54,9 @@ type InstanceEvent struct {
 	// Opaque position in the event log; resume a subscription after it.
 	Cursor string             `json:"cursor"`
 	Kind   instance.EventKind `json:"kind"`
-	// The instance as of this event.
+	// The instance as of this event. Its description, tags and userData are the instance's current
+	// ones (empty once it is deleted): the event log keeps no copy of fields that large, so that an
+	// event costs a few kilobytes whatever the instance holds.
 	Instance      *instance.Instance `json:"instance"`
 	ChangedFields []string           `json:"changedFields"`
 	OccurredAt    time.Time          `json:"occurredAt"`

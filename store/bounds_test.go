@@ -1,0 +1,248 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/computeql/computeql/instance"
+)
+
+// maximal returns an instance with every field a caller or the system can fill at its
+// limit, in the widest characters: what the log's bounds must hold for.
+func maximal(org, project string) *instance.Instance {
+	inst := newInstance(org, project, strings.Repeat("n", 63))
+	wide := func(n int) string { return strings.Repeat("𝔵", n) } // four bytes each
+	inst.Description = wide(instance.MaxDescription)
+	for i := range instance.MaxTags {
+		inst.Tags = append(inst.Tags, instance.Tag{Name: fmt.Sprintf("%02d", i) + wide(instance.MaxTagName-2), Value: wide(instance.MaxTagValue)})
+	}
+	inst.UserData = []byte(strings.Repeat("u", instance.MaxUserDataBytes))
+	for i := range instance.MaxSecurityGroup {
+		inst.Networking.SecurityGroupIDs = append(inst.Networking.SecurityGroupIDs, fmt.Sprintf("sg-%060d", i))
+	}
+	for i := range instance.MaxSourceCIDRs {
+		inst.Networking.AllowedSourceAddresses = append(inst.Networking.AllowedSourceAddresses, fmt.Sprintf("10.%d.%d.0/24", i, i))
+	}
+	inst.CreatedBy, inst.UpdatedBy = strings.Repeat("𝔭", 64), strings.Repeat("𝔭", 64)
+	// The one condition there is, its message cut as the domain cuts it.
+	inst.Status.Conditions = []instance.Condition{{Type: instance.ConditionAvailable, Message: instance.BoundMessage(strings.Repeat("𝔠", instance.MaxMessageBytes))}}
+	return inst
+}
+
+// usedMemory is Redis's used_memory.
+func usedMemory(t *testing.T, rdb *redis.Client) int64 {
+	t.Helper()
+	info, err := rdb.InfoMap(ctx, "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.ParseInt(info["Memory"]["used_memory"], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// maxEventBytes is the documented bound of what one event costs Redis.
+const maxEventBytes = 8 << 10
+
+// TestEventsOfAMaximalInstanceStaySmall: with every field at its limit, an update costs Redis
+// at most maxEventBytes per event, because events carry no copy of the large fields (a copy
+// of the user data alone is 32 KiB), and condition and event messages are cut to their bound.
+func TestEventsOfAMaximalInstanceStaySmall(t *testing.T) {
+	rdb := redisServer.Client(t)
+	s := New(rdb)
+	inst := create(t, s, maximal("acme", "web"))
+	long := strings.Repeat("𝔪", 4*instance.MaxMessageBytes)
+	const updates = 500
+	before := usedMemory(t, rdb)
+	for i := range updates {
+		inst.Description = strconv.Itoa(i) + inst.Description[len(strconv.Itoa(i)):]
+		if r, err := s.UpdateSpec(ctx, inst, nil, roomy, nil, []string{"description"}); err != nil || r != nil {
+			t.Fatal(err, r)
+		}
+		inst.Generation++
+		if ok, err := s.WriteStatus(ctx, inst, inst.Status, instance.Event{Kind: instance.EventStatusChanged, At: eventTime, Message: long}); err != nil || !ok {
+			t.Fatal(err, ok)
+		}
+		inst.StatusVersion++
+	}
+	perEvent := (usedMemory(t, rdb) - before) / (2 * updates)
+	t.Logf("%d bytes of Redis memory per event of a maximal instance", perEvent)
+	if perEvent > maxEventBytes {
+		t.Errorf("%d bytes of Redis memory per event, want at most %d", perEvent, maxEventBytes)
+	}
+	for _, m := range events(t, rdb, "acme") {
+		for _, big := range []string{"𝔵𝔵𝔵𝔵", strings.Repeat("u", 64)} {
+			for k, v := range m.Values {
+				if strings.Contains(v.(string), big) {
+					t.Fatalf("event %s copies a large field in %s", m.ID, k)
+				}
+			}
+		}
+		if msg := m.Values["msg"].(string); len(msg) > instance.MaxMessageBytes+len("…") {
+			t.Fatalf("event %s has a message of %d bytes", m.ID, len(msg))
+		}
+	}
+}
+
+// TestEventInstancesReadTheirLargeFieldsFromTheInstance: an instance read from the log has
+// the instance's current large fields, read when asked for, and none once it is gone.
+func TestEventInstancesReadTheirLargeFieldsFromTheInstance(t *testing.T) {
+	rdb := redisServer.Client(t)
+	s := New(rdb)
+	inst := create(t, s, newInstance("acme", "web", "a"))
+	inst.Description, inst.Tags, inst.UserData = "now", []instance.Tag{{Name: "k", Value: "v"}}, []byte("#cloud-config")
+	if r, err := s.UpdateSpec(ctx, inst, nil, roomy, nil, []string{"description", "tags", "userData"}); err != nil || r != nil {
+		t.Fatal(err, r)
+	}
+	inst.Generation++
+	page, _, err := s.History(ctx, "acme", inst.ID, "", 10)
+	if err != nil || len(page) != 2 {
+		t.Fatalf("history: %d events, %v", len(page), err)
+	}
+	created := page[0].Instance
+	if !created.FromLog() || created.Description != "" {
+		t.Fatalf("an instance from the log carries description %q (from log: %v)", created.Description, created.FromLog())
+	}
+	large, err := created.Large(ctx)
+	if err != nil || large.Description != "now" || len(large.Tags) != 1 || string(large.UserData) != "#cloud-config" {
+		t.Errorf("large fields of the CREATED event's instance: %+v, %v; want the current ones", large, err)
+	}
+
+	if ok, err := s.Forget(ctx, inst, eventTime); err != nil || !ok {
+		t.Fatal(err, ok)
+	}
+	msgs := events(t, rdb, "acme")
+	deleted, err := s.decodeRecords("acme", msgs[len(msgs)-1:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if large, err := deleted[0].Instance.Large(ctx); err != nil || large.Description != "" || large.Tags != nil {
+		t.Errorf("large fields of a forgotten instance: %+v, %v; want none", large, err)
+	}
+	if n, _ := rdb.Exists(ctx, historyKey("acme", inst.ID)).Result(); n != 0 {
+		t.Error("the history index of a forgotten instance is left behind")
+	}
+}
+
+// TestLogIsBoundedInBytesAndCount: the log drops its oldest events past eventsKeptBytes or
+// eventsKept, whichever comes first, and its byte count stays the sum of what it holds.
+func TestLogIsBoundedInBytesAndCount(t *testing.T) {
+	rdb := redisServer.Client(t)
+	s := New(rdb)
+	check := func(wantLenBound bool) {
+		t.Helper()
+		msgs, err := rdb.XRange(ctx, eventsKey("acme"), "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := 0
+		for _, m := range msgs {
+			n, _ := strconv.Atoi(m.Values["n"].(string))
+			sum += n
+		}
+		counted, _ := rdb.Get(ctx, eventBytesKey("acme")).Int()
+		if counted != sum || sum > eventsKeptBytes || len(msgs) > eventsKept {
+			t.Fatalf("log of %d events, %d bytes counted, %d held; want at most %d events and %d bytes, counted as held",
+				len(msgs), counted, sum, eventsKept, eventsKeptBytes)
+		}
+		if wantLenBound != (len(msgs) == eventsKept) {
+			t.Fatalf("log of %d events after %s", len(msgs), map[bool]string{true: "many small events", false: "large events"}[wantLenBound])
+		}
+	}
+
+	big := create(t, s, maximal("acme", "web"))
+	long := strings.Repeat("m", instance.MaxMessageBytes)
+	for range 3 * eventsKeptBytes / maxEventBytes {
+		if ok, err := s.WriteStatus(ctx, big, big.Status, instance.Event{Kind: instance.EventStatusChanged, At: eventTime, Message: long}); err != nil || !ok {
+			t.Fatal(err, ok)
+		}
+		big.StatusVersion++
+	}
+	check(false)
+
+	small := create(t, s, newInstance("acme", "web", "s"))
+	for range eventsKept + 100 {
+		if ok, err := s.Warn(ctx, small, eventTime, ""); err != nil || !ok {
+			t.Fatal(err, ok)
+		}
+	}
+	check(true)
+}
+
+// xrangeCalls is how many XRANGE commands Redis has run, from scripts included.
+func xrangeCalls(t *testing.T, rdb *redis.Client) int {
+	t.Helper()
+	info, err := rdb.InfoMap(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stat := info["Commandstats"]["cmdstat_xrange"] // calls=N,usec=...
+	calls, _, _ := strings.Cut(strings.TrimPrefix(stat, "calls="), ",")
+	n, _ := strconv.Atoi(calls)
+	return n
+}
+
+// TestHistoryPageWorkDoesNotGrowWithTheLog: a page of one instance's history costs Redis the
+// same commands, in one round trip, whether the organization's log holds 100 events or
+// 10,000 (before the history index, a page read the log 500 entries at a time).
+func TestHistoryPageWorkDoesNotGrowWithTheLog(t *testing.T) {
+	work := func(logLen int) (calls, roundTrips int) {
+		rdb := redisServer.Client(t)
+		s := New(rdb)
+		if err := s.Load(ctx); err != nil {
+			t.Fatal(err)
+		}
+		watched := create(t, s, newInstance("acme", "web", "watched"))
+		for range 4 {
+			if ok, err := s.Warn(ctx, watched, eventTime, "w"); err != nil || !ok {
+				t.Fatal(err, ok)
+			}
+		}
+		other := create(t, s, newInstance("acme", "web", "other"))
+		for range logLen - 6 {
+			if ok, err := s.Warn(ctx, other, eventTime, ""); err != nil || !ok {
+				t.Fatal(err, ok)
+			}
+		}
+		if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		counter := &countingHook{}
+		rdb.AddHook(counter)
+		page, more, err := s.History(ctx, "acme", watched.ID, "", 3)
+		if err != nil || len(page) != 3 || !more {
+			t.Fatalf("history page: %d events, more %v, %v", len(page), more, err)
+		}
+		rest, more, err := s.History(ctx, "acme", watched.ID, page[2].Cursor, 3)
+		if err != nil || len(rest) != 2 || more {
+			t.Fatalf("second page: %d events, more %v, %v", len(rest), more, err)
+		}
+		trips := counter.n
+		return xrangeCalls(t, rdb), trips
+	}
+	smallCalls, smallTrips := work(100)
+	largeCalls, largeTrips := work(10_000)
+	t.Logf("two pages: %d XRANGE in %d round trips on a log of 100, %d in %d on 10,000", smallCalls, smallTrips, largeCalls, largeTrips)
+	if largeCalls != smallCalls || largeTrips != smallTrips || largeTrips > 2 {
+		t.Errorf("two pages cost %d XRANGE in %d round trips on a log of 10,000, %d in %d on 100; want the same, one round trip a page",
+			largeCalls, largeTrips, smallCalls, smallTrips)
+	}
+}
+
+// countingHook counts the commands and pipelines a client sends.
+type countingHook struct{ n int }
+
+func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.n++; return next(ctx, cmd) }
+}
+func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.n++; return next(ctx, cmds) }
+}
