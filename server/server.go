@@ -58,6 +58,9 @@ type Options struct {
 	MaxDepth int
 	// MaxComplexity caps an operation's complexity, lists weighted by page size. Defaults to 20,000.
 	MaxComplexity int
+	// MaxStoreCallsPerRequest caps the store calls one operation runs at once (its root fields
+	// and list items are resolved concurrently). Defaults to 4.
+	MaxStoreCallsPerRequest int
 	// MaxFields caps an operation's field selections with fragments expanded. Defaults to 5,000.
 	MaxFields int
 	// MaxWidth caps the fields of one selection set, fragments flattened. Defaults to 200.
@@ -141,6 +144,7 @@ func (o *Options) applyDefaults() error {
 	if o.MaxComplexity == 0 {
 		o.MaxComplexity = 20_000
 	}
+	o.MaxStoreCallsPerRequest = cmp.Or(o.MaxStoreCallsPerRequest, 4)
 	if o.MaxFields == 0 {
 		o.MaxFields = 5_000
 	}
@@ -240,6 +244,7 @@ func New(opts Options) (http.Handler, error) {
 	gql.Use(extension.AutomaticPersistedQuery{Cache: lru.New[string](1000)})
 	gql.Use(depthLimit{max: opts.MaxDepth})
 	gql.Use(extension.FixedComplexityLimit(opts.MaxComplexity))
+	gql.Use(storeCallLimit{opts.MaxStoreCallsPerRequest})
 	metrics, err := newOpMetrics(opts.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("server: metrics: %w", err)
