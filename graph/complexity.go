@@ -34,6 +34,11 @@ func Complexity() ComplexityRoot {
 	c.Query.Instance = one
 	c.Query.InstanceSSHKey = one
 	c.Query.Quota = one
+	// The large fields cost what they may weigh in the answer at their limits, about a
+	// kilobyte a point: a tag list is a list of up to MaxTags, user data up to 44 KB of base64.
+	c.Instance.Description = func(int) int { return 4 }
+	c.Instance.UserData = func(int) int { return 40 }
+	c.Instance.Tags = func(child int) int { return instance.MaxTags * child }
 	return c
 }
 

@@ -38,13 +38,13 @@ func (r *imageResolver) Tags(ctx context.Context, obj *region.Image) ([]instance
 
 // Description is the resolver for the description field.
 func (r *instanceResolver) Description(ctx context.Context, obj *instance.Instance) (string, error) {
-	large, err := obj.Large(ctx)
+	large, err := obj.Large(ctx, instance.FieldDescription)
 	return large.Description, err
 }
 
 // Tags is the resolver for the tags field.
 func (r *instanceResolver) Tags(ctx context.Context, obj *instance.Instance) ([]instance.Tag, error) {
-	large, err := obj.Large(ctx)
+	large, err := obj.Large(ctx, instance.FieldTags)
 	if large.Tags == nil {
 		large.Tags = []instance.Tag{}
 	}
@@ -86,7 +86,7 @@ func (r *instanceResolver) SSHCertificateAuthority(ctx context.Context, obj *ins
 
 // UserData is the resolver for the userData field.
 func (r *instanceResolver) UserData(ctx context.Context, obj *instance.Instance) (*string, error) {
-	large, err := obj.Large(ctx)
+	large, err := obj.Large(ctx, instance.FieldUserData)
 	if err != nil || len(large.UserData) == 0 {
 		return nil, err
 	}

@@ -211,13 +211,30 @@ func (e *env) update(t testing.TB, ctx context.Context, req instance.UpdateReque
 	return inst
 }
 
-// get reads an instance as the principal of ctx; it must be found.
+// get reads an instance as the principal of ctx; it must be found. Get reads the large
+// fields only when asked for (Large), and get asks for each, as a caller selecting them does.
 func (e *env) get(t testing.TB, ctx context.Context, id string) *instance.Instance {
 	t.Helper()
 	inst, err := e.svc.Get(ctx, id)
 	if err != nil {
 		t.Fatalf("get %s: %v", id, err)
 	}
+	if !inst.Partial() || inst.Description != "" || inst.Tags != nil || inst.UserData != nil {
+		t.Fatalf("get %s read its large fields before they were asked for", id)
+	}
+	var large instance.LargeFields
+	for field, set := range map[instance.LargeField]func(instance.LargeFields){
+		instance.FieldDescription: func(l instance.LargeFields) { large.Description = l.Description },
+		instance.FieldTags:        func(l instance.LargeFields) { large.Tags = l.Tags },
+		instance.FieldUserData:    func(l instance.LargeFields) { large.UserData = l.UserData },
+	} {
+		l, err := inst.Large(ctx, field)
+		if err != nil {
+			t.Fatalf("get %s: large field %d: %v", id, field, err)
+		}
+		set(l)
+	}
+	inst.SetLarge(large)
 	return inst
 }
 

@@ -66,7 +66,7 @@ func (s *Service) History(ctx context.Context, id string, first *int, after *str
 	if err != nil {
 		return nil, err
 	}
-	inst, err := s.get(ctx, pr, id, auth.RoleViewer)
+	inst, err := s.peek(ctx, pr, id, auth.RoleViewer)
 	if err != nil {
 		return nil, err
 	}

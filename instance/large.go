@@ -8,15 +8,24 @@ import (
 // LargeFields are the parts of a spec that may be large: at their limits tens of kilobytes,
 // many times the rest of an instance. The event log never copies them, so that an event costs
 // the store a few kilobytes whatever the instance holds; an instance read from the log gets
-// them from the instance as it is now.
+// them from the instance as it is now. Reads that serve the API (a page of instances, one
+// instance, a history page) do not read them either until a caller asks for one.
 type LargeFields struct {
-	Description string `json:"description,omitempty"`
-	Tags        []Tag  `json:"tags,omitempty"`
-	UserData    []byte `json:"userData,omitempty"`
+	Description string
+	Tags        []Tag
+	UserData    []byte
 }
 
-// LargeFieldNames are the names of the LargeFields in changed-field lists and the API.
-var LargeFieldNames = []string{"description", "tags", "userData"}
+// LargeField names one of the LargeFields.
+type LargeField int
+
+// The large fields.
+const (
+	FieldDescription LargeField = iota
+	FieldTags
+	FieldUserData
+	largeFieldCount
+)
 
 // SplitLarge returns the spec without its large fields, and those fields.
 func SplitLarge(spec Spec) (Spec, LargeFields) {
@@ -30,39 +39,56 @@ func (s *Spec) SetLarge(l LargeFields) {
 	s.Description, s.Tags, s.UserData = l.Description, l.Tags, l.UserData
 }
 
-// LargeLoader reads the current large fields of an instance; ok is false when it is gone.
-type LargeLoader func(ctx context.Context) (l LargeFields, ok bool, err error)
+// LargeLoader reads one of the current large fields of an instance into that field of l,
+// and sets no other; it leaves l as it is when the instance is gone.
+type LargeLoader func(ctx context.Context, field LargeField, l *LargeFields) error
 
-// lazyLarge loads the large fields once for every holder of an instance read from the log:
+// lazyLarge loads each large field once for every holder of an instance read without them:
 // one event is shared by all the subscribers it is fanned out to.
 type lazyLarge struct {
 	load LargeLoader
-	once sync.Once
+	once [largeFieldCount]sync.Once
+	errs [largeFieldCount]error
 	val  LargeFields
-	err  error
 }
 
-// LoadLargeWith marks the instance as read from the event log, without its large fields:
-// Large reads them with load, once.
+// LoadLargeWith marks the instance as read without its large fields: Large reads each with
+// load, once, when asked for.
 func (i *Instance) LoadLargeWith(load LargeLoader) {
 	i.large = &lazyLarge{load: load}
 }
 
-// FromLog reports whether the instance was read from the event log, so that its large fields
-// are the instance's current ones rather than those as of the event.
-func (i *Instance) FromLog() bool { return i.large != nil }
+// Partial reports whether the instance was read without its large fields, which Large then
+// reads on demand: for an instance read from the event log, the instance's current ones
+// rather than those as of the event.
+func (i *Instance) Partial() bool { return i.large != nil }
 
-// Large returns the instance's large fields: its own, or for one read from the event log the
-// instance's current ones (empty once it is deleted).
-func (i *Instance) Large(ctx context.Context) (LargeFields, error) {
-	if i.large == nil {
-		return LargeFields{Description: i.Description, Tags: i.Tags, UserData: i.UserData}, nil
-	}
+// Large returns the instance's large field, the others left empty: its own, or for an
+// instance read without it, the instance's current one (empty once it is deleted).
+func (i *Instance) Large(ctx context.Context, field LargeField) (LargeFields, error) {
 	l := i.large
-	l.once.Do(func() {
-		if l.val, _, l.err = l.load(ctx); l.err != nil {
-			l.err = internal("read an instance's large fields", l.err)
+	if l == nil {
+		return pick(field, &LargeFields{Description: i.Description, Tags: i.Tags, UserData: i.UserData}), nil
+	}
+	l.once[field].Do(func() {
+		if err := l.load(ctx, field, &l.val); err != nil {
+			l.errs[field] = internal("read an instance's large fields", err)
 		}
 	})
-	return l.val, l.err
+	if l.errs[field] != nil {
+		return LargeFields{}, l.errs[field]
+	}
+	return pick(field, &l.val), nil
+}
+
+// pick copies only the one field: another may be being loaded meanwhile.
+func pick(field LargeField, from *LargeFields) LargeFields {
+	switch field {
+	case FieldDescription:
+		return LargeFields{Description: from.Description}
+	case FieldTags:
+		return LargeFields{Tags: from.Tags}
+	default:
+		return LargeFields{UserData: from.UserData}
+	}
 }

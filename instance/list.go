@@ -124,7 +124,14 @@ func (s *Service) List(ctx context.Context, req ListRequest) (*Page, error) {
 			return nil, internal("list instances", err)
 		}
 		for _, inst := range insts {
-			if !pr.Allows(org, inst.ProjectID, auth.RoleViewer) || !f.matches(inst) {
+			if !pr.Allows(org, inst.ProjectID, auth.RoleViewer) {
+				continue
+			}
+			ok, err := f.matches(ctx, inst)
+			if err != nil {
+				return nil, err
+			}
+			if !ok {
 				continue
 			}
 			if len(page.Instances) < first {
@@ -163,7 +170,14 @@ func (s *Service) count(ctx context.Context, pr auth.Principal, org, project str
 			return 0, internal("count instances", err)
 		}
 		for _, inst := range insts {
-			if pr.Allows(org, inst.ProjectID, auth.RoleViewer) && f.matches(inst) {
+			if !pr.Allows(org, inst.ProjectID, auth.RoleViewer) {
+				continue
+			}
+			ok, err := f.matches(ctx, inst)
+			if err != nil {
+				return 0, err
+			}
+			if ok {
 				n++
 			}
 		}
@@ -174,7 +188,7 @@ func (s *Service) count(ctx context.Context, pr auth.Principal, org, project str
 	}
 }
 
-func (f *Filter) matches(inst *Instance) bool {
+func (f *Filter) matches(ctx context.Context, inst *Instance) (bool, error) {
 	switch {
 	case f.ProjectID != nil && *f.ProjectID != inst.ProjectID,
 		f.Region != nil && *f.Region != inst.RegionID,
@@ -183,12 +197,20 @@ func (f *Filter) matches(inst *Instance) bool {
 		f.NameContains != nil && !strings.Contains(strings.ToLower(inst.Name), strings.ToLower(*f.NameContains)),
 		len(f.ProvisioningStatus) > 0 && !slices.Contains(f.ProvisioningStatus, inst.Status.ProvisioningStatus),
 		len(f.PowerState) > 0 && !slices.Contains(f.PowerState, inst.Status.PowerState):
-		return false
+		return false, nil
+	}
+	if len(f.Tags) == 0 {
+		return true, nil
+	}
+	// Tags are read only for instances that match everything else.
+	l, err := inst.Large(ctx, FieldTags)
+	if err != nil {
+		return false, err
 	}
 	for _, want := range f.Tags {
-		if !slices.Contains(inst.Tags, want) {
-			return false
+		if !slices.Contains(l.Tags, want) {
+			return false, nil
 		}
 	}
-	return true
+	return true, nil
 }

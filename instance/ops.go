@@ -184,17 +184,28 @@ func (s *Service) Get(ctx context.Context, id string) (*Instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.get(ctx, pr, id, auth.RoleViewer)
+	return s.peek(ctx, pr, id, auth.RoleViewer)
 }
 
 // get finds the instance among the principal's organizations and checks it holds min over
 // the instance's project. Looking only where the principal has grants means an instance of
 // another organization is never even read.
 func (s *Service) get(ctx context.Context, pr auth.Principal, id string, min auth.Role) (*Instance, error) {
+	return s.read(ctx, pr, id, min, s.store.Get)
+}
+
+// peek is get without reading the large fields until they are asked for (Store.Peek): for
+// reads that serve the API.
+func (s *Service) peek(ctx context.Context, pr auth.Principal, id string, min auth.Role) (*Instance, error) {
+	return s.read(ctx, pr, id, min, s.store.Peek)
+}
+
+func (s *Service) read(ctx context.Context, pr auth.Principal, id string, min auth.Role,
+	get func(context.Context, []string, string) (*Instance, error)) (*Instance, error) {
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
-	inst, err := s.store.Get(ctx, pr.Organizations(), id)
+	inst, err := get(ctx, pr.Organizations(), id)
 	switch {
 	case err == ErrNotFound:
 		return nil, Errorf(CodeNotFound, "instance %q not found", id)

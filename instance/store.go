@@ -17,6 +17,10 @@ type Store interface {
 	NameClaimed(ctx context.Context, org, claim string) (bool, error)
 	// Get returns the instance with the id in the first of orgs that has it, or ErrNotFound.
 	Get(ctx context.Context, orgs []string, id string) (*Instance, error)
+	// Peek is Get without reading the large fields, which the instance's Large reads when
+	// asked for: what reads that serve the API use, so that an instance whose fields are at
+	// their limits costs a page or an alias a few kilobytes.
+	Peek(ctx context.Context, orgs []string, id string) (*Instance, error)
 	// UpdateSpec writes inst's spec if the stored generation is still inst.Generation, and
 	// then increases it; charges delta against quota (negative amounts release). When status
 	// is not nil it is written too, if the stored status version is still inst.StatusVersion.
@@ -28,7 +32,8 @@ type Store interface {
 	// Refusal.Gone when the instance no longer exists, Refusal.Stale when it changed.
 	Act(ctx context.Context, inst *Instance, changed []string, ev ActionEvent) (*Refusal, error)
 	// List returns up to limit instances of the organization (of one project when project is
-	// not ""), oldest first, starting after the instance with id after ("" for the start).
+	// not ""), oldest first, starting after the instance with id after ("" for the start),
+	// read as Peek reads them.
 	List(ctx context.Context, org, project, after string, limit int) ([]*Instance, error)
 	// Count returns how many instances the organization (or one of its projects) has.
 	Count(ctx context.Context, org, project string) (int, error)

@@ -47,7 +47,7 @@ end
 // eventLua appends an event to the organization's event stream from inside the script that
 // commits the change, so there is no event without a change and no change without an event.
 // The event carries the instance as stored after the change (or, for a deletion, before it),
-// with the record's schema version, but never its large fields (the hash's field large): an
+// with the record's schema version, but never its large fields (description, tags, userData): an
 // event is a few kilobytes whatever the instance holds. An ACTION event also carries who
 // called which verb and its outcome.
 //
@@ -108,11 +108,11 @@ end
 // KEYS[1] claim, KEYS[2] instance, KEYS[3] org index, KEYS[4] project index, KEYS[5] quota,
 // KEYS[6] events, KEYS[7] event bytes, KEYS[8] history index
 // ARGV[1] id, ARGV[2] spec JSON, ARGV[3] status JSON, ARGV[4] project, ARGV[5] now (Unix ms),
-// ARGV[6] large fields JSON, ARGV[7..] the charge
+// ARGV[6..8] description, tags and user data, ARGV[9..] the charge
 // Returns an empty array on success (a CREATED event appended), else the refusals: "name"
 // when the claim is taken, and the quota refusals of overQuota.
 var createScript = redis.NewScript(quotaLua + eventLua + `
-local refusals = overQuota(KEYS[5], 7)
+local refusals = overQuota(KEYS[5], 9)
 if redis.call('EXISTS', KEYS[1]) == 1 then
   table.insert(refusals, 1, 'name')
 end
@@ -120,10 +120,11 @@ if #refusals > 0 then
   return refusals
 end
 redis.call('SET', KEYS[1], ARGV[1])
-redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', ARGV[3], 'gen', 1, 'sv', 1, 'proj', ARGV[4], 'large', ARGV[6], 'v', ` + strconv.Itoa(SchemaVersion) + `)
+redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', ARGV[3], 'gen', 1, 'sv', 1, 'proj', ARGV[4],
+  'description', ARGV[6], 'tags', ARGV[7], 'userData', ARGV[8], 'v', ` + strconv.Itoa(SchemaVersion) + `)
 redis.call('ZADD', KEYS[3], 0, ARGV[1])
 redis.call('ZADD', KEYS[4], 0, ARGV[1])
-applyCharge(KEYS[5], 7)
+applyCharge(KEYS[5], 9)
 appendEvent(KEYS[6], KEYS[7], KEYS[8], KEYS[2], ARGV[1], 'CREATED', '', ARGV[5], '')
 return refusals
 `)
@@ -138,7 +139,8 @@ return refusals
 // ARGV[5] id, ARGV[6] changed fields (comma-separated), ARGV[7] now (Unix ms),
 // ARGV[8] event kind (UPDATED, or ACTION for a verb that changed the desired power),
 // ARGV[9] actor, ARGV[10] action, ARGV[11] outcome, ARGV[12] event message,
-// ARGV[13] large fields JSON, ARGV[14..] the quota delta (negative amounts release)
+// ARGV[13..15] description, tags and user data, ARGV[16..] the quota delta (negative amounts
+// release)
 // Returns {"ok"} (the event appended), {"gone"}, {"stale"}, {"statusstale"}, or the quota
 // refusals of overQuota.
 var updateSpecScript = redis.NewScript(quotaLua + eventLua + `
@@ -152,17 +154,17 @@ end
 if ARGV[3] ~= '' and cur[2] ~= ARGV[3] then
   return {'statusstale'}
 end
-local refusals = overQuota(KEYS[2], 14)
+local refusals = overQuota(KEYS[2], 16)
 if #refusals > 0 then
   return refusals
 end
-redis.call('HSET', KEYS[1], 'spec', ARGV[2], 'large', ARGV[13])
+redis.call('HSET', KEYS[1], 'spec', ARGV[2], 'description', ARGV[13], 'tags', ARGV[14], 'userData', ARGV[15])
 redis.call('HINCRBY', KEYS[1], 'gen', 1)
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[1], 'status', ARGV[4])
   redis.call('HINCRBY', KEYS[1], 'sv', 1)
 end
-applyCharge(KEYS[2], 14)
+applyCharge(KEYS[2], 16)
 appendEvent(KEYS[3], KEYS[4], KEYS[5], KEYS[1], ARGV[5], ARGV[8], ARGV[6], ARGV[7], ARGV[12], ARGV[9], ARGV[10], ARGV[11])
 return {'ok'}
 `)
@@ -285,12 +287,13 @@ var scripts = []*redis.Script{createScript, updateSpecScript, writeStatusScript,
 //
 // KEYS[1] instance
 // ARGV[1] version read, ARGV[2] gen read, ARGV[3] sv read, ARGV[4] new version, ARGV[5] spec,
-// ARGV[6] status, ARGV[7] large fields
+// ARGV[6] status, ARGV[7..9] description, tags and user data
 var upgradeScript = redis.NewScript(`
 local f = redis.call('HMGET', KEYS[1], 'v', 'gen', 'sv')
 if (f[1] or '') ~= ARGV[1] or f[2] ~= ARGV[2] or f[3] ~= ARGV[3] then
   return 0
 end
-redis.call('HSET', KEYS[1], 'v', ARGV[4], 'spec', ARGV[5], 'status', ARGV[6], 'large', ARGV[7])
+redis.call('HSET', KEYS[1], 'v', ARGV[4], 'spec', ARGV[5], 'status', ARGV[6], 'description', ARGV[7], 'tags', ARGV[8],
+  'userData', ARGV[9])
 return 1
 `)

@@ -69,12 +69,37 @@ const (
 	historyKept   = 1_000
 )
 
-// encodeSpec returns the spec without its large fields, and those fields, as stored.
-func encodeSpec(spec *instance.Spec) (specJSON, largeJSON []byte, err error) {
-	small, large := instance.SplitLarge(*spec)
+// encodeSpec returns the spec without its large fields, and those fields as the hash holds
+// them: description and user data as they are, tags as JSON.
+func encodeSpec(spec *instance.Spec) (specJSON []byte, large [3]any, err error) {
+	small, l := instance.SplitLarge(*spec)
 	specJSON, err1 := json.Marshal(&small)
-	largeJSON, err2 := json.Marshal(&large)
-	return specJSON, largeJSON, errors.Join(err1, err2)
+	tags := []byte("")
+	var err2 error
+	if len(l.Tags) > 0 {
+		tags, err2 = json.Marshal(l.Tags)
+	}
+	return specJSON, [3]any{l.Description, tags, l.UserData}, errors.Join(err1, err2)
+}
+
+// largeFields are the hash fields of the large fields, in instance.LargeField order.
+var largeFields = [...]string{"description", "tags", "userData"}
+
+// decodeLarge sets the large field from its value in the hash.
+func decodeLarge(field instance.LargeField, v string, l *instance.LargeFields) error {
+	switch field {
+	case instance.FieldDescription:
+		l.Description = v
+	case instance.FieldTags:
+		if v != "" {
+			return json.Unmarshal([]byte(v), &l.Tags)
+		}
+	case instance.FieldUserData:
+		if v != "" {
+			l.UserData = []byte(v)
+		}
+	}
+	return nil
 }
 
 // eventKeys are the keys every script that appends an event to the log takes last.
@@ -97,7 +122,7 @@ func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim strin
 		claimKey(org, claim), instanceKey(org, inst.ID), orgIndexKey(org),
 		projectIndexKey(org, inst.ProjectID), quotaKey(org),
 	}, eventKeys(org, inst.ID)...)
-	args := chargeArgs([]any{inst.ID, spec, status, inst.ProjectID, inst.CreatedAt.UnixMilli(), large}, inst.Charge, limits)
+	args := chargeArgs([]any{inst.ID, spec, status, inst.ProjectID, inst.CreatedAt.UnixMilli(), large[0], large[1], large[2]}, inst.Charge, limits)
 	reply, err := createScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return nil, failed("create", err)
@@ -142,7 +167,7 @@ func (s *Store) updateSpec(ctx context.Context, inst *instance.Instance, delta, 
 	org := inst.OrganizationID
 	keys := append([]string{instanceKey(org, inst.ID), quotaKey(org)}, eventKeys(org, inst.ID)...)
 	args := chargeArgs([]any{inst.Generation, spec, expectSV, statusJSON, inst.ID, strings.Join(changed, ","), at.UnixMilli(),
-		string(kind), ev.Actor, string(ev.Action), string(ev.Outcome), instance.BoundMessage(ev.Message), large}, delta, limits)
+		string(kind), ev.Actor, string(ev.Action), string(ev.Outcome), instance.BoundMessage(ev.Message), large[0], large[1], large[2]}, delta, limits)
 	reply, err := updateSpecScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return nil, failed("update spec", err)
@@ -227,7 +252,12 @@ func parseRefusals(reply []string) (*instance.Refusal, error) {
 	return r, nil
 }
 
-var instanceFields = []string{"spec", "status", "gen", "sv", "proj", "v", "large"}
+// instanceFields are what a read of a whole instance reads; headFields leave the large
+// fields out.
+var (
+	instanceFields = []string{"spec", "status", "gen", "sv", "proj", "v", "description", "tags", "userData"}
+	headFields     = instanceFields[:6]
+)
 
 // NameClaimed implements instance.Store.
 func (s *Store) NameClaimed(ctx context.Context, org, claim string) (bool, error) {
@@ -373,7 +403,7 @@ func (s *Store) decodeRecords(org string, msgs []redis.XMessage) ([]instance.Rec
 func (s *Store) decodeRecord(org string, m redis.XMessage) (instance.Record, error) {
 	str := func(k string) string { s, _ := m.Values[k].(string); return s }
 	id := str("id")
-	inst, err := decode(org, id, []any{m.Values["spec"], m.Values["status"], m.Values["gen"], m.Values["sv"], m.Values["proj"], m.Values["v"], nil})
+	inst, err := decode(org, id, []any{m.Values["spec"], m.Values["status"], m.Values["gen"], m.Values["sv"], m.Values["proj"], m.Values["v"]})
 	if err != nil {
 		return instance.Record{}, fmt.Errorf("decode event %s: %w", m.ID, err)
 	}
@@ -381,7 +411,7 @@ func (s *Store) decodeRecord(org string, m redis.XMessage) (instance.Record, err
 		return instance.Record{}, fmt.Errorf("decode event %s: it carries no instance", m.ID)
 	}
 	if v, _ := recordVersion(str("v")); v >= largeSplitVersion {
-		inst.LoadLargeWith(func(ctx context.Context) (instance.LargeFields, bool, error) { return s.large(ctx, org, id) })
+		s.loadLargeOnDemand(inst)
 	}
 	ms, err := strconv.ParseInt(str("at"), 10, 64)
 	if err != nil {
@@ -397,20 +427,22 @@ func (s *Store) decodeRecord(org string, m redis.XMessage) (instance.Record, err
 	return r, nil
 }
 
-// large reads the instance's current large fields; ok is false when it is gone.
-func (s *Store) large(ctx context.Context, org, id string) (instance.LargeFields, bool, error) {
-	v, err := s.rdb.HGet(ctx, instanceKey(org, id), "large").Result()
-	if errors.Is(err, redis.Nil) {
-		return instance.LargeFields{}, false, nil
-	}
-	if err != nil {
-		return instance.LargeFields{}, false, failed("read large fields", err)
-	}
-	var l instance.LargeFields
-	if err := json.Unmarshal([]byte(v), &l); err != nil {
-		return instance.LargeFields{}, false, fmt.Errorf("decode large fields of %s/%s: %w", org, id, err)
-	}
-	return l, true, nil
+// loadLargeOnDemand makes Large read the instance's current large fields, one at a time.
+func (s *Store) loadLargeOnDemand(inst *instance.Instance) {
+	key := instanceKey(inst.OrganizationID, inst.ID)
+	inst.LoadLargeWith(func(ctx context.Context, field instance.LargeField, l *instance.LargeFields) error {
+		v, err := s.rdb.HGet(ctx, key, largeFields[field]).Result()
+		if errors.Is(err, redis.Nil) {
+			return nil
+		}
+		if err != nil {
+			return failed("read "+largeFields[field], err)
+		}
+		if err := decodeLarge(field, v, l); err != nil {
+			return fmt.Errorf("decode %s of %s: %w", largeFields[field], key, err)
+		}
+		return nil
+	})
 }
 
 // Exists reports whether the instance exists, reading nothing of it.
@@ -424,13 +456,26 @@ func (s *Store) Exists(ctx context.Context, org, id string) (bool, error) {
 
 // Get implements instance.Store: one pipelined round trip over the organizations.
 func (s *Store) Get(ctx context.Context, orgs []string, id string) (*instance.Instance, error) {
+	return s.get(ctx, orgs, id, instanceFields)
+}
+
+// Peek implements instance.Store: Get without the large fields, read when asked for.
+func (s *Store) Peek(ctx context.Context, orgs []string, id string) (*instance.Instance, error) {
+	inst, err := s.get(ctx, orgs, id, headFields)
+	if inst != nil {
+		s.loadLargeOnDemand(inst)
+	}
+	return inst, err
+}
+
+func (s *Store) get(ctx context.Context, orgs []string, id string, fields []string) (*instance.Instance, error) {
 	if len(orgs) == 0 {
 		return nil, instance.ErrNotFound
 	}
 	cmds := make([]*redis.SliceCmd, len(orgs))
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, org := range orgs {
-			cmds[i] = p.HMGet(ctx, instanceKey(org, id), instanceFields...)
+			cmds[i] = p.HMGet(ctx, instanceKey(org, id), fields...)
 		}
 		return nil
 	})
@@ -446,26 +491,35 @@ func (s *Store) Get(ctx context.Context, orgs []string, id string) (*instance.In
 	return nil, instance.ErrNotFound
 }
 
-// decode builds an instance from HMGET of instanceFields; nil when the hash does not exist.
+// decode builds an instance from HMGET of instanceFields, or of headFields (the large fields
+// then left empty); nil when the hash does not exist.
 func decode(org, id string, vals []any) (*instance.Instance, error) {
-	if len(vals) != len(instanceFields) || vals[0] == nil {
+	if len(vals) < len(headFields) || vals[0] == nil {
 		return nil, nil
 	}
 	str := func(i int) string { s, _ := vals[i].(string); return s }
 	inst := &instance.Instance{ID: id, OrganizationID: org, ProjectID: str(4)}
-	var err1, err2, err3, err4 error
-	err1 = json.Unmarshal([]byte(str(0)), &inst.Spec)
-	err2 = json.Unmarshal([]byte(str(1)), &inst.Status)
-	inst.Generation, err3 = strconv.ParseInt(str(2), 10, 64)
-	inst.StatusVersion, err4 = strconv.ParseInt(str(3), 10, 64)
-	_, err5 := recordVersion(str(5))
-	var err6 error
-	if large := str(6); large != "" {
+	errs := []error{
+		json.Unmarshal([]byte(str(0)), &inst.Spec),
+		json.Unmarshal([]byte(str(1)), &inst.Status),
+	}
+	var err error
+	inst.Generation, err = strconv.ParseInt(str(2), 10, 64)
+	errs = append(errs, err)
+	inst.StatusVersion, err = strconv.ParseInt(str(3), 10, 64)
+	errs = append(errs, err)
+	_, err = recordVersion(str(5))
+	errs = append(errs, err)
+	// A record of a version before largeSplitVersion has no such fields: they are in spec.
+	if len(vals) == len(instanceFields) && vals[len(headFields)] != nil {
 		var l instance.LargeFields
-		err6 = json.Unmarshal([]byte(large), &l)
+		for f := range largeFields {
+			v, _ := vals[len(headFields)+f].(string)
+			errs = append(errs, decodeLarge(instance.LargeField(f), v, &l))
+		}
 		inst.SetLarge(l)
 	}
-	if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil {
+	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("decode instance %s/%s: %w", org, id, err)
 	}
 	return inst, nil
@@ -478,7 +532,8 @@ func indexKey(org, project string) string {
 	return orgIndexKey(org)
 }
 
-// List implements instance.Store: a range of the index, then the instances in one pipeline.
+// List implements instance.Store: a range of the index, then the instances without their
+// large fields in one pipeline.
 func (s *Store) List(ctx context.Context, org, project, after string, limit int) ([]*instance.Instance, error) {
 	start := "-"
 	if after != "" {
@@ -496,7 +551,7 @@ func (s *Store) List(ctx context.Context, org, project, after string, limit int)
 	cmds := make([]*redis.SliceCmd, len(ids))
 	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range ids {
-			cmds[i] = p.HMGet(ctx, instanceKey(org, id), instanceFields...)
+			cmds[i] = p.HMGet(ctx, instanceKey(org, id), headFields...)
 		}
 		return nil
 	}); err != nil {
@@ -510,6 +565,7 @@ func (s *Store) List(ctx context.Context, org, project, after string, limit int)
 		}
 		// An instance forgotten between the two round trips is simply no longer listed.
 		if inst != nil {
+			s.loadLargeOnDemand(inst)
 			out = append(out, inst)
 		}
 	}

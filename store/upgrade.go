@@ -18,8 +18,8 @@ import (
 const SchemaVersion = 3
 
 // largeSplitVersion is the first schema version whose records keep their large fields in
-// the hash's field large, apart from spec, so that events (which copy spec) do not carry
-// them. A record of an earlier version has them in spec.
+// hash fields of their own (description, tags, userData), apart from spec, so that events
+// (which copy spec) do not carry them. A record of an earlier version has them in spec.
 const largeSplitVersion = 3
 
 // ErrNewerSchema is a record, or an organization's records, written by a newer version of
@@ -46,17 +46,19 @@ var migrations = map[int]func(fields map[string]string) error{
 		f["spec"], f["status"] = string(specJSON), string(statusJSON)
 		return nil
 	},
-	// 2 → 3: the large fields move out of spec into their own field (see largeSplitVersion).
+	// 2 → 3: the large fields move out of spec into fields of their own (see
+	// largeSplitVersion).
 	2: func(f map[string]string) error {
 		var spec instance.Spec
 		if err := json.Unmarshal([]byte(f["spec"]), &spec); err != nil {
 			return err
 		}
-		specJSON, largeJSON, err := encodeSpec(&spec)
+		specJSON, large, err := encodeSpec(&spec)
 		if err != nil {
 			return err
 		}
-		f["spec"], f["large"] = string(specJSON), string(largeJSON)
+		f["spec"] = string(specJSON)
+		f["description"], f["tags"], f["userData"] = large[0].(string), string(large[1].([]byte)), string(large[2].([]byte))
 		return nil
 	},
 }
@@ -162,7 +164,7 @@ func (s *Store) upgradeRecord(ctx context.Context, org, id string) (bool, error)
 				return false, fmt.Errorf("migrate from schema version %d: %w", v, err)
 			}
 		}
-		ok, err := upgradeScript.Run(ctx, s.rdb, []string{key}, f["v"], gen, sv, SchemaVersion, f["spec"], f["status"], f["large"]).Bool()
+		ok, err := upgradeScript.Run(ctx, s.rdb, []string{key}, f["v"], gen, sv, SchemaVersion, f["spec"], f["status"], f["description"], f["tags"], f["userData"]).Bool()
 		if err != nil || ok {
 			return ok, err
 		}

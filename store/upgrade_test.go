@@ -3,6 +3,7 @@ package store
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"reflect"
 	"strconv"
@@ -95,8 +96,9 @@ func TestUpgradeMigratesOldRecordsOnce(t *testing.T) {
 		}
 		spec, large, _ := encodeSpec(&after.Spec)
 		status, _ := json.Marshal(&after.Status)
-		if f["spec"] != string(spec) || f["large"] != string(large) || f["status"] != string(status) {
-			t.Errorf("%s is not in the current shape:\nspec %s\nwant %s\nlarge %s\nwant %s\nstatus %s\nwant %s", r.ID, f["spec"], spec, f["large"], large, f["status"], status)
+		stored := [3]any{f["description"], []byte(f["tags"]), []byte(f["userData"])}
+		if f["spec"] != string(spec) || fmt.Sprint(stored) != fmt.Sprint(large) || f["status"] != string(status) {
+			t.Errorf("%s is not in the current shape:\nspec %s\nwant %s\nlarge fields %q\nwant %q\nstatus %s\nwant %s", r.ID, f["spec"], spec, stored, large, f["status"], status)
 		}
 	}
 	for _, org := range orgs {
