@@ -14,6 +14,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vektah/gqlparser/v2/ast"
 	"github.com/vektah/gqlparser/v2/gqlerror"
 
 	"github.com/computeql/computeql/auth"
@@ -74,7 +75,11 @@ func newRateLimiter(rate float64, burst, size int, now func() time.Time) (*rateL
 
 // allow takes a token from key's bucket. When the bucket is empty it takes nothing and returns
 // false with how long until a token is there.
-func (l *rateLimiter) allow(key string) (time.Duration, bool) {
+func (l *rateLimiter) allow(key string) (time.Duration, bool) { return l.allowN(key, 1) }
+
+// allowN takes n tokens from key's bucket at once, or none, returning how long until there
+// are n; n must be at most the burst.
+func (l *rateLimiter) allowN(key string, n int) (time.Duration, bool) {
 	now := l.now().Sub(l.epoch)
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -84,7 +89,7 @@ func (l *rateLimiter) allow(key string) (time.Duration, bool) {
 		b = &bucket{}
 		l.buckets.Add(key, b)
 	}
-	full := max(b.full, now) + l.interval
+	full := max(b.full, now) + time.Duration(n)*l.interval
 	if ahead := full - now; ahead > l.capacity {
 		return ahead - l.capacity, false
 	}
@@ -115,8 +120,14 @@ func (l *rateLimiter) len() int {
 // where each request counts once after authentication, and as a gqlgen extension, where each
 // operation on a WebSocket counts once. Operations of an HTTP request, which the middleware
 // has counted, pass the extension without counting again.
+//
+// An operation counts once per top-level field, as GitHub's API counts points: each reads the
+// store on its own, so one request of 190 aliases costs what 190 requests do. The request
+// (or the socket operation) took one token; the fields after the first take the rest when the
+// operation has been parsed, before any of it runs.
 type rateLimit struct {
 	limiter *rateLimiter
+	burst   int
 	rate    string // for the message, e.g. "50 requests per second with bursts of 100"
 	refused prometheus.Counter
 }
@@ -124,6 +135,7 @@ type rateLimit struct {
 var _ interface {
 	graphql.HandlerExtension
 	graphql.OperationParameterMutator
+	graphql.OperationContextMutator
 } = (*rateLimit)(nil)
 
 func newRateLimit(rate float64, burst int, now func() time.Time, reg prometheus.Registerer) (*rateLimit, error) {
@@ -140,6 +152,7 @@ func newRateLimit(rate float64, burst int, now func() time.Time, reg prometheus.
 	}
 	return &rateLimit{
 		limiter: l,
+		burst:   burst,
 		rate:    strconv.FormatFloat(rate, 'g', -1, 64) + " requests per second with bursts of " + strconv.Itoa(burst),
 		refused: refused,
 	}, nil
@@ -147,8 +160,11 @@ func newRateLimit(rate float64, burst int, now func() time.Time, reg prometheus.
 
 // check counts one request of the principal. Over the limit, it returns the error to answer
 // with and the seconds to wait; otherwise nil.
-func (rl *rateLimit) check(p auth.Principal) (*gqlerror.Error, int) {
-	wait, ok := rl.limiter.allow(p.Subject)
+func (rl *rateLimit) check(p auth.Principal) (*gqlerror.Error, int) { return rl.checkN(p, 1) }
+
+// checkN counts n requests of the principal at once, or none; n is at most the burst.
+func (rl *rateLimit) checkN(p auth.Principal, n int) (*gqlerror.Error, int) {
+	wait, ok := rl.limiter.allowN(p.Subject, n)
 	if ok {
 		return nil, 0
 	}
@@ -161,6 +177,52 @@ func (rl *rateLimit) check(p auth.Principal) (*gqlerror.Error, int) {
 			"retryAfter": secs,
 		},
 	}, secs
+}
+
+// MutateOperationContext counts the operation's top-level fields after its first, which the
+// request already counted. One of more fields than the burst could never run, and is refused
+// without a time to retry.
+func (rl *rateLimit) MutateOperationContext(ctx context.Context, opCtx *graphql.OperationContext) *gqlerror.Error {
+	p, ok := auth.FromContext(ctx)
+	if !ok || opCtx.Operation == nil {
+		return nil
+	}
+	n := topLevelFields(opCtx.Doc, opCtx.Operation.SelectionSet)
+	switch {
+	case n <= 1:
+		return nil
+	case n > rl.burst:
+		rl.refused.Inc()
+		return &gqlerror.Error{
+			Message:    fmt.Sprintf("an operation of %d top-level fields counts as %d requests, more than the rate limit allows at once (%s)", n, n, rl.rate),
+			Extensions: map[string]any{"code": string(instance.CodeRateLimited)},
+		}
+	}
+	gerr, _ := rl.checkN(p, n-1)
+	if gerr != nil {
+		gerr.Message = fmt.Sprintf("an operation of %d top-level fields counts as %d requests: %s", n, n, gerr.Message)
+	}
+	return gerr
+}
+
+// topLevelFields counts the fields of a selection set, fragments expanded, __typename aside.
+func topLevelFields(doc *ast.QueryDocument, set ast.SelectionSet) int {
+	n := 0
+	for _, sel := range set {
+		switch sel := sel.(type) {
+		case *ast.Field:
+			if sel.Name != "__typename" {
+				n++
+			}
+		case *ast.InlineFragment:
+			n += topLevelFields(doc, sel.SelectionSet)
+		case *ast.FragmentSpread:
+			if f := doc.Fragments.ForName(sel.Name); f != nil {
+				n += topLevelFields(doc, f.SelectionSet)
+			}
+		}
+	}
+	return n
 }
 
 // retryAfterSeconds is a wait in whole seconds, rounded up and at least 1, as Retry-After
