@@ -94,7 +94,9 @@ type env struct {
 type envOptions struct {
 	apis, workers int
 	workerArgs    []string
-	failPrefix    string
+	// firstAPIArgs are flags of the first API only.
+	firstAPIArgs []string
+	failPrefix   string
 }
 
 // newEnv starts the deployment on r, raises the quotas so that the load is never refused,
@@ -106,8 +108,12 @@ func newEnv(t *testing.T, r *harness.Redis, o envOptions) *env {
 	e.d = harness.NewDeployment(t, r, harness.Options{Args: []string{"--build-delay", buildDelay, "--rate-limit", "-1",
 		// Every subscriber of a scenario is the same principal.
 		"--max-sockets-per-principal", "1000000", "--max-subscriptions-per-principal", "1000000"}})
-	for range o.apis {
-		e.apis = append(e.apis, e.d.API(t))
+	for i := range o.apis {
+		var args []string
+		if i == 0 {
+			args = o.firstAPIArgs
+		}
+		e.apis = append(e.apis, e.d.API(t, args...))
 	}
 	for range o.workers {
 		e.workers = append(e.workers, e.d.Worker(t, o.workerArgs...))
