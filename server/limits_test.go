@@ -196,6 +196,8 @@ func TestComplexityLimit(t *testing.T) {
 			e: instances(organizationId: "acme") { edges { cursor node { id name } } } }`, true},
 		{"a page of 100 with a small selection", `{ instances(organizationId: "acme", first: 100) { edges { node { id name } } } }`, false},
 		{"each store read is charged: 40 aliases of a one-event history", historyAliases(40), true},
+		{"tags weigh their limit: five instances", `{ instances(organizationId: "acme", first: 5) { edges { node { tags { name value } } } } }`, true},
+		{"one instance's tags", `{ instances(organizationId: "acme", first: 1) { edges { node { tags { name value } } } } }`, false},
 		{"instanceEvents is weighted too", `{ instanceEvents(id: "0190c7a4-6b1e-7c3d-9f00-1a2b3c4d5e6f", first: 100) { edges { cursor node { cursor kind } } } }`, true},
 	}
 	for _, tt := range tests {

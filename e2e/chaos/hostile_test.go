@@ -216,7 +216,7 @@ func createMaximal(ctx context.Context, t *testing.T, c *harness.Client, ledger 
 	in := map[string]any{
 		"organizationId": ref.Org, "projectId": ref.Project, "networkId": ref.Network, "name": ref.Name,
 		"description": spec.Description, "flavorId": spec.FlavorID, "imageId": "ubuntu-24.04", "tags": tags,
-		"userData":   base64.StdEncoding.EncodeToString([]byte("#cloud-config\n"+strings.Repeat("#", instance.MaxUserDataBytes-len("#cloud-config\n")))),
+		"userData":   base64.StdEncoding.EncodeToString([]byte("#cloud-config\n" + strings.Repeat("#", instance.MaxUserDataBytes-len("#cloud-config\n")))),
 		"networking": map[string]any{"allowedSourceAddresses": cidrs},
 	}
 	var data struct {
