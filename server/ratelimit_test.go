@@ -382,3 +382,40 @@ func BenchmarkRateLimiter(b *testing.B) {
 		}
 	})
 }
+
+// TestRateLimitCountsTopLevelFields: an operation takes a token per top-level field, fragments
+// expanded and __typename aside, so that aliases cost what as many requests do; one of more
+// fields than the burst is refused whole, and another principal is unaffected.
+func TestRateLimitCountsTopLevelFields(t *testing.T) {
+	clock := newTestClock()
+	a := newAPI(t, func(o *Options) { o.RateLimit, o.RateBurst, o.now = 1, 5, clock.now })
+	alice, bob := a.token(t, "alice"), a.token(t, "bob")
+	three := `fragment F on Query { b: me { subject } } { __typename a: me { subject } ...F ... on Query { c: me { subject } } }`
+	if res := a.post(t, alice, three, nil); res.Status != http.StatusOK || len(res.Errors) > 0 {
+		t.Fatalf("three fields refused: %d %s", res.Status, res.Raw)
+	}
+	// Five tokens less three leave two. Another three fields: the request takes one, as every
+	// request does, and the other two do not fit; one token is left, for one field.
+	res := a.post(t, alice, three, nil)
+	wantError(t, res, http.StatusOK, "RATE_LIMITED")
+	if msg := res.Errors[0].Message; !strings.Contains(msg, "3 top-level fields counts as 3 requests") {
+		t.Errorf("message %q does not say why", msg)
+	}
+	if res := a.post(t, alice, `{ me { subject } }`, nil); res.Status != http.StatusOK || len(res.Errors) > 0 {
+		t.Fatalf("one field refused with one token left: %d %s", res.Status, res.Raw)
+	}
+	wantError(t, a.post(t, alice, `{ me { subject } }`, nil), http.StatusTooManyRequests, "RATE_LIMITED")
+	// More fields than the burst could never run: refused whole, without a time to retry.
+	var six strings.Builder
+	for i := range 6 {
+		fmt.Fprintf(&six, " f%d: me { subject }", i)
+	}
+	res = a.post(t, bob, "{"+six.String()+" }", nil)
+	wantError(t, res, http.StatusOK, "RATE_LIMITED")
+	if _, ok := res.Errors[0].Extensions["retryAfter"]; ok {
+		t.Errorf("a refusal that waiting cannot lift gives retryAfter: %s", res.Raw)
+	}
+	if res := a.post(t, bob, three, nil); res.Status != http.StatusOK || len(res.Errors) > 0 {
+		t.Fatalf("bob's three fields refused after an operation refused whole: %d %s", res.Status, res.Raw)
+	}
+}
