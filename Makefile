@@ -49,15 +49,16 @@ cluster-test:
 	$(GO) test -race -count=1 -run '^TestDeploymentOnCluster$$' ./e2e/deployment
 
 ## chaos: the reliability suite of e2e/chaos (README "Reliability"): worker kills, Redis
-## restarts, an API restart under subscribers, region faults and network blips against the
+## restarts, an API restart under subscribers, region faults, network blips and a hostile
+## tenant against the
 ## built binary and real redis-servers, each followed by the invariant checker; every scenario
 ## logs its row of the README's table (REPORT). CHAOS=full is the table's sizes; make test runs
 ## CHAOS=small, here, once: its run of all packages leaves these tests out. The scenarios run
-## at once (-parallel 6): they spend most of their time waiting out the queue's 30 s lease.
+## at once (-parallel 7): they spend most of their time waiting out the queue's 30 s lease.
 CHAOS ?= full
 CHAOSFLAGS ?= -v
 chaos:
-	COMPUTEQL_CHAOS=$(CHAOS) $(GO) test -race -count=1 -parallel 6 -timeout 30m $(CHAOSFLAGS) -run '^TestChaos' ./e2e/chaos
+	COMPUTEQL_CHAOS=$(CHAOS) $(GO) test -race -count=1 -parallel 7 -timeout 30m $(CHAOSFLAGS) -run '^TestChaos' ./e2e/chaos
 
 vet:
 	$(GO) vet $(PKGS)
