@@ -158,6 +158,15 @@ type Subscription struct {
 // and must not be modified.
 func (s *Subscription) C() <-chan *instance.Record { return s.c }
 
+// Position returns how far the organization's reader has fanned out: every event up to it
+// that the subscription matches is in C already, or was taken from it. So once C is found
+// empty after Position was read, nothing the subscription matches lies before that position.
+func (s *Subscription) Position() string {
+	s.of.mu.Lock()
+	defer s.of.mu.Unlock()
+	return s.of.last
+}
+
 // Err says why the subscription ended: nil after Close, ErrSlowConsumer when it was cut off.
 func (s *Subscription) Err() error {
 	s.mu.Lock()

@@ -1,6 +1,9 @@
 package graph
 
 import (
+	"cmp"
+	"time"
+
 	"github.com/99designs/gqlgen/graphql"
 
 	"github.com/computeql/computeql/feed"
@@ -42,10 +45,11 @@ func Complexity() ComplexityRoot {
 	return c
 }
 
-// NewSchema returns the executable schema with its resolvers and complexity weights.
-func NewSchema(svc *instance.Service, events *feed.Feed) graphql.ExecutableSchema {
+// NewSchema returns the executable schema with its resolvers and complexity weights;
+// bookmarkEvery is how often a subscription that allows bookmarks gets one (0: 5 s).
+func NewSchema(svc *instance.Service, events *feed.Feed, bookmarkEvery time.Duration) graphql.ExecutableSchema {
 	return NewExecutableSchema(Config{
-		Resolvers:  &Resolver{Service: svc, Feed: events},
+		Resolvers:  &Resolver{Service: svc, Feed: events, BookmarkEvery: cmp.Or(bookmarkEvery, 5*time.Second)},
 		Complexity: Complexity(),
 	})
 }

@@ -306,7 +306,7 @@ type ComplexityRoot struct {
 	}
 
 	Subscription struct {
-		InstanceEvents func(childComplexity int, organizationID string, projectID *string, instanceID *string, after *string) int
+		InstanceEvents func(childComplexity int, organizationID string, projectID *string, instanceID *string, after *string, allowBookmarks *bool) int
 	}
 
 	Tag struct {
@@ -397,7 +397,7 @@ type QuotaLimitResolver interface {
 	Kind(ctx context.Context, obj *instance.QuotaLimit) (string, error)
 }
 type SubscriptionResolver interface {
-	InstanceEvents(ctx context.Context, organizationID string, projectID *string, instanceID *string, after *string) (<-chan *model.InstanceEvent, error)
+	InstanceEvents(ctx context.Context, organizationID string, projectID *string, instanceID *string, after *string, allowBookmarks *bool) (<-chan *model.InstanceEvent, error)
 }
 
 // endregion ************************** generated!.gotpl **************************
@@ -1505,7 +1505,7 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			return 0, false
 		}
 
-		return e.ComplexityRoot.Subscription.InstanceEvents(childComplexity, args["organizationId"].(string), args["projectId"].(*string), args["instanceId"].(*string), args["after"].(*string)), true
+		return e.ComplexityRoot.Subscription.InstanceEvents(childComplexity, args["organizationId"].(string), args["projectId"].(*string), args["instanceId"].(*string), args["after"].(*string), args["allowBookmarks"].(*bool)), true
 
 	case "Tag.name":
 		if e.ComplexityRoot.Tag.Name == nil {
@@ -1728,10 +1728,16 @@ type Mutation {
 
 type Subscription {
   """
-  Live changes of instances: first one SNAPSHOT event per matching instance, then every change.
-  With ` + "`" + `after` + "`" + `, replays every event after that cursor instead of the snapshot, then goes live.
+  Live changes of instances: first one SNAPSHOT event per matching instance, in id order, then
+  SYNCED (the picture is complete), then every change. With ` + "`" + `after` + "`" + ` set to an event's cursor,
+  replays every event after it instead of the snapshot, then goes live. With ` + "`" + `after` + "`" + ` set to a
+  SNAPSHOT event's cursor, replays what changed since the snapshot began for the instances
+  already received, continues the snapshot after that instance, sends SYNCED and goes live: a
+  subscriber cut off mid-snapshot misses no instance. With ` + "`" + `allowBookmarks` + "`" + `, while events the
+  subscription does not match pass by, a BOOKMARK event every few seconds carries a cursor to
+  resume after, so that a filtered subscriber's cursor never ages out of the log.
   """
-  instanceEvents(organizationId: ID!, projectId: ID, instanceId: ID, after: String): InstanceEvent!
+  instanceEvents(organizationId: ID!, projectId: ID, instanceId: ID, after: String, allowBookmarks: Boolean = false): InstanceEvent!
 }
 
 "Stable machine-readable error codes, in ` + "`" + `userErrors` + "`" + ` and in top-level errors' ` + "`" + `extensions.code` + "`" + `."
@@ -2220,6 +2226,10 @@ enum InstanceEventKind {
   WARNING
   "An operational verb was called on the instance: see actor, action and outcome."
   ACTION
+  "A subscription's snapshot is complete; only cursor is set (instance is null)."
+  SYNCED
+  "No event the subscription matches lies before this cursor; only cursor is set (instance is null). Sent only with allowBookmarks."
+  BOOKMARK
 }
 
 "The operational verbs, as recorded in an instance's history."
@@ -2240,9 +2250,9 @@ type InstanceEvent {
   """
   The instance as of this event. Its description, tags and userData are the instance's current
   ones (empty once it is deleted): the event log keeps no copy of fields that large, so that an
-  event costs a few kilobytes whatever the instance holds.
+  event costs a few kilobytes whatever the instance holds. Null for SYNCED and BOOKMARK.
   """
-  instance: Instance!
+  instance: Instance
   changedFields: [String!]!
   occurredAt: Time!
   "What happened, in words, where the kind alone does not say (e.g. for WARNING and ACTION)."
@@ -3258,6 +3268,14 @@ func (ec *executionContext) field_Subscription_instanceEvents_args(ctx context.C
 		return nil, err
 	}
 	args["after"] = arg3
+	arg4, err := graphql.ProcessArgField(ctx, rawArgs, "allowBookmarks",
+		func(ctx context.Context, v any) (*bool, error) {
+			return ec.unmarshalOBoolean2ᚖbool(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["allowBookmarks"] = arg4
 	return args, nil
 }
 
@@ -5193,10 +5211,10 @@ func (ec *executionContext) _InstanceEvent_instance(ctx context.Context, field g
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *instance.Instance) graphql.Marshaler {
-			return ec.marshalNInstance2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐInstance(ctx, selections, v)
+			return ec.marshalOInstance2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐInstance(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_InstanceEvent_instance(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -7773,7 +7791,7 @@ func (ec *executionContext) _Subscription_instanceEvents(ctx context.Context, fi
 		},
 		func(ctx context.Context) (any, error) {
 			fc := graphql.GetFieldContext(ctx)
-			return ec.Resolvers.Subscription().InstanceEvents(ctx, fc.Args["organizationId"].(string), fc.Args["projectId"].(*string), fc.Args["instanceId"].(*string), fc.Args["after"].(*string))
+			return ec.Resolvers.Subscription().InstanceEvents(ctx, fc.Args["organizationId"].(string), fc.Args["projectId"].(*string), fc.Args["instanceId"].(*string), fc.Args["after"].(*string), fc.Args["allowBookmarks"].(*bool))
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.InstanceEvent) graphql.Marshaler {
@@ -10958,7 +10976,7 @@ func (ec *executionContext) _InstanceEvent(ctx context.Context, sel ast.Selectio
 			}
 		case "instance":
 			out.Values[i] = ec._InstanceEvent_instance(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "changedFields":
@@ -13549,6 +13567,8 @@ var (
 		"DELETED":         instance.EventDeleted,
 		"WARNING":         instance.EventWarning,
 		"ACTION":          instance.EventAction,
+		"SYNCED":          instance.EventSynced,
+		"BOOKMARK":        instance.EventBookmark,
 	}
 	marshalNInstanceEventKind2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐEventKind = map[instance.EventKind]string{
 		instance.EventSnapshot:       "SNAPSHOT",
@@ -13559,6 +13579,8 @@ var (
 		instance.EventDeleted:        "DELETED",
 		instance.EventWarning:        "WARNING",
 		instance.EventAction:         "ACTION",
+		instance.EventSynced:         "SYNCED",
+		instance.EventBookmark:       "BOOKMARK",
 	}
 )
 

@@ -4,6 +4,7 @@ package graph
 
 import (
 	"errors"
+	"time"
 
 	"github.com/99designs/gqlgen/graphql"
 
@@ -18,6 +19,9 @@ type Resolver struct {
 	Service *instance.Service
 	// Feed delivers the event logs live to subscriptions.
 	Feed *feed.Feed
+	// BookmarkEvery is how often a subscription that allows bookmarks is told how far the log
+	// has gone, while events it does not match pass by.
+	BookmarkEvery time.Duration
 }
 
 func (r *Resolver) catalog() *region.Catalog { return r.Service.Catalog() }

@@ -338,8 +338,8 @@ func (r *quotaLimitResolver) Kind(ctx context.Context, obj *instance.QuotaLimit)
 }
 
 // InstanceEvents is the resolver for the instanceEvents field.
-func (r *subscriptionResolver) InstanceEvents(ctx context.Context, organizationID string, projectID *string, instanceID *string, after *string) (<-chan *model.InstanceEvent, error) {
-	return r.subscribe(ctx, organizationID, deref(projectID), deref(instanceID), deref(after))
+func (r *subscriptionResolver) InstanceEvents(ctx context.Context, organizationID string, projectID *string, instanceID *string, after *string, allowBookmarks *bool) (<-chan *model.InstanceEvent, error) {
+	return r.subscribe(ctx, organizationID, deref(projectID), deref(instanceID), deref(after), allowBookmarks != nil && *allowBookmarks)
 }
 
 // Grant returns GrantResolver implementation.

@@ -17,9 +17,11 @@ import (
 )
 
 // subscribe serves the instanceEvents subscription: the current state of every matching
-// instance as SNAPSHOT events (or, with after, every event since that cursor), then each
-// change as it is committed. Only instances the subscriber may read are ever sent.
-func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, after string) (<-chan *model.InstanceEvent, error) {
+// instance as SNAPSHOT events in id order and then SYNCED (or, with after, every event since
+// that cursor), then each change as it is committed. Only instances the subscriber may read
+// are ever sent. after may also be a SNAPSHOT event's cursor: the snapshot then continues
+// (instance.SnapshotCursor).
+func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, after string, bookmarks bool) (<-chan *model.InstanceEvent, error) {
 	pr, err := instance.Principal(ctx)
 	if err != nil {
 		return nil, err
@@ -34,12 +36,13 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 			return nil, err
 		}
 	}
-	pos := ""
+	pos, snapshotAfter := "", ""
 	if after != "" {
-		if pos, err = instance.DecodeEventCursor(after); err != nil {
+		if pos, snapshotAfter, err = instance.DecodeSubscriptionCursor(after); err != nil {
 			return nil, err
 		}
 	}
+	resuming := snapshotAfter != "" // a snapshot cut off after that instance
 	match := func(rec *instance.Record) bool {
 		i := rec.Instance
 		return (project == "" || i.ProjectID == project) && pr.Allows(org, i.ProjectID, auth.RoleViewer)
@@ -52,11 +55,22 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 		return nil, &instance.Error{Code: instance.CodeInternal, Message: "internal error", Err: err}
 	}
 	var snapshot []*instance.Instance
-	if after == "" {
-		if snapshot, err = r.snapshot(ctx, org, project, instanceID); err != nil {
+	if after == "" || resuming {
+		if snapshot, err = r.snapshot(ctx, org, project, instanceID, snapshotAfter); err != nil {
 			sub.Close()
 			return nil, err
 		}
+	}
+	if resuming {
+		// What changed since the cut-off snapshot began, of the instances it had sent; the
+		// others come in the rest of the snapshot, as they are now.
+		sent := replay[:0:0]
+		for _, rec := range replay {
+			if rec.Instance.ID <= snapshotAfter {
+				sent = append(sent, rec)
+			}
+		}
+		replay = sent
 	}
 	end := endingOf(ctx)
 	out := make(chan *model.InstanceEvent, 1)
@@ -70,29 +84,57 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 			defer timer.Stop()
 			expired = timer.C
 		}
-		last := after
-		send := func(ev *model.InstanceEvent) bool {
+		var bookmark <-chan time.Time
+		if bookmarks {
+			tick := time.NewTicker(r.BookmarkEvery)
+			defer tick.Stop()
+			bookmark = tick.C
+		}
+		// last is the cursor of the last event sent, at, the log position it stands for.
+		last, at := after, pos
+		send := func(ev *model.InstanceEvent, position string) bool {
 			select {
 			case out <- ev:
-				last = ev.Cursor
+				last, at = ev.Cursor, position
 				return true
 			case <-ctx.Done():
 				return false
 			}
 		}
+		sendRecord := func(rec *instance.Record) bool { return send(toEvent(*rec), rec.Cursor) }
+		marker := func(kind instance.EventKind, position string) bool {
+			return send(&model.InstanceEvent{Cursor: instance.EventCursor(instance.Record{Cursor: position}), Kind: kind,
+				ChangedFields: []string{}, OccurredAt: time.Now().UTC()}, position)
+		}
+		if resuming {
+			// Replay first: the instances it updates were sent before the cut, and must catch up
+			// to where the rest of the snapshot goes live.
+			for i := range replay {
+				if !sendRecord(&replay[i]) {
+					return
+				}
+			}
+			replay = nil
+		}
 		// The snapshot was read after the subscription went live, so a live event may be
 		// older than an instance's snapshot; those are dropped, comparing versions.
 		type version struct{ gen, sv int64 }
 		seen := map[string]version{}
-		start := instance.EventCursor(instance.Record{Cursor: sub.Start})
 		for _, inst := range snapshot {
 			seen[inst.ID] = version{inst.Generation, inst.StatusVersion}
-			if !send(&model.InstanceEvent{Cursor: start, Kind: instance.EventSnapshot, Instance: inst, ChangedFields: []string{}, OccurredAt: inst.UpdatedAt}) {
+			ev := &model.InstanceEvent{Cursor: instance.SnapshotCursor(sub.Start, inst.ID), Kind: instance.EventSnapshot,
+				Instance: inst, ChangedFields: []string{}, OccurredAt: inst.UpdatedAt}
+			if !send(ev, sub.Start) {
 				return
 			}
 		}
-		for _, rec := range replay {
-			if !send(toEvent(rec)) {
+		if resuming || after == "" {
+			if !marker(instance.EventSynced, sub.Start) {
+				return
+			}
+		}
+		for i := range replay {
+			if !sendRecord(&replay[i]) {
 				return
 			}
 		}
@@ -103,6 +145,14 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 			case <-expired:
 				end.set(instance.CodeUnauthenticated, "the token of this subscription expired: subscribe again with a new token", last)
 				return
+			case <-bookmark:
+				// Read the position before looking at the buffer: the reader puts every event up
+				// to it in the buffer first, so an empty buffer means none of them is left.
+				if p := sub.Position(); instance.PositionLess(at, p) && len(sub.C()) == 0 {
+					if !marker(instance.EventBookmark, p) {
+						return
+					}
+				}
 			case rec, ok := <-sub.C():
 				if !ok {
 					if err := sub.Err(); errors.Is(err, feed.ErrSlowConsumer) {
@@ -120,7 +170,7 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 				if pos != "" && !instance.PositionLess(pos, rec.Cursor) {
 					continue
 				}
-				if !send(toEvent(*rec)) {
+				if !sendRecord(rec) {
 					return
 				}
 			}
@@ -148,10 +198,14 @@ func (r *Resolver) watched(ctx context.Context, org, id string) (*instance.Insta
 	return inst, nil
 }
 
-// snapshot lists every instance the subscription starts with: the one it watches (read after
-// the subscription went live), or those of the organization or project.
-func (r *Resolver) snapshot(ctx context.Context, org, project, instanceID string) ([]*instance.Instance, error) {
+// snapshot lists every instance the subscription starts with, in id order after the
+// instance with id after ("" for all): the one it watches (read after the subscription went
+// live), or those of the organization or project.
+func (r *Resolver) snapshot(ctx context.Context, org, project, instanceID, after string) ([]*instance.Instance, error) {
 	if instanceID != "" {
+		if after >= instanceID {
+			return nil, nil
+		}
 		inst, err := r.watched(ctx, org, instanceID)
 		if err != nil {
 			return nil, err
@@ -164,9 +218,13 @@ func (r *Resolver) snapshot(ctx context.Context, org, project, instanceID string
 	if project != "" {
 		filter.ProjectID = &project
 	}
-	var after *string
+	var cursor *string
+	if after != "" {
+		c := instance.Cursor(&instance.Instance{ID: after})
+		cursor = &c
+	}
 	for {
-		page, err := r.Service.List(ctx, instance.ListRequest{OrganizationID: org, Filter: filter, First: &first, After: after})
+		page, err := r.Service.List(ctx, instance.ListRequest{OrganizationID: org, Filter: filter, First: &first, After: cursor})
 		if err != nil {
 			return nil, err
 		}
@@ -175,7 +233,7 @@ func (r *Resolver) snapshot(ctx context.Context, org, project, instanceID string
 			return out, nil
 		}
 		c := instance.Cursor(page.Instances[len(page.Instances)-1])
-		after = &c
+		cursor = &c
 	}
 }
 

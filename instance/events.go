@@ -24,6 +24,12 @@ const (
 	EventWarning EventKind = "WARNING"
 	// EventAction records an operational verb: who called it, which, and its outcome.
 	EventAction EventKind = "ACTION"
+	// EventSynced ends a subscription's snapshot: the subscriber's picture is complete. It
+	// carries only a cursor and is never stored.
+	EventSynced EventKind = "SYNCED"
+	// EventBookmark tells a subscriber that asked for bookmarks how far the log has gone:
+	// nothing it was to receive lies before the cursor. It is never stored.
+	EventBookmark EventKind = "BOOKMARK"
 )
 
 // Action is an operational verb, as an instance's history records it.

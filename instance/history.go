@@ -33,6 +33,30 @@ func DecodeEventCursor(c string) (string, error) {
 	return pos, nil
 }
 
+// SnapshotCursor returns the cursor of a SNAPSHOT event: the position the subscription went
+// live at, and the id of the instance the event carries. A subscription resumed after it
+// replays what changed since that position for the instances already sent (whose ids sort at
+// or before it: a snapshot goes in id order), and continues the snapshot after it.
+func SnapshotCursor(pos, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("s1:" + pos + "," + id))
+}
+
+// DecodeSubscriptionCursor reads the cursor a subscription resumes after: an event's (snapshotAfter
+// empty) or a SNAPSHOT event's.
+func DecodeSubscriptionCursor(c string) (pos, snapshotAfter string, err error) {
+	b, derr := base64.RawURLEncoding.DecodeString(c)
+	if body, ok := strings.CutPrefix(string(b), "s1:"); ok && derr == nil && base64.RawURLEncoding.EncodeToString(b) == c {
+		pos, id, ok := strings.Cut(body, ",")
+		if ok && validStreamID(pos) && checkID(id) == nil && id == strings.ToLower(id) {
+			return pos, id, nil
+		}
+	}
+	if pos, err = DecodeEventCursor(c); err != nil {
+		return "", "", err
+	}
+	return pos, "", nil
+}
+
 // validStreamID accepts "<ms>-<seq>" as Redis writes stream ids: both parts unsigned 64-bit
 // decimals without leading zeros. Redis refuses larger parts, which would surface as an
 // internal error, and PositionLess could not order them.

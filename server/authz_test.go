@@ -82,7 +82,7 @@ func authzOwnID(f authzFixture) map[string]any { return map[string]any{"id": f.o
 // serves (server.New builds it with graph.NewSchema; the schema does not depend on the
 // resolvers), without gqlgen's introspection fields.
 func authzRootFields() []string {
-	s := graph.NewSchema(nil, nil).Schema()
+	s := graph.NewSchema(nil, nil, 0).Schema()
 	var out []string
 	for _, def := range []*ast.Definition{s.Query, s.Mutation, s.Subscription} {
 		if def == nil {
@@ -447,6 +447,7 @@ func TestSubscriberScope(t *testing.T) {
 			if snap.Kind != "SNAPSHOT" || snap.Instance.ID != webInst.ID {
 				t.Fatalf("acme/web viewer's first event %+v, want the SNAPSHOT of %s", snap, webInst.ID)
 			}
+			vsub.synced()
 			// globex cannot subscribe to acme, also not by resuming after a cursor of acme's
 			// (which reads no snapshot, so only the organization check refuses it).
 			for _, after := range []string{"", snap.Cursor} {
@@ -459,6 +460,7 @@ func TestSubscriberScope(t *testing.T) {
 			if ev := gsub.event(); ev.Kind != "SNAPSHOT" || ev.Instance.ID != globexInst.ID {
 				t.Fatalf("globex subscriber's first event %+v, want the SNAPSHOT of %s", ev, globexInst.ID)
 			}
+			gsub.synced()
 
 			// acme/data changes of every kind: created, updated, acted on, deleted.
 			data2 := a.mustCreate(t, admin, with("data2", onData))

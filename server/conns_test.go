@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,8 +97,10 @@ func TestSubscriptionsPerSocketAndPrincipal(t *testing.T) {
 	sub := func(c *wsClient, id string) {
 		t.Helper()
 		c.start(id, subQuery("acme", ""))
-		if m := c.next(); m.ID != id || m.Type != "next" {
-			t.Fatalf("subscription %s: %s %s, want its snapshot", id, m.Type, m.Payload)
+		for _, want := range []string{"SNAPSHOT", "SYNCED"} {
+			if m := c.next(); m.ID != id || m.Type != "next" || !strings.Contains(string(m.Payload), want) {
+				t.Fatalf("subscription %s: %s %s, want its %s", id, m.Type, m.Payload, want)
+			}
 		}
 	}
 	refused := func(c *wsClient, id string) {

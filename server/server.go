@@ -83,6 +83,9 @@ type Options struct {
 	// "pong" within twice the interval is dropped), WebSocket ping frames (a peer silent for twice
 	// the interval is dropped), and SSE comments. Defaults to 15s; negative turns them all off.
 	KeepAliveInterval time.Duration
+	// BookmarkInterval is how often a subscription with allowBookmarks gets a BOOKMARK while
+	// events it does not match pass by. Defaults to 5 s.
+	BookmarkInterval time.Duration
 	// StreamWriteTimeout bounds every write to a WebSocket (message, ping, close frame) or an SSE
 	// stream; a client that does not take one within it is disconnected. Defaults to 10s.
 	StreamWriteTimeout time.Duration
@@ -195,7 +198,7 @@ func New(opts Options) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	gql := handler.New(graph.NewSchema(opts.Service, opts.Feed))
+	gql := handler.New(graph.NewSchema(opts.Service, opts.Feed, opts.BookmarkInterval))
 	// The first transport that supports a request serves it: WebSocket (any Upgrade header)
 	// first, and SSE before POST, whose check ignores Accept.
 	wsReadLimit := opts.MaxBodyBytes

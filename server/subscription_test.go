@@ -59,6 +59,16 @@ func subscribeWS(tb testing.TB, s *httptest.Server, proto, token, query string) 
 	return c
 }
 
+// synced reads the SYNCED event that ends a snapshot: a cursor, and no instance.
+func (c *wsClient) synced() subEvent {
+	c.tb.Helper()
+	ev := c.event()
+	if ev.Kind != "SYNCED" || ev.Cursor == "" || ev.Instance.ID != "" {
+		c.tb.Fatalf("got %+v, want SYNCED with a cursor and no instance", ev)
+	}
+	return ev
+}
+
 // event reads the next message, which must be a result of operation "s" without errors.
 func (c *wsClient) event() subEvent { c.tb.Helper(); return nextEvent[subEvent](c) }
 
@@ -187,16 +197,19 @@ func TestSubscriptionSnapshotThenLive(t *testing.T) {
 			if got[one.ID].Instance.Name != "one" || got[two.ID].Instance.Name != "two" || got[one.ID].Instance.Status.ProvisioningStatus == "" {
 				t.Fatalf("snapshot %+v, want one and two", got)
 			}
-			if got[one.ID].Cursor != got[two.ID].Cursor {
-				t.Errorf("snapshot cursors differ: %q %q; they name where the subscription went live", got[one.ID].Cursor, got[two.ID].Cursor)
+			// Each snapshot event's cursor names its instance; SYNCED's names where the
+			// subscription went live.
+			if got[one.ID].Cursor == got[two.ID].Cursor {
+				t.Errorf("snapshot cursors are the same: %q", got[one.ID].Cursor)
 			}
+			synced := c.synced()
 
 			a.describe(t, tok, one.ID, "live")
 			ev := c.event()
 			if ev.Kind != "UPDATED" || ev.Instance.ID != one.ID || !reflect.DeepEqual(ev.ChangedFields, []string{"description"}) || ev.Instance.Generation != one.Generation+1 {
 				t.Errorf("update event %+v", ev)
 			}
-			if ev.Cursor == got[one.ID].Cursor {
+			if ev.Cursor == got[one.ID].Cursor || ev.Cursor == synced.Cursor {
 				t.Errorf("update event has the snapshot's cursor")
 			}
 
@@ -219,10 +232,10 @@ func TestSubscriptionResume(t *testing.T) {
 			tok := a.admin(t)
 			inst := a.mustCreate(t, tok, createInput("one"))
 			c := subscribeWS(t, s, proto, tok, subQuery("acme", ""))
-			snap := c.event()
-			if snap.Kind != "SNAPSHOT" {
-				t.Fatalf("first event %+v", snap)
+			if first := c.event(); first.Kind != "SNAPSHOT" {
+				t.Fatalf("first event %+v", first)
 			}
+			snap := c.synced()
 			c.quiet(100 * time.Millisecond)
 			c.stop()
 
@@ -311,13 +324,15 @@ func TestSubscriptionIsolation(t *testing.T) {
 			if ev := gsub.event(); ev.Kind != "SNAPSHOT" || ev.Instance.ID != g.ID {
 				t.Fatalf("globex snapshot %+v", ev)
 			}
-			gsub.quiet(100 * time.Millisecond) // exactly one snapshot
+			gsub.synced() // exactly one snapshot
+			gsub.quiet(100 * time.Millisecond)
 
 			viewer := a.token(t, "vera", auth.Grant{OrganizationID: "acme", ProjectID: "data", Role: auth.RoleViewer})
 			vsub := subscribeWS(t, s, proto, viewer, subQuery("acme", ""))
 			if ev := vsub.event(); ev.Kind != "SNAPSHOT" || ev.Instance.ID != data.ID {
 				t.Fatalf("viewer snapshot %+v, want only %s", ev, data.ID)
 			}
+			vsub.synced()
 			vsub.quiet(100 * time.Millisecond)
 
 			// acme/web changes: neither subscriber hears of them.
@@ -401,6 +416,9 @@ func TestSubscriptionSSE(t *testing.T) {
 	if ev := next(); ev.Kind != "SNAPSHOT" || ev.Instance.ID != inst.ID {
 		t.Fatalf("first event %+v", ev)
 	}
+	if ev := next(); ev.Kind != "SYNCED" {
+		t.Fatalf("second event %+v, want SYNCED", ev)
+	}
 	a.describe(t, tok, inst.ID, "sse")
 	if ev := next(); ev.Kind != "UPDATED" || ev.Instance.ID != inst.ID || !reflect.DeepEqual(ev.ChangedFields, []string{"description"}) {
 		t.Errorf("live event %+v", ev)
@@ -421,6 +439,7 @@ func TestSubscriptionTwoProcesses(t *testing.T) {
 		if ev := c.event(); ev.Kind != "SNAPSHOT" || ev.Instance.ID != inst.ID {
 			t.Fatalf("snapshot %+v", ev)
 		}
+		c.synced()
 	}
 	a.describe(t, tok, inst.ID, "via a")
 	b.describe(t, tok, inst.ID, "via b")
@@ -502,6 +521,7 @@ func TestSubscriptionSlowConsumer(t *testing.T) {
 	if ev := fast.event(); ev.Kind != "SNAPSHOT" {
 		t.Fatalf("fast: %+v", ev)
 	}
+	fast.synced()
 
 	// The slow client: a raw socket with a small receive buffer that reads only the ack.
 	d := websocket.Dialer{Subprotocols: []string{protoTransportWS}, HandshakeTimeout: 5 * time.Second,
@@ -529,10 +549,14 @@ func TestSubscriptionSlowConsumer(t *testing.T) {
 	if err := slow.WriteJSON(map[string]any{"type": "subscribe", "id": "s", "payload": map[string]any{"query": subQuery("acme", "")}}); err != nil {
 		t.Fatal(err)
 	}
-	// It reads its snapshot (so it is live before the changes start), then nothing more.
-	var snapshot wsMessage
+	// It reads its snapshot and SYNCED (so it is live before the changes start), then nothing
+	// more.
+	var snapshot, synced wsMessage
 	if err := slow.ReadJSON(&snapshot); err != nil || snapshot.Type != "next" || !strings.Contains(string(snapshot.Payload), `"SNAPSHOT"`) {
 		t.Fatalf("slow snapshot: %s %s %v", snapshot.Type, snapshot.Payload, err)
+	}
+	if err := slow.ReadJSON(&synced); err != nil || synced.Type != "next" || !strings.Contains(string(synced.Payload), `"SYNCED"`) {
+		t.Fatalf("slow SYNCED: %s %s %v", synced.Type, synced.Payload, err)
 	}
 
 	// Many changes; the fast subscriber receives every one, in order.
@@ -646,15 +670,15 @@ func TestSubscriptionEndsWhenTokenExpires(t *testing.T) {
 
 	t.Run("websocket", func(t *testing.T) {
 		c := subscribeWS(t, s, protoTransportWS, short(t), subQuery("acme", ""))
-		snap := c.event()
-		if snap.Kind != "SNAPSHOT" || snap.Instance.ID != inst.ID {
+		if snap := c.event(); snap.Kind != "SNAPSHOT" || snap.Instance.ID != inst.ID {
 			t.Fatalf("snapshot: %+v", snap)
 		}
+		synced := c.synced()
 		m := c.next() // blocks until the server ends the subscription
 		if m.Type != "next" || m.ID != "s" {
 			t.Fatalf("got %s %s %s, want the expiry error", m.Type, m.ID, m.Payload)
 		}
-		wantExpiry(t, m.Payload, snap.Cursor)
+		wantExpiry(t, m.Payload, synced.Cursor)
 		if m := c.next(); m.Type != "complete" || m.ID != "s" {
 			t.Fatalf("got %s %s, want complete", m.Type, m.Payload)
 		}
@@ -676,16 +700,19 @@ func TestSubscriptionEndsWhenTokenExpires(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(events) != 3 || events[0].Event != "next" || events[1].Event != "next" || events[2].Event != "complete" {
-			t.Fatalf("want snapshot, error, complete; got %+v", events)
+		if len(events) != 4 || events[0].Event != "next" || events[1].Event != "next" || events[2].Event != "next" || events[3].Event != "complete" {
+			t.Fatalf("want snapshot, SYNCED, error, complete; got %+v", events)
 		}
-		var first gqlResponse
-		if err := json.Unmarshal([]byte(events[0].Data), &first); err != nil {
+		var second gqlResponse
+		if err := json.Unmarshal([]byte(events[1].Data), &second); err != nil {
 			t.Fatal(err)
 		}
-		var snap subEvent
-		decode(t, first.Data["instanceEvents"], &snap)
-		wantExpiry(t, []byte(events[1].Data), snap.Cursor)
+		var synced subEvent
+		decode(t, second.Data["instanceEvents"], &synced)
+		if synced.Kind != "SYNCED" {
+			t.Fatalf("second event %+v, want SYNCED", synced)
+		}
+		wantExpiry(t, []byte(events[2].Data), synced.Cursor)
 	})
 }
 

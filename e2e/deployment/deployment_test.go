@@ -95,6 +95,17 @@ func (w *watcher) covers(org, project string) bool {
 	return org == w.org && (w.project == "" || project == w.project)
 }
 
+// seedsCovered returns the seeds in the watcher's scope.
+func (w *watcher) seedsCovered(seeds map[string]created) []string {
+	var ids []string
+	for id, s := range seeds {
+		if w.covers(s.project.org, s.project.id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 // event is what a subscription and a history show of one event.
 type event struct {
 	Cursor   string `json:"cursor"`
@@ -410,8 +421,15 @@ func compareWithHistory(ctx context.Context, t *testing.T, admins []*harness.Cli
 		}
 		seen := map[string][]step{}
 		snapshots := map[string]int{}
+		synced := 0
 		for _, raw := range w.sub.Events() {
 			ev := decode(t, raw)
+			if ev.Kind == "SYNCED" {
+				if synced++; synced > 1 || len(snapshots) != len(w.seedsCovered(seeds)) {
+					t.Errorf("%v: SYNCED after %d snapshots (SYNCED number %d), want one, after every seed's", w, len(snapshots), synced)
+				}
+				continue
+			}
 			if !w.covers(ev.Instance.OrganizationID, ev.Instance.ProjectID) {
 				t.Errorf("%v got an event of %s in %s/%s", w, ev.Instance.ID, ev.Instance.OrganizationID, ev.Instance.ProjectID)
 			}

@@ -56,8 +56,8 @@ type InstanceEvent struct {
 	Kind   instance.EventKind `json:"kind"`
 	// The instance as of this event. Its description, tags and userData are the instance's current
 	// ones (empty once it is deleted): the event log keeps no copy of fields that large, so that an
-	// event costs a few kilobytes whatever the instance holds.
-	Instance      *instance.Instance `json:"instance"`
+	// event costs a few kilobytes whatever the instance holds. Null for SYNCED and BOOKMARK.
+	Instance      *instance.Instance `json:"instance,omitempty"`
 	ChangedFields []string           `json:"changedFields"`
 	OccurredAt    time.Time          `json:"occurredAt"`
 	// What happened, in words, where the kind alone does not say (e.g. for WARNING and ACTION).

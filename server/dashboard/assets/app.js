@@ -304,7 +304,7 @@
     l.stop = sockets.subscribe(
       {
         query:
-          'subscription($o: ID!, $p: ID, $after: String) { instanceEvents(organizationId: $o, projectId: $p, after: $after) { ' +
+          'subscription($o: ID!, $p: ID, $after: String) { instanceEvents(organizationId: $o, projectId: $p, after: $after, allowBookmarks: true) { ' +
           EVENT_FIELDS +
           ' } } ' +
           INSTANCE_FIELDS,
@@ -367,11 +367,16 @@
     }, delay);
   }
 
+  // applyEvent keeps the cursor of every event, SNAPSHOT ones included (resuming after one
+  // continues the snapshot), and SYNCED and BOOKMARK ones, which carry nothing else.
   function applyEvent(ev) {
     if (state.list && ev.cursor) {
       state.list.cursor = ev.cursor;
     }
     var inst = ev.instance;
+    if (!inst) {
+      return;
+    }
     if (ev.kind === 'DELETED') {
       delete state.instances[inst.id];
     } else {
@@ -815,7 +820,7 @@
     d.stop = sockets.subscribe(
       {
         query:
-          'subscription($o: ID!, $id: ID!, $after: String) { instanceEvents(organizationId: $o, instanceId: $id, after: $after) { ' +
+          'subscription($o: ID!, $id: ID!, $after: String) { instanceEvents(organizationId: $o, instanceId: $id, after: $after, allowBookmarks: true) { ' +
           EVENT_FIELDS +
           ' } } ' +
           INSTANCE_FIELDS,
@@ -828,6 +833,9 @@
           }
           var ev = result.data.instanceEvents;
           cursor = ev.cursor;
+          if (!ev.instance) {
+            return; // SYNCED or BOOKMARK: only a cursor
+          }
           if (ev.kind !== 'SNAPSHOT') {
             d.events.push(ev);
           }

@@ -226,7 +226,8 @@
     '}',
     '',
     '# Then try, one at a time:',
-    '#   subscription { instanceEvents(organizationId: "acme") { kind instance { name status { powerState } } } }',
+    '#   subscription { instanceEvents(organizationId: "acme", allowBookmarks: true) { kind cursor instance { name status { powerState } } } }',
+    '#   (a SNAPSHOT per instance, SYNCED, then every change; resume with after: the last cursor)',
     '#   mutation { stopInstance(input: {id: "<an id from above>"}) { userErrors { field code message } } }',
     ''
   ].join('\n');
