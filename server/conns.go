@@ -115,7 +115,7 @@ func (l *connLimits) limitSockets(next func(http.ResponseWriter, *http.Request))
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !l.takeSocket() {
 			w.Header().Set("Retry-After", "5")
-			writeError(w, http.StatusTooManyRequests, instance.CodeRateLimited,
+			writeError(w, r, http.StatusTooManyRequests, instance.CodeRateLimited,
 				fmt.Sprintf("this server holds as many WebSockets as it may (%d); retry later, or use another", l.maxSockets))
 			return
 		}

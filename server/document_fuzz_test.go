@@ -183,20 +183,20 @@ func FuzzGraphQLDocument(f *testing.F) {
 		}
 		doc, err := parser.ParseQueryWithTokenLimit(&ast.Source{Input: query}, fuzzTokens)
 		if err != nil {
-			refused(http.StatusUnprocessableEntity, "GRAPHQL_PARSE_FAILED")
+			refused(http.StatusOK, "GRAPHQL_PARSE_FAILED")
 			return
 		}
 		if len(doc.Operations) == 0 {
-			refused(http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+			refused(http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
 			return
 		}
 		for _, op := range doc.Operations {
 			switch s := measureNaively(doc, op); {
 			case s.cyclic:
-				refused(http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+				refused(http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
 				return
 			case s.over || s.widest > fuzzWidth:
-				refused(http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+				refused(http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
 				if !strings.Contains(string(res.Raw), "the limit is") {
 					t.Fatalf("%+v is over budget but the refusal does not say so: %s", s, res.Raw)
 				}
@@ -204,13 +204,13 @@ func FuzzGraphQLDocument(f *testing.F) {
 			}
 		}
 		if errs := validator.Validate(schema, doc); len(errs) > 0 {
-			refused(http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+			refused(http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
 			return
 		}
 		op := doc.Operations.ForName(operationName)
-		if op == nil || len(op.VariableDefinitions) > 0 && res.Status == http.StatusUnprocessableEntity {
+		if op == nil || len(op.VariableDefinitions) > 0 && res.Status == http.StatusOK {
 			// No such operation, or variables it requires were not sent.
-			refused(http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+			refused(http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
 			return
 		}
 		if s := measureNaively(doc, op); s.depth > fuzzDepth {
@@ -222,7 +222,7 @@ func FuzzGraphQLDocument(f *testing.F) {
 			return
 		}
 		if op.Operation == ast.Subscription {
-			refused(http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+			refused(http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
 			return
 		}
 		if res.Status != http.StatusOK || slices.ContainsFunc(codes, func(c string) bool { return !slices.Contains(resolverCodes, c) }) {

@@ -175,7 +175,9 @@ func (d depthLimit) MutateOperationContext(_ context.Context, oc *graphql.Operat
 type postTransport struct{ transport.POST }
 
 func (t postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
-	t.POST.Do(w, r, refuseOperations{exec, map[ast.Operation]string{ast.Subscription: streamOnly}})
+	answerToSpec(w, r, func(w http.ResponseWriter, r *http.Request) {
+		t.POST.Do(w, r, refuseOperations{exec, map[ast.Operation]string{ast.Subscription: streamOnly}})
+	})
 }
 
 // getTransport is gqlgen's GET transport refusing what GET must not carry, with a code: gqlgen
@@ -183,10 +185,12 @@ func (t postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.G
 type getTransport struct{ transport.GET }
 
 func (t getTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
-	t.GET.Do(w, r, refuseOperations{exec, map[ast.Operation]string{
-		ast.Mutation:     "mutations change state and are sent with POST, never GET (which caches and crawlers may repeat)",
-		ast.Subscription: streamOnly,
-	}})
+	answerToSpec(w, r, func(w http.ResponseWriter, r *http.Request) {
+		t.GET.Do(w, r, refuseOperations{exec, map[ast.Operation]string{
+			ast.Mutation:     "mutations change state and are sent with POST, never GET (which caches and crawlers may repeat)",
+			ast.Subscription: streamOnly,
+		}})
+	})
 }
 
 const streamOnly = "subscriptions stream over a WebSocket or Server-Sent Events (Accept: text/event-stream), not a plain request"
@@ -196,6 +200,12 @@ const streamOnly = "subscriptions stream over a WebSocket or Server-Sent Events 
 type refuseOperations struct {
 	graphql.GraphExecutor
 	refused map[ast.Operation]string
+}
+
+// DispatchError answers an operation refused before it ran, and marks it so (markRefused).
+func (e refuseOperations) DispatchError(ctx context.Context, list gqlerror.List) *graphql.Response {
+	markRefused(ctx)
+	return e.GraphExecutor.DispatchError(ctx, list)
 }
 
 func (e refuseOperations) CreateOperationContext(ctx context.Context, params *graphql.RawParams) (*graphql.OperationContext, gqlerror.List) {

@@ -123,7 +123,7 @@ func TestFragmentBombIsRefusedCheaply(t *testing.T) {
 	}
 	fmt.Fprintf(&b, "fragment F%d on Query { me { subject } }\n", levels)
 	res := a.post(t, a.admin(t), b.String(), nil)
-	wantError(t, res, http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+	wantError(t, res, http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
 	if !strings.Contains(string(res.Raw), "the limit is") {
 		t.Errorf("refusal does not explain the budget: %.300s", res.Raw)
 	}
@@ -146,7 +146,7 @@ func TestWideSelectionSetsAreBounded(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			res := a.post(t, tok, doc, nil)
-			wantError(t, res, http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+			wantError(t, res, http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
 			if !strings.Contains(string(res.Raw), "selection set holds") {
 				t.Errorf("refusal does not explain the width: %.300s", res.Raw)
 			}
@@ -160,14 +160,14 @@ func TestWideSelectionSetsAreBounded(t *testing.T) {
 	}
 	many.WriteString("}")
 	res := a.post(t, tok, many.String(), nil)
-	wantError(t, res, http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+	wantError(t, res, http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
 	if !strings.Contains(string(res.Raw), "operation selects 5200 fields") {
 		t.Errorf("refusal does not explain the field budget: %.300s", res.Raw)
 	}
 
 	narrow := newAPI(t, func(o *Options) { o.MaxWidth = 2 })
 	wantError(t, narrow.post(t, tok, `{ me { subject grants { role } } regions { id } instance(id: "x") { id } }`, nil),
-		http.StatusUnprocessableEntity, "GRAPHQL_VALIDATION_FAILED")
+		http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
 }
 
 // TestComplexityLimit: with MaxComplexity 500, list fields are weighted by `first`: one page of

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
@@ -243,9 +242,7 @@ func (rl *rateLimit) middleware(next http.Handler) http.Handler {
 		}
 		if gerr, secs := rl.check(p); gerr != nil {
 			w.Header().Set("Retry-After", strconv.Itoa(secs))
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusTooManyRequests)
-			json.NewEncoder(w).Encode(map[string]any{"errors": gqlerror.List{gerr}})
+			writeErrors(w, r, http.StatusTooManyRequests, gqlerror.List{gerr})
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -313,13 +313,13 @@ func authenticate(keys *auth.Keys, next http.Handler) http.Handler {
 		scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 		if !strings.EqualFold(scheme, "Bearer") || token == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="computeql"`)
-			writeError(w, http.StatusUnauthorized, instance.CodeUnauthenticated, "authentication required: send Authorization: Bearer <token>")
+			writeError(w, r, http.StatusUnauthorized, instance.CodeUnauthenticated, "authentication required: send Authorization: Bearer <token>")
 			return
 		}
 		p, err := keys.Verify(token)
 		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="computeql", error="invalid_token"`)
-			writeError(w, http.StatusUnauthorized, instance.CodeUnauthenticated, err.Error())
+			writeError(w, r, http.StatusUnauthorized, instance.CodeUnauthenticated, err.Error())
 			return
 		}
 		requestInfoFrom(r.Context()).set(p.Subject, "")
@@ -334,7 +334,7 @@ func limitBody(max int64, next http.Handler) http.Handler {
 	tooLarge := "request body is larger than the limit of " + strconv.FormatInt(max, 10) + " bytes"
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > max {
-			writeError(w, http.StatusRequestEntityTooLarge, instance.CodeBadUserInput, tooLarge)
+			writeError(w, r, http.StatusRequestEntityTooLarge, instance.CodeBadUserInput, tooLarge)
 			return
 		}
 		if r.Method != http.MethodPost {
@@ -345,33 +345,24 @@ func limitBody(max int64, next http.Handler) http.Handler {
 		var tooBig *http.MaxBytesError
 		switch {
 		case errors.As(err, &tooBig):
-			writeError(w, http.StatusRequestEntityTooLarge, instance.CodeBadUserInput, tooLarge)
+			writeError(w, r, http.StatusRequestEntityTooLarge, instance.CodeBadUserInput, tooLarge)
 			return
 		case err != nil:
-			writeError(w, http.StatusBadRequest, instance.CodeBadUserInput, "could not read the request body")
+			writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, "could not read the request body")
 			return
 		}
 		if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == "application/json" {
 			// gqlgen would answer these without a code, echoing the whole body back.
 			if !json.Valid(body) {
-				writeError(w, http.StatusBadRequest, instance.CodeBadUserInput, "request body is not valid JSON")
+				writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, "request body is not valid JSON")
 				return
 			}
 			if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) == 0 || trimmed[0] != '{' {
-				writeError(w, http.StatusBadRequest, instance.CodeBadUserInput, "request body must be a JSON object {\"query\", \"variables\", \"operationName\"}; batches are not supported")
+				writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, "request body must be a JSON object {\"query\", \"variables\", \"operationName\"}; batches are not supported")
 				return
 			}
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		next.ServeHTTP(w, r)
-	})
-}
-
-// writeError answers with a GraphQL-shaped error body, so clients parse every failure alike.
-func writeError(w http.ResponseWriter, status int, code instance.Code, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(map[string]any{
-		"errors": []any{map[string]any{"message": msg, "extensions": map[string]any{"code": code}}},
 	})
 }

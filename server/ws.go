@@ -108,7 +108,7 @@ func (p originPolicy) allows(r *http.Request) bool {
 func checkOrigin(p originPolicy, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if websocket.IsWebSocketUpgrade(r) && !p.allows(r) {
-			writeError(w, http.StatusForbidden, instance.CodeForbidden, "WebSocket origin not allowed: "+r.Header.Get("Origin"))
+			writeError(w, r, http.StatusForbidden, instance.CodeForbidden, "WebSocket origin not allowed: "+r.Header.Get("Origin"))
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -1,0 +1,111 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"mime"
+	"net/http"
+	"strings"
+
+	"github.com/vektah/gqlparser/v2/gqlerror"
+
+	"github.com/computeql/computeql/instance"
+)
+
+// The media types of answers, as the GraphQL-over-HTTP specification names them.
+const (
+	mediaJSON            = "application/json"
+	mediaGraphQLResponse = "application/graphql-response+json"
+)
+
+// responseType chooses the media type of an answer to r as gqlgen's transports do: the first
+// of the two the Accept header lists, application/json for a wildcard or no Accept at all
+// (what curl and older clients send), application/graphql-response+json otherwise.
+func responseType(r *http.Request) string {
+	accept := r.Header.Get("Accept")
+	if accept == "" {
+		return mediaJSON
+	}
+	for part := range strings.SplitSeq(accept, ",") {
+		mt, _, err := mime.ParseMediaType(strings.TrimSpace(part))
+		if err != nil {
+			continue
+		}
+		switch mt {
+		case mediaJSON, "*/*", "application/*":
+			return mediaJSON
+		case mediaGraphQLResponse:
+			return mediaGraphQLResponse
+		}
+	}
+	return mediaGraphQLResponse
+}
+
+// writeErrors answers r with the errors alone (no data: nothing was executed) and the status,
+// in the media type the client accepts, so that a client that reads error bodies only as
+// application/graphql-response+json (Apollo Client 4) sees the code of a 401 or a 429.
+func writeErrors(w http.ResponseWriter, r *http.Request, status int, errs gqlerror.List) {
+	w.Header().Set("Content-Type", responseType(r))
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{"errors": errs})
+}
+
+// writeError is writeErrors of one error with its code.
+func writeError(w http.ResponseWriter, r *http.Request, status int, code instance.Code, msg string) {
+	writeErrors(w, r, status, gqlerror.List{{Message: msg, Extensions: map[string]any{"code": string(code)}}})
+}
+
+// beforeExecution is set on a request whose operation was refused before it ran (it did not
+// parse, validate, or pass a limit): the answer then has no data entry, and, in
+// application/json, status 200, as the GraphQL-over-HTTP specification says. gqlgen's
+// transports answer such a request with "data": null, and with 422 in application/json.
+type beforeExecution struct{ refused bool }
+
+type beforeExecutionKey struct{}
+
+// specAnswers wraps w so that a refusal before execution is answered as beforeExecution says.
+type specAnswers struct {
+	http.ResponseWriter
+	state *beforeExecution
+	json  bool
+}
+
+func (a *specAnswers) WriteHeader(status int) {
+	if a.json && status == http.StatusUnprocessableEntity {
+		status = http.StatusOK
+	}
+	a.ResponseWriter.WriteHeader(status)
+}
+
+func (a *specAnswers) Write(b []byte) (int, error) {
+	if !a.state.refused {
+		return a.ResponseWriter.Write(b)
+	}
+	var resp map[string]json.RawMessage
+	if err := json.Unmarshal(b, &resp); err != nil || string(resp["data"]) != "null" {
+		return a.ResponseWriter.Write(b)
+	}
+	delete(resp, "data")
+	out, err := json.Marshal(resp)
+	if err != nil {
+		return a.ResponseWriter.Write(b)
+	}
+	if _, err := a.ResponseWriter.Write(out); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// answerToSpec runs a gqlgen HTTP transport's Do with the answers of refusals corrected.
+func answerToSpec(w http.ResponseWriter, r *http.Request, do func(http.ResponseWriter, *http.Request)) {
+	state := &beforeExecution{}
+	r = r.WithContext(context.WithValue(r.Context(), beforeExecutionKey{}, state))
+	do(&specAnswers{ResponseWriter: w, state: state, json: responseType(r) == mediaJSON}, r)
+}
+
+// markRefused notes that the operation of ctx's request was refused before it ran.
+func markRefused(ctx context.Context) {
+	if s, ok := ctx.Value(beforeExecutionKey{}).(*beforeExecution); ok {
+		s.refused = true
+	}
+}
