@@ -220,7 +220,7 @@ func New(opts Options) (http.Handler, error) {
 		grace:  opts.StreamWriteTimeout + time.Second,
 		limits: limits,
 	})
-	gql.AddTransport(transport.SSE{KeepAlivePingInterval: opts.KeepAliveInterval})
+	gql.AddTransport(sseTransport{transport.SSE{KeepAlivePingInterval: opts.KeepAliveInterval}})
 	gql.AddTransport(getTransport{})
 	gql.AddTransport(postTransport{})
 	gql.SetQueryCache(lru.New[*ast.QueryDocument](1000))
