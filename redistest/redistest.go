@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -53,4 +54,18 @@ func Main(m *testing.M, srv **Server) {
 	code := m.Run()
 	s.Stop()
 	os.Exit(code)
+}
+
+// UsedMemory returns the server's used_memory, in bytes: what its data costs it.
+func UsedMemory(tb testing.TB, c redis.UniversalClient) int64 {
+	tb.Helper()
+	info, err := c.InfoMap(context.Background(), "memory").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	n, err := strconv.ParseInt(info["Memory"]["used_memory"], 10, 64)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return n
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/computeql/computeql/instance"
+	"github.com/computeql/computeql/redistest"
 )
 
 // maximal returns an instance with every field a caller or the system can fill at its
@@ -35,20 +36,6 @@ func maximal(org, project string) *instance.Instance {
 	return inst
 }
 
-// usedMemory is Redis's used_memory.
-func usedMemory(t *testing.T, rdb *redis.Client) int64 {
-	t.Helper()
-	info, err := rdb.InfoMap(ctx, "memory").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := strconv.ParseInt(info["Memory"]["used_memory"], 10, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 // maxEventBytes is the documented bound of what one event costs Redis.
 const maxEventBytes = 8 << 10
 
@@ -61,7 +48,7 @@ func TestEventsOfAMaximalInstanceStaySmall(t *testing.T) {
 	inst := create(t, s, maximal("acme", "web"))
 	long := strings.Repeat("𝔪", 4*instance.MaxMessageBytes)
 	const updates = 500
-	before := usedMemory(t, rdb)
+	before := redistest.UsedMemory(t, rdb)
 	for i := range updates {
 		inst.Description = strconv.Itoa(i) + inst.Description[len(strconv.Itoa(i)):]
 		if r, err := s.UpdateSpec(ctx, inst, nil, roomy, nil, []string{"description"}); err != nil || r != nil {
@@ -73,7 +60,7 @@ func TestEventsOfAMaximalInstanceStaySmall(t *testing.T) {
 		}
 		inst.StatusVersion++
 	}
-	perEvent := (usedMemory(t, rdb) - before) / (2 * updates)
+	perEvent := (redistest.UsedMemory(t, rdb) - before) / (2 * updates)
 	t.Logf("%d bytes of Redis memory per event of a maximal instance", perEvent)
 	if perEvent > maxEventBytes {
 		t.Errorf("%d bytes of Redis memory per event, want at most %d", perEvent, maxEventBytes)

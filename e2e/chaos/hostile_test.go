@@ -21,6 +21,7 @@ import (
 
 	"github.com/computeql/computeql/e2e/harness"
 	"github.com/computeql/computeql/instance"
+	"github.com/computeql/computeql/redistest"
 )
 
 // hostileLimits are the API's defaults for what one principal may do, given explicitly: the
@@ -80,7 +81,7 @@ func TestChaosHostileTenant(t *testing.T) {
 	}
 	linesAfter := metricLines(t, api)
 	e.logf("%d operations under invented names: /metrics %d lines, then %d", named, linesBefore, linesAfter)
-	redisBefore := usedMemory(t, e)
+	redisBefore := redistest.UsedMemory(t, e.redis.Client)
 
 	// The flood, all at once.
 	maxRef := Ref{Org: "acme", Project: "web", Network: "net-acme-web-eu", Name: "mallory-max"}
@@ -158,7 +159,7 @@ func TestChaosHostileTenant(t *testing.T) {
 	})
 	flooding.Wait()
 	during := latencies.cut()
-	redisAfter := usedMemory(t, e)
+	redisAfter := redistest.UsedMemory(t, e.redis.Client)
 	sockets.closeAll()
 	cancel()
 	bystanding.Wait()
@@ -390,20 +391,6 @@ func readRSS(pid int) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no VmRSS for process %d", pid)
-}
-
-// usedMemory is the scenario's Redis's used_memory.
-func usedMemory(t *testing.T, e *env) int64 {
-	t.Helper()
-	info, err := e.redis.Client.InfoMap(context.Background(), "memory").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := strconv.ParseInt(info["Memory"]["used_memory"], 10, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 // metricLines counts the lines of the process's /metrics.
