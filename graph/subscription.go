@@ -27,7 +27,10 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 		return nil, err
 	}
 	if !pr.SeesOrganization(org) || project != "" && !pr.Allows(org, project, auth.RoleViewer) {
-		return nil, instance.Errorf(instance.CodeNotFound, "organization %q or project %q not found", org, project)
+		if project == "" {
+			return nil, instance.Errorf(instance.CodeNotFound, "organization %q not found", org)
+		}
+		return nil, instance.Errorf(instance.CodeNotFound, "project %q of organization %q not found", project, org)
 	}
 	// A watched instance must be readable and of the organization. Without after, the snapshot
 	// reads it anyway once the subscription is live; with after, it is checked first.

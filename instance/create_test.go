@@ -650,3 +650,16 @@ func wrap76(s string) string {
 	b.WriteString(s)
 	return b.String()
 }
+
+// TestDiskMessageSpeaksInUsersUnits: the refusal of an image too large for the flavor's disk
+// gives both sizes in the units they are sold in, not in bytes.
+func TestDiskMessageSpeaksInUsersUnits(t *testing.T) {
+	e := newEnvWith(t, diskCatalog(t))
+	req := validCreate()
+	req.NetworkID, req.FlavorID, req.ImageID = "net-acme-web-eu", "d20", "img-19"
+	_, err := e.svc.Create(acmeMember, req)
+	const want = `image "img-19" needs 19 GiB of disk (20.4 GB) but flavor "d20" has 20 GB`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("refusal %v, want it to say %s", err, want)
+	}
+}

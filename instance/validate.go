@@ -110,8 +110,8 @@ func checkCompatible(p *problems, f *region.Flavor, img *region.Image) {
 	// Flavor disks are sold in GB (10^9 bytes) and images measured in GiB (2^30 bytes):
 	// comparing the raw numbers would accept a 20 GiB image on a 20 GB disk that cannot hold it.
 	if need, have := img.SizeGiB<<30, f.DiskGB*1_000_000_000; need > have {
-		p.add(CodeUnprocessable, path("imageId"), "image %q needs %d bytes of disk but flavor %q has %d (%d GB)",
-			img.ID, need, f.ID, have, f.DiskGB)
+		p.add(CodeUnprocessable, path("imageId"), "image %q needs %d GiB of disk (%.1f GB) but flavor %q has %d GB",
+			img.ID, img.SizeGiB, float64(need)/1e9, f.ID, f.DiskGB)
 	}
 	switch {
 	case img.Virtualization == region.VirtualizationBaremetal && !f.Baremetal:

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -96,10 +97,17 @@ func TestBadRequestBodies(t *testing.T) {
 		{"a JSON string", "application/json", `"{ me { subject } }"`, "BAD_USER_INPUT"},
 		{"query not a string", "application/json", `{"query": 42}`, ""},
 		{"variables not an object", "application/json", `{"query": "{ me { subject } }", "variables": [1]}`, ""},
-		{"text/plain", "text/plain", `{"query": "{ me { subject } }"}`, ""},
-		{"application/graphql", "application/graphql", `{ me { subject } }`, ""},
-		{"form", "application/x-www-form-urlencoded", `query=%7B+me+%7B+subject+%7D+%7D`, ""},
-		{"no content type", "", `{"query": "{ me { subject } }"}`, ""},
+		{"text/plain", "text/plain", `{"query": "{ me { subject } }"}`, "BAD_USER_INPUT"},
+		{"application/graphql", "application/graphql", `{ me { subject } }`, "BAD_USER_INPUT"},
+		{"form", "application/x-www-form-urlencoded", `query=%7B+me+%7B+subject+%7D+%7D`, "BAD_USER_INPUT"},
+		{"no content type", "", `{"query": "{ me { subject } }"}`, "BAD_USER_INPUT"},
+	}
+	// A body in another media type is 415, with a code saying what to send.
+	wantStatus := func(contentType string) int {
+		if mt, _, _ := mime.ParseMediaType(contentType); mt != "application/json" {
+			return http.StatusUnsupportedMediaType
+		}
+		return http.StatusBadRequest
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -108,8 +116,8 @@ func TestBadRequestBodies(t *testing.T) {
 				req.Header.Set("Content-Type", tt.contentType)
 			}
 			res := a.send(t, tok, req)
-			if res.Status != http.StatusBadRequest {
-				t.Errorf("status = %d, want 400; body %s", res.Status, res.Raw)
+			if want := wantStatus(tt.contentType); res.Status != want {
+				t.Errorf("status = %d, want %d; body %s", res.Status, want, res.Raw)
 			}
 			if len(res.Errors) != 1 {
 				t.Fatalf("want one error: %s", res.Raw)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/99designs/gqlgen/graphql"
 	"github.com/vektah/gqlparser/v2/gqlerror"
 
 	"github.com/computeql/computeql/instance"
@@ -108,4 +109,21 @@ func markRefused(ctx context.Context) {
 	if s, ok := ctx.Value(beforeExecutionKey{}).(*beforeExecution); ok {
 		s.refused = true
 	}
+}
+
+// unsupported answers a request no other transport serves (a Content-Type other than
+// application/json, a method other than GET and POST) with 415 and a code saying what to
+// send, where gqlgen alone answers "transport not supported" without one. It is the last
+// transport.
+type unsupported struct{}
+
+func (unsupported) Supports(*http.Request) bool { return true }
+
+func (unsupported) Do(w http.ResponseWriter, r *http.Request, _ graphql.GraphExecutor) {
+	status, msg := http.StatusUnsupportedMediaType, "send the operation as JSON (Content-Type: application/json) with POST, a query with GET, or a subscription over a WebSocket or with Accept: text/event-stream"
+	if r.Method != http.MethodGet && r.Method != http.MethodPost {
+		status, msg = http.StatusMethodNotAllowed, "use POST, or GET for queries"
+		w.Header().Set("Allow", "GET, POST")
+	}
+	writeError(w, r, status, instance.CodeBadUserInput, msg)
 }

@@ -60,3 +60,16 @@ func TestAnswersFollowGraphQLOverHTTP(t *testing.T) {
 		})
 	}
 }
+
+// TestOtherMethodsAreRefusedWithACode: a method other than GET and POST is 405 with Allow and
+// a code, where gqlgen alone says "transport not supported" without one.
+func TestOtherMethodsAreRefusedWithACode(t *testing.T) {
+	a := newAPI(t)
+	req := postRequest(t, `{ me { subject } }`, nil)
+	req.Method = http.MethodPut
+	res := a.send(t, a.admin(t), req)
+	wantError(t, res, http.StatusMethodNotAllowed, "BAD_USER_INPUT")
+	if allow := res.Header.Get("Allow"); allow != "GET, POST" {
+		t.Errorf("Allow %q, want GET, POST", allow)
+	}
+}

@@ -223,6 +223,7 @@ func New(opts Options) (http.Handler, error) {
 	gql.AddTransport(sseTransport{transport.SSE{KeepAlivePingInterval: opts.KeepAliveInterval}})
 	gql.AddTransport(getTransport{})
 	gql.AddTransport(postTransport{})
+	gql.AddTransport(unsupported{})
 	gql.SetQueryCache(lru.New[*ast.QueryDocument](1000))
 	gql.SetParserTokenLimit(opts.MaxTokens)
 	gql.SetValidationRulesFn(documentBudget{maxFields: opts.MaxFields, maxWidth: opts.MaxWidth}.rules)
