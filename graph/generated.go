@@ -1708,7 +1708,12 @@ type Query {
   quota(organizationId: ID!): Quota!
   "The private key of the project key pair an instance's server uses (not for instances with an SSH CA)."
   instanceSSHKey(id: ID!): SSHKey!
-  "The history of an instance, oldest first, as long as its organization's event log keeps it (about 10,000 events). ` + "`" + `first` + "`" + ` is 1 to 100 (default 20)."
+  """
+  The history of an instance, oldest first, as long as its organization's event log keeps it
+  (at most 10,000 events and 16 MiB), and after the instance is deleted too, for the 1,000 most
+  recently deleted instances of its organization, to those who could read it. ` + "`" + `first` + "`" + ` is 1 to
+  100 (default 20).
+  """
   instanceEvents(id: ID!, first: Int, after: String): InstanceEventConnection!
 }
 

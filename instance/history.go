@@ -84,13 +84,15 @@ func PositionLess(a, b string) bool {
 }
 
 // History returns a page of an instance's history, oldest first, to anyone who may read the
-// instance. The history is kept as long as the organization's event log keeps it.
+// instance, or could before it was deleted. The history is kept as long as the organization's
+// event log keeps it, and after a deletion for the organization's deletedKept most recently
+// deleted instances (the store's bound).
 func (s *Service) History(ctx context.Context, id string, first *int, after *string) (*HistoryPage, error) {
 	pr, err := Principal(ctx)
 	if err != nil {
 		return nil, err
 	}
-	inst, err := s.peek(ctx, pr, id, auth.RoleViewer)
+	org, err := s.historyOf(ctx, pr, id)
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +109,7 @@ func (s *Service) History(ctx context.Context, id string, first *int, after *str
 			return nil, err
 		}
 	}
-	events, more, err := s.store.History(ctx, inst.OrganizationID, inst.ID, pos, n)
+	events, more, err := s.store.History(ctx, org, id, pos, n)
 	switch {
 	case errors.Is(err, ErrCursorExpired):
 		return nil, Errorf(CodeCursorExpired, "the history no longer reaches back to that cursor: read it again from the start")
@@ -115,4 +117,27 @@ func (s *Service) History(ctx context.Context, id string, first *int, after *str
 		return nil, internal("instance history", err)
 	}
 	return &HistoryPage{Events: events, HasNextPage: more}, nil
+}
+
+// historyOf returns the organization of the instance whose history the principal asks for: a
+// live one it may read, or a deleted one of a project it may read. Any other answers as one
+// that does not exist.
+func (s *Service) historyOf(ctx context.Context, pr auth.Principal, id string) (string, error) {
+	inst, err := s.peek(ctx, pr, id, auth.RoleViewer)
+	if err == nil {
+		return inst.OrganizationID, nil
+	}
+	if e := (*Error)(nil); !errors.As(err, &e) || e.Code != CodeNotFound || checkID(id) != nil {
+		return "", err
+	}
+	org, project, derr := s.store.Deleted(ctx, pr.Organizations(), id)
+	switch {
+	case derr == ErrNotFound:
+		return "", err
+	case derr != nil:
+		return "", internal("deleted instance", derr)
+	case !pr.Allows(org, project, auth.RoleViewer):
+		return "", err
+	}
+	return org, nil
 }

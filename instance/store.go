@@ -41,6 +41,9 @@ type Store interface {
 	Quota(ctx context.Context, org string) (limits, used quota.Amounts, err error)
 	// SetLimits sets limits for the given kinds.
 	SetLimits(ctx context.Context, org string, limits quota.Amounts) error
+	// Deleted returns the organization and project of a deleted instance whose history is
+	// still kept, in the first of orgs that has it, or ErrNotFound.
+	Deleted(ctx context.Context, orgs []string, id string) (org, project string, err error)
 	// History returns up to limit events of the instance after the cursor ("" for the
 	// oldest kept), oldest first, and whether more follow; ErrCursorExpired when the cursor is
 	// older than the log keeps.

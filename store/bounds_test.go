@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -116,8 +117,8 @@ func TestEventInstancesReadTheirLargeFieldsFromTheInstance(t *testing.T) {
 	if large, err := deleted[0].Instance.Large(ctx, instance.FieldTags); err != nil || large.Tags != nil {
 		t.Errorf("tags of a forgotten instance: %+v, %v; want none", large, err)
 	}
-	if n, _ := rdb.Exists(ctx, historyKey("acme", inst.ID)).Result(); n != 0 {
-		t.Error("the history index of a forgotten instance is left behind")
+	if n, _ := rdb.Exists(ctx, historyKey("acme", inst.ID)).Result(); n != 1 {
+		t.Error("the history index of a forgotten instance is gone: its history is kept after deletion")
 	}
 }
 
@@ -235,4 +236,39 @@ func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error { h.n++; return next(ctx, cmds) }
+}
+
+// TestDeletedInstancesKeepTheirHistoryUpToABound: a forgotten instance's history index stays
+// and the instance is found among the deleted with its project, until deletedKept more recent
+// deletions push it out, when its index goes too.
+func TestDeletedInstancesKeepTheirHistoryUpToABound(t *testing.T) {
+	rdb := redisServer.Client(t)
+	s := New(rdb)
+	forget := func(name string, at time.Time) *instance.Instance {
+		t.Helper()
+		inst := create(t, s, newInstance("acme", "web", name))
+		if ok, err := s.Forget(ctx, inst, at); err != nil || !ok {
+			t.Fatal(err, ok)
+		}
+		return inst
+	}
+	first := forget("first", eventTime)
+	if org, project, err := s.Deleted(ctx, []string{"globex", "acme"}, first.ID); err != nil || org != "acme" || project != "web" {
+		t.Fatalf("deleted instance: %s/%s, %v", org, project, err)
+	}
+	if page, _, err := s.History(ctx, "acme", first.ID, "", 10); err != nil || len(page) != 2 {
+		t.Fatalf("history of a deleted instance: %d events, %v", len(page), err)
+	}
+	for i := range deletedKept {
+		forget(fmt.Sprintf("later-%d", i), eventTime.Add(time.Duration(i+1)*time.Millisecond))
+	}
+	if _, _, err := s.Deleted(ctx, []string{"acme"}, first.ID); !errors.Is(err, instance.ErrNotFound) {
+		t.Errorf("the oldest deleted instance after %d more: %v, want ErrNotFound", deletedKept, err)
+	}
+	if n, _ := rdb.Exists(ctx, historyKey("acme", first.ID)).Result(); n != 0 {
+		t.Error("its history index is left behind")
+	}
+	if n, _ := rdb.HLen(ctx, deletedKey("acme")).Result(); n != deletedKept {
+		t.Errorf("%d deleted instances kept, want %d", n, deletedKept)
+	}
 }

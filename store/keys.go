@@ -36,6 +36,11 @@ func eventBytesKey(org string) string { return prefix + orgTag(org) + ":events:b
 // instance's history reads that page, however long the organization's log is.
 func historyKey(org, id string) string { return instanceKey(org, id) + ":h" }
 
+// deletedKey is a hash of the organization's deleted instances whose history is kept: id →
+// project; deletedOrderKey orders them by deletion time (Unix ms), oldest first.
+func deletedKey(org string) string      { return prefix + orgTag(org) + ":deleted" }
+func deletedOrderKey(org string) string { return prefix + orgTag(org) + ":deleted:t" }
+
 // quotaKey is a hash of limit:<kind> (only kinds set with setQuota) and used:<kind>.
 func quotaKey(org string) string { return prefix + orgTag(org) + ":quota" }
 

@@ -196,14 +196,17 @@ return 1
 // the generation is unchanged it releases the instance's charge, frees its name claim (only
 // while the claim still holds the instance's id), deletes the instance and removes it from
 // both indexes, all or nothing. A forgotten instance is gone, so a second run changes nothing
-// and the charge is never released twice.
+// and the charge is never released twice. Its history index stays, and the instance is
+// remembered among the organization's deleted ones with its project, so that those who could
+// read it can still read its history; past deletedKept deleted instances, the oldest one's
+// history index goes.
 //
 // KEYS[1] instance, KEYS[2] claim, KEYS[3] org index, KEYS[4] project index, KEYS[5] quota,
-// KEYS[6] events, KEYS[7] event bytes, KEYS[8] history index
+// KEYS[6] events, KEYS[7] event bytes, KEYS[8] history index, KEYS[9] deleted instances'
+// projects (hash), KEYS[10] deleted instances in order (sorted set)
 // ARGV[1] expected generation, ARGV[2] id, ARGV[3] now (Unix ms),
 // ARGV[4..] the charge to release (negative amounts)
-// Returns 1 when forgotten (a DELETED event appended, carrying the instance as it was, and the
-// instance's history index deleted with it), 0
+// Returns 1 when forgotten (a DELETED event appended, carrying the instance as it was), 0
 // when the instance is gone or its generation moved on.
 var forgetScript = redis.NewScript(quotaLua + eventLua + `
 local gen = redis.call('HGET', KEYS[1], 'gen')
@@ -215,9 +218,22 @@ applyCharge(KEYS[5], 4)
 if redis.call('GET', KEYS[2]) == ARGV[2] then
   redis.call('DEL', KEYS[2])
 end
-redis.call('DEL', KEYS[1], KEYS[8])
+redis.call('HSET', KEYS[9], ARGV[2], redis.call('HGET', KEYS[1], 'proj'))
+redis.call('ZADD', KEYS[10], ARGV[3], ARGV[2])
+redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[3], ARGV[2])
 redis.call('ZREM', KEYS[4], ARGV[2])
+-- The history index of an instance is its key with ':h' appended; the oldest deleted ones'
+-- are in the same slot (the organization's hash tag).
+local prefix = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[2])
+local excess = redis.call('ZCARD', KEYS[10]) - ` + strconv.Itoa(deletedKept) + `
+if excess > 0 then
+  local popped = redis.call('ZPOPMIN', KEYS[10], excess)
+  for i = 1, #popped, 2 do
+    redis.call('DEL', prefix .. popped[i] .. ':h')
+    redis.call('HDEL', KEYS[9], popped[i])
+  end
+end
 return 1
 `)
 

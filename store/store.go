@@ -67,6 +67,8 @@ const (
 	// them so that the bytes bound holds for many small events too.
 	eventOverhead = 64
 	historyKept   = 1_000
+	// deletedKept is how many deleted instances per organization keep their history.
+	deletedKept = 1_000
 )
 
 // encodeSpec returns the spec without its large fields, and those fields as the hash holds
@@ -217,6 +219,7 @@ func (s *Store) Forget(ctx context.Context, inst *instance.Instance, at time.Tim
 		instanceKey(org, inst.ID), claimKey(org, instance.NameClaim(inst.NetworkID, inst.Name)),
 		orgIndexKey(org), projectIndexKey(org, inst.ProjectID), quotaKey(org),
 	}, eventKeys(org, inst.ID)...)
+	keys = append(keys, deletedKey(org), deletedOrderKey(org))
 	// Releasing is charging the negated amounts; limits only matter for positive amounts.
 	args := chargeArgs([]any{inst.Generation, inst.ID, at.UnixMilli()}, quota.Amounts{}.Sub(inst.Charge), nil)
 	reply, err := forgetScript.Run(ctx, s.rdb, keys, args...).Int()
@@ -327,6 +330,25 @@ func scriptEntry(e any) (redis.XMessage, error) {
 		m.Values[k] = kv[i+1]
 	}
 	return m, nil
+}
+
+// Deleted implements instance.Store: one pipelined round trip over the organizations.
+func (s *Store) Deleted(ctx context.Context, orgs []string, id string) (org, project string, err error) {
+	cmds := make([]*redis.StringCmd, len(orgs))
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, org := range orgs {
+			cmds[i] = p.HGet(ctx, deletedKey(org), id)
+		}
+		return nil
+	}); err != nil && !errors.Is(err, redis.Nil) {
+		return "", "", failed("deleted instance", err)
+	}
+	for i, cmd := range cmds {
+		if project, err := cmd.Result(); err == nil {
+			return orgs[i], project, nil
+		}
+	}
+	return "", "", instance.ErrNotFound
 }
 
 // LastEvent returns the position of the organization's newest event, "0-0" when it has none:
