@@ -36,7 +36,7 @@ func TestHistoryOutlivesTheInstance(t *testing.T) {
 
 	const unknown = "0190c7a4-6b1e-7c3d-9f00-1a2b3c4d5e6f"
 	for name, ctx := range map[string]context.Context{
-		"another project's viewer":      as("dora", "acme", "data", auth.RoleViewer),
+		"another project's viewer":     as("dora", "acme", "data", auth.RoleViewer),
 		"another organization's admin": as("gus", "globex", "", auth.RoleAdmin),
 	} {
 		_, err := e.svc.History(ctx, inst.ID, nil, nil)
