@@ -5,6 +5,8 @@ import (
 	"context"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -168,4 +170,53 @@ func skipCommand(r *bufio.Reader) error {
 		}
 	}
 	return nil
+}
+
+// TestLoadingRedisIsUnavailable: a real redis-server loading its data after a restart (made
+// slow, so that it is caught loading) answers LOADING, which passes: UNAVAILABLE for reads and
+// writes alike.
+func TestLoadingRedisIsUnavailable(t *testing.T) {
+	first, err := redistest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(first.Stop)
+	ctx := context.Background()
+	c := first.Client(t)
+	if err := c.Eval(ctx, "for i = 1, 20000 do redis.call('SET', 'k' .. i, 'v') end", nil).Err(); err != nil && err != redis.Nil {
+		t.Fatal(err)
+	}
+	if err := c.Save(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := c.ConfigGet(ctx, "dir").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dump, err := os.ReadFile(filepath.Join(dir["dir"], "dump.rdb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	restarted := t.TempDir()
+	if err := os.WriteFile(filepath.Join(restarted, "dump.rdb"), dump, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A millisecond a key: twenty seconds of loading, answering commands (with LOADING) as it goes.
+	loading, err := redistest.Start("--dir", restarted, "--key-load-delay", "1000", "--loading-process-events-interval-bytes", "1024")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(loading.Stop)
+	rdb := redis.NewClient(&redis.Options{Addr: loading.Addr})
+	t.Cleanup(func() { rdb.Close() })
+	if info, err := rdb.Info(ctx, "persistence").Result(); err != nil || !strings.Contains(info, "loading:1") {
+		t.Fatalf("the restarted server is not loading (%v): the test shows nothing", err)
+	}
+	e := serviceOn(t, rdb, region.Demo())
+	if _, err := e.svc.Create(acmeMember, validCreate()); instance.CodeOf(err) != instance.CodeUnavailable {
+		t.Errorf("create on a loading server: %v, want UNAVAILABLE", err)
+	}
+	if _, err := e.svc.Get(acmeViewer, "0190c7a4-6b1e-7c3d-9f00-1a2b3c4d5e6f"); instance.CodeOf(err) != instance.CodeUnavailable {
+		t.Errorf("get on a loading server: %v, want UNAVAILABLE", err)
+	}
 }

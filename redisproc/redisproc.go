@@ -93,7 +93,8 @@ func (s *Server) waitReady(limit time.Duration) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		err := c.Ping(ctx).Err()
 		cancel()
-		if err == nil {
+		// A server loading its data answers LOADING: it listens, which is what is awaited.
+		if err == nil || redis.IsLoadingError(err) {
 			return nil
 		}
 		time.Sleep(10 * time.Millisecond)
