@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -20,10 +21,11 @@ import (
 // Server is a redis-server child process.
 type Server struct {
 	// Addr is host:port of the server.
-	Addr string
-	dir  string
-	cmd  *exec.Cmd
-	done chan error
+	Addr    string
+	dir     string
+	cmd     *exec.Cmd
+	done    chan error
+	stopped sync.Once
 }
 
 // Start launches redis-server on a free loopback port with a fresh directory and waits until it
@@ -102,13 +104,16 @@ func (s *Server) waitReady(limit time.Duration) error {
 	return errors.New("redisproc: redis-server did not answer PING in time")
 }
 
-// Stop kills the server and removes its directory.
+// Stop kills the server and removes its directory; calls after the first do nothing, so a
+// test may take a server down before its cleanup stops it.
 func (s *Server) Stop() {
-	if s.cmd.Process != nil {
-		_ = s.cmd.Process.Kill()
-		<-s.done
-	}
-	os.RemoveAll(s.dir)
+	s.stopped.Do(func() {
+		if s.cmd.Process != nil {
+			_ = s.cmd.Process.Kill()
+			<-s.done
+		}
+		os.RemoveAll(s.dir)
+	})
 }
 
 func freePort() (int, error) {

@@ -25,6 +25,8 @@ type Redis struct {
 	Client redis.UniversalClient
 	// Addrs are the servers' host:port.
 	Addrs []string
+	// Nodes are a cluster's servers, which a test may stop to take a node down.
+	Nodes []*redistest.Server
 }
 
 // StartRedis starts a redis-server on a free loopback port for the test, stopped when it ends;
@@ -58,7 +60,7 @@ func StartCluster(tb testing.TB, masters int) *Redis {
 	nodes := make([]*redis.Client, masters)
 	for i := range masters {
 		s := startClusterNode(tb)
-		r.Addrs = append(r.Addrs, s.Addr)
+		r.Addrs, r.Nodes = append(r.Addrs, s.Addr), append(r.Nodes, s)
 		nodes[i] = redis.NewClient(&redis.Options{Addr: s.Addr})
 		tb.Cleanup(func() { nodes[i].Close() })
 	}
