@@ -83,19 +83,16 @@ type config struct {
 	otlpEndpoint string
 }
 
-// flags defines the shared flags. A flag's COMPUTEQL_<FLAG> environment variable, when set,
-// replaces its default and is parsed like the flag itself, so a malformed value is an error
-// rather than silently the default.
+// flags defines the flags of the serving commands (all, api, worker, region). A flag's
+// COMPUTEQL_<FLAG> environment variable, when set, replaces its default and is parsed like the
+// flag itself, so a malformed value is an error rather than silently the default.
 func flags(name string, c *config) (*flag.FlagSet, error) {
 	fs := flag.NewFlagSet("computeql "+name, flag.ContinueOnError)
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address to serve HTTP on")
 	fs.StringVar(&c.redisURL, "redis", "", "Redis URL, e.g. redis://127.0.0.1:6379/0, or a Redis Cluster's as redis+cluster://host:port,host:port (any of its nodes; none: an embedded in-memory Redis)")
 	fs.StringVar(&c.catalog, "catalog", "", "catalogue file (JSON; none: the built-in demo catalogue)")
-	fs.StringVar(&c.tokenSecret, "token-secret", "", "HS256 secret for bearer tokens, at least 32 bytes (none, and no --jwks-file or --oidc-issuer: a random one, printed tokens only)")
+	tokenFlags(fs, c, "HS256 secret for bearer tokens, at least 32 bytes (none, and no --jwks-file or --oidc-issuer: a random one, printed tokens only)")
 	fs.StringVar(&c.jwksFile, "jwks-file", "", "JSON Web Key Set file whose RS256 and ES256 keys verify bearer tokens")
-	fs.StringVar(&c.oidcIssuer, "oidc-issuer", "", "OpenID Connect issuer URL (https) whose published RS256 and ES256 keys verify bearer tokens")
-	fs.StringVar(&c.tokenIssuer, "token-issuer", "", `iss claim of bearer tokens (none: the --oidc-issuer, else "computeql")`)
-	fs.StringVar(&c.tokenAudience, "token-audience", "", `value the aud claim of bearer tokens must include (none: "computeql")`)
 	fs.DurationVar(&c.tokenSkew, "token-skew", 30*time.Second, "clock difference allowed on the exp and nbf of bearer tokens, at most 5m")
 	fs.Float64Var(&c.rateLimit, "rate-limit", 50, "requests per second one principal may sustain on each API process (negative: no limit)")
 	fs.IntVar(&c.rateBurst, "rate-burst", 100, "requests one principal may send at once after a quiet spell")
@@ -111,6 +108,20 @@ func flags(name string, c *config) (*flag.FlagSet, error) {
 	fs.BoolVar(&c.introspection, "introspection", true, "answer GraphQL introspection queries (GraphiQL and code generators need them; false: refused with FORBIDDEN)")
 	fs.DurationVar(&c.buildDelay, "build-delay", 2*time.Second, "how long the simulated region takes to build a server")
 	fs.StringVar(&c.faults, "region-faults", "", `faults the simulated region injects, as JSON: {"errorRate": 0.3, "slowCalls": "200ms", "failBuildPrefix": "fail-", "duplicateCreates": true}`)
+	return fs, fromEnv(fs)
+}
+
+// tokenFlags defines the flags that say how tokens are signed, which the serving commands and
+// token share; secretUsage is what --token-secret means to the command.
+func tokenFlags(fs *flag.FlagSet, c *config, secretUsage string) {
+	fs.StringVar(&c.tokenSecret, "token-secret", "", secretUsage)
+	fs.StringVar(&c.oidcIssuer, "oidc-issuer", "", "OpenID Connect issuer URL (https) whose published RS256 and ES256 keys verify bearer tokens")
+	fs.StringVar(&c.tokenIssuer, "token-issuer", "", `iss claim of bearer tokens (none: the --oidc-issuer, else "computeql")`)
+	fs.StringVar(&c.tokenAudience, "token-audience", "", `value the aud claim of bearer tokens must include (none: "computeql")`)
+}
+
+// fromEnv sets each defined flag from its COMPUTEQL_<FLAG> environment variable, when set.
+func fromEnv(fs *flag.FlagSet) error {
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
 		name := "COMPUTEQL_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
@@ -120,7 +131,7 @@ func flags(name string, c *config) (*flag.FlagSet, error) {
 			}
 		}
 	})
-	return fs, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // usage lists the commands; each command's -h lists its flags.
@@ -208,6 +219,7 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	if err != nil {
 		return err
 	}
+	fs.SetOutput(out) // -h lists the flags where the caller reads
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -622,10 +634,9 @@ Admin token for the demo organizations (valid %[4]s):
 
 func mintToken(args []string, out io.Writer) error {
 	var c config
-	fs, err := flags("token", &c)
-	if err != nil {
-		return err
-	}
+	fs := flag.NewFlagSet("computeql token", flag.ContinueOnError)
+	fs.SetOutput(out)
+	tokenFlags(fs, &c, "HS256 secret to sign with, at least 32 bytes: the servers' --token-secret (required)")
 	subject := fs.String("subject", "", "the principal's subject (required)")
 	org := fs.String("org", "", "organization of a grant")
 	project := fs.String("project", "", "project of the --org grant (none: the whole organization)")
@@ -645,6 +656,9 @@ func mintToken(args []string, out io.Writer) error {
 		grants = append(grants, auth.Grant{OrganizationID: o, ProjectID: p, Role: role})
 		return nil
 	})
+	if err := fromEnv(fs); err != nil {
+		return err
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
