@@ -81,6 +81,9 @@ type config struct {
 	logLevel  slog.Level
 	// OTLP/HTTP collector spans are sent to; empty: tracing off.
 	otlpEndpoint string
+	// demoInstances: the all-in-one process on the embedded Redis and the demo catalogue
+	// creates a few instances, so that the dashboard has something to show.
+	demoInstances bool
 }
 
 // flags defines the flags of the serving commands (all, api, worker, region). A flag's
@@ -108,6 +111,7 @@ func flags(name string, c *config) (*flag.FlagSet, error) {
 	fs.BoolVar(&c.introspection, "introspection", true, "answer GraphQL introspection queries (GraphiQL and code generators need them; false: refused with FORBIDDEN)")
 	fs.DurationVar(&c.buildDelay, "build-delay", 2*time.Second, "how long the simulated region takes to build a server")
 	fs.StringVar(&c.faults, "region-faults", "", `faults the simulated region injects, as JSON: {"errorRate": 0.3, "slowCalls": "200ms", "failBuildPrefix": "fail-", "duplicateCreates": true}`)
+	fs.BoolVar(&c.demoInstances, "demo-instances", true, "with the embedded Redis and the demo catalogue, create a few demo instances at start (false: start empty)")
 	return fs, fromEnv(fs)
 }
 
@@ -332,8 +336,15 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	var srv *http.Server
 	var ln net.Listener
 	if role == "all" || role == "api" {
-		if srv, ln, err = apiServer(ctx, c, cat, st, q, rc, keys, ready, log, reg); err != nil {
+		svc, err := instance.NewService(instance.Options{Catalog: cat, Store: st, Queue: q, Region: rc, Logger: log})
+		if err != nil {
 			return err
+		}
+		if srv, ln, err = apiServer(ctx, c, cat, svc, st, keys, ready, log, reg); err != nil {
+			return err
+		}
+		if role == "all" && c.redisURL == "" && c.catalog == "" && c.demoInstances {
+			seedDemo(ctx, svc, cat, log)
 		}
 		if role == "all" {
 			if err := printWelcome(out, keys, cat, ln.Addr().String(), c.redisURL == ""); err != nil {
@@ -397,11 +408,7 @@ func readiness(process context.Context, rdb redis.UniversalClient) func(context.
 }
 
 // apiServer builds the HTTP server of the API role and its listener.
-func apiServer(ctx context.Context, c config, cat *region.Catalog, st *store.Store, q *queue.Queue, rc region.Client, keys *auth.Keys, ready func(context.Context) error, log *slog.Logger, reg *prometheus.Registry) (*http.Server, net.Listener, error) {
-	svc, err := instance.NewService(instance.Options{Catalog: cat, Store: st, Queue: q, Region: rc, Logger: log})
-	if err != nil {
-		return nil, nil, err
-	}
+func apiServer(ctx context.Context, c config, cat *region.Catalog, svc *instance.Service, st *store.Store, keys *auth.Keys, ready func(context.Context) error, log *slog.Logger, reg *prometheus.Registry) (*http.Server, net.Listener, error) {
 	events := feed.New(ctx, st, feed.Options{Logger: log})
 	if err := events.Register(reg); err != nil {
 		return nil, nil, err
@@ -598,6 +605,30 @@ func parseClusterURL(raw string) (*redis.ClusterOptions, error) {
 		query.Add("addr", a)
 	}
 	return redis.ParseClusterURL(strings.TrimSuffix(scheme, "+cluster") + "://" + userinfo + addrs[0] + "?" + query.Encode())
+}
+
+// demoSeeds are the instances make run starts with, in the demo catalogue's projects.
+var demoSeeds = []instance.CreateRequest{
+	{OrganizationID: "acme", ProjectID: "web", NetworkID: "net-acme-web-eu", Name: "web-1", FlavorID: "g1.small", ImageID: "ubuntu-24.04"},
+	{OrganizationID: "acme", ProjectID: "web", NetworkID: "net-acme-web-eu", Name: "web-2", FlavorID: "g1.small", ImageID: "ubuntu-24.04"},
+	{OrganizationID: "acme", ProjectID: "data", NetworkID: "net-acme-data-eu", Name: "db-1", FlavorID: "g1.medium", ImageID: "rocky-9"},
+	{OrganizationID: "globex", ProjectID: "prod", NetworkID: "net-globex-prod-eu", Name: "shop-1", FlavorID: "g1.small", ImageID: "ubuntu-24.04"},
+}
+
+// seedDemo creates the demo instances as the demo administrator, so that the dashboard is
+// alive on first look; the workers then build them like any other. One that is refused is
+// logged and skipped: the demo must start all the same.
+func seedDemo(ctx context.Context, svc *instance.Service, cat *region.Catalog, log *slog.Logger) {
+	p := auth.Principal{Subject: "demo-admin"}
+	for _, o := range cat.Organizations {
+		p.Grants = append(p.Grants, auth.Grant{OrganizationID: o.ID, Role: auth.RoleAdmin})
+	}
+	ctx = auth.WithPrincipal(ctx, p)
+	for _, req := range demoSeeds {
+		if _, err := svc.Create(ctx, req); err != nil {
+			log.Warn("demo instance not created", "name", req.Name, "err", err)
+		}
+	}
 }
 
 // demoAdminTTL is how long the printed admin token lives: a working day of trying things out.

@@ -418,3 +418,15 @@ func TestHelpAndVersion(t *testing.T) {
 		t.Errorf("an unknown command: %v, want an error listing the commands", err)
 	}
 }
+
+// TestDemoInstances: make run's process (embedded Redis, demo catalogue) starts with the demo
+// instances, every one accepted; --demo-instances=false starts empty.
+func TestDemoInstances(t *testing.T) {
+	const list = `{ a: instances(organizationId: "acme") { totalCount } g: instances(organizationId: "globex") { totalCount } }`
+	if got, want := runEmbedded(t).post(t, list), `{"data":{"a":{"totalCount":3},"g":{"totalCount":1}}}`; got != want {
+		t.Errorf("seeded: %s, want %s (all of demoSeeds)", got, want)
+	}
+	if got, want := runEmbedded(t, "--demo-instances=false").post(t, list), `{"data":{"a":{"totalCount":0},"g":{"totalCount":0}}}`; got != want {
+		t.Errorf("with --demo-instances=false: %s, want %s", got, want)
+	}
+}
