@@ -195,6 +195,7 @@ type ComplexityRoot struct {
 	Mutation struct {
 		CreateConsoleSession func(childComplexity int, input model.CreateConsoleSessionInput) int
 		CreateInstance       func(childComplexity int, input instance.CreateRequest) int
+		CreateStreamTicket   func(childComplexity int) int
 		DeleteInstance       func(childComplexity int, input model.DeleteInstanceInput) int
 		RebootInstance       func(childComplexity int, input model.RebootInstanceInput) int
 		SetQuota             func(childComplexity int, input model.SetQuotaInput) int
@@ -305,6 +306,11 @@ type ComplexityRoot struct {
 		UserErrors func(childComplexity int) int
 	}
 
+	StreamTicket struct {
+		ExpiresAt func(childComplexity int) int
+		Ticket    func(childComplexity int) int
+	}
+
 	Subscription struct {
 		InstanceEvents func(childComplexity int, organizationID string, projectID *string, instanceID *string, after *string, allowBookmarks *bool) int
 	}
@@ -372,6 +378,7 @@ type MutationResolver interface {
 	CreateConsoleSession(ctx context.Context, input model.CreateConsoleSessionInput) (*model.CreateConsoleSessionPayload, error)
 	SnapshotInstance(ctx context.Context, input model.SnapshotInstanceInput) (*model.SnapshotInstancePayload, error)
 	SetQuota(ctx context.Context, input model.SetQuotaInput) (*model.SetQuotaPayload, error)
+	CreateStreamTicket(ctx context.Context) (*instance.StreamTicket, error)
 }
 type NetworkResolver interface {
 	Prefix(ctx context.Context, obj *region.Network) (string, error)
@@ -1015,6 +1022,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.CreateInstance(childComplexity, args["input"].(instance.CreateRequest)), true
+	case "Mutation.createStreamTicket":
+		if e.ComplexityRoot.Mutation.CreateStreamTicket == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Mutation.CreateStreamTicket(childComplexity), true
 	case "Mutation.deleteInstance":
 		if e.ComplexityRoot.Mutation.DeleteInstance == nil {
 			break
@@ -1495,6 +1508,19 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.SnapshotInstancePayload.UserErrors(childComplexity), true
 
+	case "StreamTicket.expiresAt":
+		if e.ComplexityRoot.StreamTicket.ExpiresAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StreamTicket.ExpiresAt(childComplexity), true
+	case "StreamTicket.ticket":
+		if e.ComplexityRoot.StreamTicket.Ticket == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StreamTicket.Ticket(childComplexity), true
+
 	case "Subscription.instanceEvents":
 		if e.ComplexityRoot.Subscription.InstanceEvents == nil {
 			break
@@ -1729,6 +1755,17 @@ type Mutation {
   snapshotInstance(input: SnapshotInstanceInput!): SnapshotInstancePayload!
   "Sets quota limits of an organization (organization admins only)."
   setQuota(input: SetQuotaInput!): SetQuotaPayload!
+  """
+  A ticket that opens one Server-Sent Events stream as the caller, for a client that cannot set
+  headers (a browser's EventSource): GET /graphql?query=…&ticket=… with Accept:
+  text/event-stream. It is redeemed once, within a minute; the bearer token never goes in a URL.
+  """
+  createStreamTicket: StreamTicket!
+}
+
+type StreamTicket {
+  ticket: String!
+  expiresAt: Time!
 }
 
 type Subscription {
@@ -2752,6 +2789,16 @@ func (ec *executionContext) childFields_SnapshotInstancePayload(ctx context.Cont
 		return ec.fieldContext_SnapshotInstancePayload_userErrors(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type SnapshotInstancePayload", field.Name)
+}
+
+func (ec *executionContext) childFields_StreamTicket(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "ticket":
+		return ec.fieldContext_StreamTicket_ticket(ctx, field)
+	case "expiresAt":
+		return ec.fieldContext_StreamTicket_expiresAt(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type StreamTicket", field.Name)
 }
 
 func (ec *executionContext) childFields_Tag(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -6122,6 +6169,38 @@ func (ec *executionContext) fieldContext_Mutation_setQuota(ctx context.Context, 
 	return fc, nil
 }
 
+func (ec *executionContext) _Mutation_createStreamTicket(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_createStreamTicket(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Mutation().CreateStreamTicket(ctx)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *instance.StreamTicket) graphql.Marshaler {
+			return ec.marshalNStreamTicket2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐStreamTicket(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_createStreamTicket(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_StreamTicket(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Network_id(ctx context.Context, field graphql.CollectedField, obj *region.Network) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -7784,6 +7863,52 @@ func (ec *executionContext) fieldContext_SnapshotInstancePayload_userErrors(_ co
 		},
 	}
 	return fc, nil
+}
+
+func (ec *executionContext) _StreamTicket_ticket(ctx context.Context, field graphql.CollectedField, obj *instance.StreamTicket) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StreamTicket_ticket(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Ticket, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StreamTicket_ticket(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StreamTicket", field, false, false, errors.New("field of type String does not have child fields"))
+}
+
+func (ec *executionContext) _StreamTicket_expiresAt(ctx context.Context, field graphql.CollectedField, obj *instance.StreamTicket) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StreamTicket_expiresAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ExpiresAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StreamTicket_expiresAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StreamTicket", field, false, false, errors.New("field of type Time does not have child fields"))
 }
 
 func (ec *executionContext) _Subscription_instanceEvents(ctx context.Context, field graphql.CollectedField) (ret func(ctx context.Context) graphql.Marshaler) {
@@ -11414,6 +11539,13 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "createStreamTicket":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_createStreamTicket(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -12511,6 +12643,49 @@ func (ec *executionContext) _SnapshotInstancePayload(ctx context.Context, sel as
 			}
 		case "userErrors":
 			out.Values[i] = ec._SnapshotInstancePayload_userErrors(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
+
+	ec.ProcessDeferredGroup(graphql.DeferredGroup{
+		Defers:   deferLabelToView,
+		Path:     graphql.GetPath(ctx),
+		FieldSet: deferredFieldSet,
+		Context:  ctx,
+	})
+
+	return out
+}
+
+var streamTicketImplementors = []string{"StreamTicket"}
+
+func (ec *executionContext) _StreamTicket(ctx context.Context, sel ast.SelectionSet, obj *instance.StreamTicket) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, streamTicketImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferredFieldSet := graphql.NewFieldSet(nil)
+	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("StreamTicket")
+		case "ticket":
+			out.Values[i] = ec._StreamTicket_ticket(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "expiresAt":
+			out.Values[i] = ec._StreamTicket_expiresAt(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -14025,6 +14200,16 @@ func (ec *executionContext) unmarshalNStartInstanceInput2githubᚗcomᚋcomputeq
 func (ec *executionContext) unmarshalNStopInstanceInput2githubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐStopInstanceInput(ctx context.Context, v any) (model.StopInstanceInput, error) {
 	res, err := ec.unmarshalInputStopInstanceInput(ctx, v)
 	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNStreamTicket2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐStreamTicket(ctx context.Context, sel ast.SelectionSet, v *instance.StreamTicket) graphql.Marshaler {
+	if v == nil {
+		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
+			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
+		}
+		return graphql.Null
+	}
+	return ec._StreamTicket(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalNString2string(ctx context.Context, v any) (string, error) {

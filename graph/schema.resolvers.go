@@ -212,6 +212,11 @@ func (r *mutationResolver) SetQuota(ctx context.Context, input model.SetQuotaInp
 	return &model.SetQuotaPayload{Quota: q, UserErrors: problems}, nil
 }
 
+// CreateStreamTicket is the resolver for the createStreamTicket field.
+func (r *mutationResolver) CreateStreamTicket(ctx context.Context) (*instance.StreamTicket, error) {
+	return r.Service.IssueTicket(ctx)
+}
+
 // Prefix is the resolver for the prefix field.
 func (r *networkResolver) Prefix(ctx context.Context, obj *region.Network) (string, error) {
 	return obj.Prefix.String(), nil

@@ -2,7 +2,9 @@ package instance
 
 import (
 	"context"
+	"time"
 
+	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/quota"
 )
 
@@ -41,6 +43,11 @@ type Store interface {
 	Quota(ctx context.Context, org string) (limits, used quota.Amounts, err error)
 	// SetLimits sets limits for the given kinds.
 	SetLimits(ctx context.Context, org string, limits quota.Amounts) error
+	// PutTicket keeps a stream ticket standing for the principal for ttl.
+	PutTicket(ctx context.Context, ticket string, p auth.Principal, ttl time.Duration) error
+	// TakeTicket returns the principal of a stream ticket and forgets the ticket, in one step;
+	// ErrNoTicket when there is none.
+	TakeTicket(ctx context.Context, ticket string) (auth.Principal, error)
 	// Deleted returns the organization and project of a deleted instance whose history is
 	// still kept, in the first of orgs that has it, or ErrNotFound.
 	Deleted(ctx context.Context, orgs []string, id string) (org, project string, err error)

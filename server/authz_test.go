@@ -266,6 +266,11 @@ func TestAuthorizationMatrix(t *testing.T) {
 		{field: "Mutation.setQuota", doc: `mutation { setQuota(input: {organizationId: "acme", limits: [{kind: "servers", limit: 50}]}) { quota { organizationId } userErrors { code } } }`,
 			want: authzRow{unauth, unauth, unauth, nf, forbidden, forbidden, forbidden, ok}},
 
+		// Any signed-in caller may ask for a ticket: it stands for the caller, and opens only
+		// what the caller's token does.
+		{field: "Mutation.createStreamTicket", doc: `mutation { createStreamTicket { ticket } }`,
+			want: authzRow{unauth, unauth, unauth, ok, ok, ok, ok, ok}},
+
 		{field: "Subscription.instanceEvents", doc: subQuery("acme", ""),
 			want: authzRow{authzClose4401, authzClose4403, authzClose4403, nf, ok, ok, ok, ok}},
 	}

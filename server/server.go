@@ -258,7 +258,7 @@ func New(opts Options) (http.Handler, error) {
 	useTracing(gql)
 
 	mux := http.NewServeMux()
-	mux.Handle("/graphql", checkOrigin(origins, limitBody(opts.MaxBodyBytes, authenticate(opts.Keys, rateLimited(streamDeadlines(opts.StreamWriteTimeout, gql))))))
+	mux.Handle("/graphql", checkOrigin(origins, limitBody(opts.MaxBodyBytes, authenticate(opts.Keys, opts.Service.RedeemTicket, rateLimited(streamDeadlines(opts.StreamWriteTimeout, gql))))))
 	gi := graphiql.Handler("/graphiql", "/graphql")
 	mux.Handle("/graphiql", gi)
 	mux.Handle("/graphiql/", gi)
@@ -304,10 +304,27 @@ func opsRoutes(mux *http.ServeMux, reg prometheus.Gatherer, ready func(context.C
 // one: it is let through, and the connection authenticates in its connection_init message
 // (websocketInit) before any operation runs. A handshake that does carry the header is checked
 // here like any request.
-func authenticate(keys *auth.Keys, next http.Handler) http.Handler {
+func authenticate(keys *auth.Keys, redeem func(context.Context, string) (auth.Principal, error), next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet && r.Header.Get("Authorization") == "" && websocket.IsWebSocketUpgrade(r) {
 			next.ServeHTTP(w, r)
+			return
+		}
+		// An event stream a client opens with a GET it cannot add headers to (EventSource)
+		// carries a stream ticket instead of the token.
+		if ticket := r.URL.Query().Get("ticket"); ticket != "" && r.Method == http.MethodGet && r.Header.Get("Authorization") == "" &&
+			strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+			p, err := redeem(r.Context(), ticket)
+			if err != nil {
+				status, code, msg := http.StatusUnauthorized, instance.CodeUnauthenticated, "the stream ticket is unknown, used or expired: ask for another with createStreamTicket"
+				if !errors.Is(err, instance.ErrNoTicket) {
+					status, code, msg = http.StatusServiceUnavailable, instance.CodeUnavailable, "the store did not answer; retry"
+				}
+				writeError(w, r, status, code, msg)
+				return
+			}
+			requestInfoFrom(r.Context()).set(p.Subject, "")
+			next.ServeHTTP(w, r.WithContext(auth.WithPrincipal(r.Context(), p)))
 			return
 		}
 		// The scheme is case-insensitive (RFC 7235).

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 )
 
 // sseGet GETs an operation asking for an event stream, the way a client that can only GET
@@ -78,5 +79,71 @@ func TestSSEOverGET(t *testing.T) {
 	a.describe(t, tok, inst.ID, "over GET")
 	if got := next(); !strings.Contains(got, `"UPDATED"`) || !strings.Contains(got, inst.ID) {
 		t.Fatalf("live event over GET: %s", got)
+	}
+}
+
+// TestStreamTickets: a stream ticket opens one event stream over GET without any header but
+// Accept, as a browser's EventSource sends it, as the principal that asked for it; a second
+// use, an unknown ticket, and a ticket anywhere but an event-stream GET are refused with 401.
+func TestStreamTickets(t *testing.T) {
+	a, s := wsServer(t)
+	tok := a.admin(t)
+	a.mustCreate(t, tok, createInput("one"))
+	ticket := func() string {
+		t.Helper()
+		res := a.mustPost(t, tok, `mutation { createStreamTicket { ticket expiresAt } }`, nil)
+		var got struct {
+			Ticket    string    `json:"ticket"`
+			ExpiresAt time.Time `json:"expiresAt"`
+		}
+		decode(t, res.Data["createStreamTicket"], &got)
+		if len(got.Ticket) < 40 || time.Until(got.ExpiresAt) > time.Minute || time.Until(got.ExpiresAt) < 50*time.Second {
+			t.Fatalf("ticket %+v, want a long random one for about a minute", got)
+		}
+		return got.Ticket
+	}
+	open := func(ticket, accept, query string) *http.Response {
+		t.Helper()
+		q := url.Values{"query": {query}, "ticket": {ticket}}
+		req, _ := http.NewRequest(http.MethodGet, s.URL+"/graphql?"+q.Encode(), nil)
+		if accept != "" {
+			req.Header.Set("Accept", accept)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { res.Body.Close() })
+		return res
+	}
+
+	first := ticket()
+	res := open(first, "text/event-stream", subQuery("acme", ""))
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("stream with a ticket: %d", res.StatusCode)
+	}
+	sub := bufio.NewReader(res.Body)
+	for _, want := range []string{`"SNAPSHOT"`, `"SYNCED"`} {
+		for {
+			line, err := sub.ReadString('\n')
+			if err != nil {
+				t.Fatal(err)
+			}
+			if data, ok := strings.CutPrefix(line, "data: "); ok {
+				if !strings.Contains(data, want) {
+					t.Fatalf("stream with a ticket: %s, want %s", data, want)
+				}
+				break
+			}
+		}
+	}
+	for name, r := range map[string]*http.Response{
+		"the same ticket again": open(first, "text/event-stream", subQuery("acme", "")),
+		"an unknown ticket":     open("not-a-ticket", "text/event-stream", subQuery("acme", "")),
+		"a plain GET":           open(ticket(), "application/json", `{ me { subject } }`),
+	} {
+		if r.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s: %d, want 401", name, r.StatusCode)
+		}
 	}
 }

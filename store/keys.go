@@ -1,5 +1,10 @@
 package store
 
+import (
+	"crypto/sha256"
+	"encoding/hex"
+)
+
 // Every key of an organization carries the hash tag {o:<org>}, so all the keys one script
 // touches live in one Redis Cluster slot. Organization ids come from the validated catalogue
 // (no braces), so a tag can never be forged by input.
@@ -40,6 +45,13 @@ func historyKey(org, id string) string { return instanceKey(org, id) + ":h" }
 // project; deletedOrderKey orders them by deletion time (Unix ms), oldest first.
 func deletedKey(org string) string      { return prefix + orgTag(org) + ":deleted" }
 func deletedOrderKey(org string) string { return prefix + orgTag(org) + ":deleted:t" }
+
+// ticketKey holds a stream ticket's principal, named by the ticket's SHA-256 so that the
+// store never holds a redeemable ticket. It belongs to no organization: its slot is any.
+func ticketKey(ticket string) string {
+	sum := sha256.Sum256([]byte(ticket))
+	return prefix + "ticket:" + hex.EncodeToString(sum[:])
+}
 
 // quotaKey is a hash of limit:<kind> (only kinds set with setQuota) and used:<kind>.
 func quotaKey(org string) string { return prefix + orgTag(org) + ":quota" }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/quota"
 )
@@ -330,6 +331,34 @@ func scriptEntry(e any) (redis.XMessage, error) {
 		m.Values[k] = kv[i+1]
 	}
 	return m, nil
+}
+
+// PutTicket implements instance.Store.
+func (s *Store) PutTicket(ctx context.Context, ticket string, p auth.Principal, ttl time.Duration) error {
+	b, err := json.Marshal(p)
+	if err != nil {
+		return fmt.Errorf("put ticket: %w", err)
+	}
+	if err := s.rdb.Set(ctx, ticketKey(ticket), b, ttl).Err(); err != nil {
+		return failed("put ticket", err)
+	}
+	return nil
+}
+
+// TakeTicket implements instance.Store with GETDEL: a ticket is redeemed once.
+func (s *Store) TakeTicket(ctx context.Context, ticket string) (auth.Principal, error) {
+	b, err := s.rdb.GetDel(ctx, ticketKey(ticket)).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return auth.Principal{}, instance.ErrNoTicket
+	}
+	if err != nil {
+		return auth.Principal{}, failed("take ticket", err)
+	}
+	var p auth.Principal
+	if err := json.Unmarshal(b, &p); err != nil {
+		return auth.Principal{}, fmt.Errorf("take ticket: %w", err)
+	}
+	return p, nil
 }
 
 // Deleted implements instance.Store: one pipelined round trip over the organizations.
