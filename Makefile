@@ -48,11 +48,11 @@ virt-test: images
 cluster-test:
 	$(GO) test -race -count=1 -run '^TestDeploymentOnCluster$$' ./e2e/deployment
 
-## chaos: the reliability suite of e2e/chaos (README "Reliability"): worker kills, Redis
+## chaos: the reliability suite of e2e/chaos (docs/reliability.md): worker kills, Redis
 ## restarts, an API restart under subscribers, region faults, network blips and a hostile
 ## tenant against the
 ## built binary and real redis-servers, each followed by the invariant checker; every scenario
-## logs its row of the README's table (REPORT). CHAOS=full is the table's sizes; make test runs
+## logs its row of docs/reliability.md's table (REPORT). CHAOS=full is the table's sizes; make test runs
 ## CHAOS=small, here, once: its run of all packages leaves these tests out. The scenarios run
 ## at once (-parallel 7): they spend most of their time waiting out the queue's 30 s lease.
 CHAOS ?= full
@@ -94,8 +94,7 @@ bench-publish:
 	$(GO) run . bench --out docs/bench
 
 ## bench-virt: seconds from creating a real guest to RUNNING and to its answering HTTP, for 1
-## and 4 at once, on a private libvirtd, beside the simulator's figure (README "Running on
-## libvirt hosts").
+## and 4 at once, on a private libvirtd, beside the simulator's figure (docs/libvirt.md).
 bench-virt: images
 	COMPUTEQL_IMAGES_DIR=$(IMAGES_DIR) $(GO) test -run='^$$' -bench=LibvirtBoot -benchtime=3x ./region/libvirt/
 

@@ -306,7 +306,7 @@ func (r *Report) writeText(w io.Writer) error {
 	return tw.Flush()
 }
 
-// writeMarkdown writes the report as the README shows it.
+// writeMarkdown writes the report as docs/performance.md shows it.
 func (r *Report) writeMarkdown(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Measured %s with `%s` %s.\n\nMachine: %s.\n\n", r.Date.Format("2006-01-02 15:04 MST"), r.Command, r.System, r.machineLine())

@@ -291,7 +291,7 @@ func TestRegionOffers(t *testing.T) {
 	}
 }
 
-// The README's example catalogue of a libvirt region loads as it is.
+// The example catalogue of docs/libvirt.md of a libvirt region loads as it is.
 func TestExampleLibvirtCatalogLoads(t *testing.T) {
 	c, err := Load("../docs/libvirt/catalog.json")
 	if err != nil {

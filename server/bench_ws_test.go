@@ -68,7 +68,7 @@ func serveAPIProcess(redisAddr string) error {
 // call to the client's read of the message) and the API process's heap and stacks per idle
 // subscriber. The API runs as a separate process so its memory is measured alone.
 // COMPUTEQL_BENCH_SUBSCRIBERS sets the number of subscribers (default 1,000, so that `make
-// test` runs it quickly; the README's figures use 10,000).
+// test` runs it quickly; docs/performance.md's figures use 10,000).
 func BenchmarkSubscribersWebSocket(b *testing.B) {
 	const instances, changes = 1000, 1000
 	subscribers := 1000

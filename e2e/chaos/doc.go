@@ -22,5 +22,5 @@
 //
 // Each scenario is a TestChaos… test; COMPUTEQL_CHAOS chooses their size: small (the
 // default, run by make test) or full (make chaos). Each logs a REPORT line: the row of the
-// README's Reliability table.
+// reliability table of docs/reliability.md.
 package chaos

@@ -277,7 +277,7 @@ func upTo(t *testing.T, got []Seen, cursor string) []Seen {
 	return got
 }
 
-// report logs the scenario's row of the README's Reliability table.
+// report logs the scenario's row of the reliability table of docs/reliability.md.
 func (e *env) report(scenario string, l *Load, faults string) {
 	e.t.Logf("REPORT | %s | %s | %s | %d |", scenario, loadSummary(l.Counts()), faults, e.violations)
 }

@@ -53,7 +53,7 @@ const (
 	networkID = "lab-web"
 	prefix    = "10.92.0.0/24"
 	// poolName and libvirtNetwork are what the driver names the region's pool and the
-	// network's libvirt network (its defaults: README "The region's settings").
+	// network's libvirt network (its defaults: docs/libvirt.md, "The region's settings").
 	poolName       = "computeql"
 	libvirtNetwork = "computeql-" + networkID
 )
