@@ -663,3 +663,18 @@ func TestDiskMessageSpeaksInUsersUnits(t *testing.T) {
 		t.Errorf("refusal %v, want it to say %s", err, want)
 	}
 }
+
+// TestNameConflictQuotesTheExistingName: a name taken in another case is refused, quoting the
+// existing instance's name as it was given, not the request's.
+func TestNameConflictQuotesTheExistingName(t *testing.T) {
+	e := newEnv(t)
+	req := validCreate()
+	req.Name = "Web-1"
+	e.create(t, acmeMember, req)
+	req.Name = "web-1"
+	_, err := e.svc.Create(acmeMember, req)
+	wantProblems(t, err, p(Conflict, "name"))
+	if err == nil || !strings.Contains(err.Error(), `an instance named "Web-1" already exists`) {
+		t.Errorf("refusal %v, want it to quote the existing name Web-1", err)
+	}
+}

@@ -108,12 +108,8 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, err
 		// Refused anyway: also report a taken name and quota, so every problem comes at once.
 		// The authoritative checks are the store's atomic ones.
 		if network != nil && namePattern.MatchString(req.Name) {
-			taken, err := s.store.NameClaimed(ctx, org, NameClaim(network.ID, req.Name))
-			if err != nil {
+			if _, err := s.checkNameFree(ctx, &p, org, network.ID, req.Name); err != nil {
 				return nil, internal("create instance", err)
-			}
-			if taken {
-				addNameTaken(&p, req.Name, network.ID)
 			}
 		}
 		if err := s.precheckQuota(ctx, &p, org, cost); err != nil {
@@ -164,7 +160,11 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, err
 	}
 	if refusal != nil {
 		if refusal.NameTaken {
-			addNameTaken(&p, req.Name, network.ID)
+			// The claim was taken when the store refused; its holder is read to name it, and
+			// if it has gone meanwhile the refusal stands all the same.
+			if taken, err := s.checkNameFree(ctx, &p, org, network.ID, req.Name); err != nil || !taken {
+				addNameTaken(&p, req.Name, network.ID)
+			}
 		}
 		addQuotaProblems(&p, refusal.Exceeded)
 		return nil, p.err()
@@ -172,6 +172,21 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, err
 	inst.Generation, inst.StatusVersion = 1, 1
 	s.enqueue(ctx, inst)
 	return inst, nil
+}
+
+// checkNameFree adds a CONFLICT when an instance holds the name on the network, quoting its
+// name as it was given, which may differ from the request's in case only; taken says whether
+// it did.
+func (s *Service) checkNameFree(ctx context.Context, p *problems, org, networkID, name string) (taken bool, err error) {
+	owner, err := s.store.ClaimOwner(ctx, org, NameClaim(networkID, name))
+	if err != nil || owner == "" {
+		return false, err
+	}
+	if inst, err := s.store.Peek(ctx, []string{org}, owner); err == nil {
+		name = inst.Name
+	}
+	addNameTaken(p, name, networkID)
+	return true, nil
 }
 
 func addNameTaken(p *problems, name, networkID string) {

@@ -15,8 +15,8 @@ type Store interface {
 	// against the organization's quota, all or nothing. limits are the organization's limits
 	// for kinds that have no limit set with SetLimits. A refusal says why nothing was written.
 	Create(ctx context.Context, inst *Instance, claim string, limits quota.Amounts) (*Refusal, error)
-	// NameClaimed reports whether the name claim is taken.
-	NameClaimed(ctx context.Context, org, claim string) (bool, error)
+	// ClaimOwner returns the id of the instance that holds the name claim, "" when it is free.
+	ClaimOwner(ctx context.Context, org, claim string) (string, error)
 	// Get returns the instance with the id in the first of orgs that has it, or ErrNotFound.
 	Get(ctx context.Context, orgs []string, id string) (*Instance, error)
 	// Peek is Get without reading the large fields, which the instance's Large reads when

@@ -263,13 +263,16 @@ var (
 	headFields     = instanceFields[:6]
 )
 
-// NameClaimed implements instance.Store.
-func (s *Store) NameClaimed(ctx context.Context, org, claim string) (bool, error) {
-	n, err := s.rdb.Exists(ctx, claimKey(org, claim)).Result()
-	if err != nil {
-		return false, failed("read name claim", err)
+// ClaimOwner implements instance.Store.
+func (s *Store) ClaimOwner(ctx context.Context, org, claim string) (string, error) {
+	id, err := s.rdb.Get(ctx, claimKey(org, claim)).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
 	}
-	return n == 1, nil
+	if err != nil {
+		return "", failed("read name claim", err)
+	}
+	return id, nil
 }
 
 // Warn records a warning event on the instance's history; false when the instance is gone.
