@@ -274,6 +274,7 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	if err != nil {
 		return err
 	}
+	rdb.AddHook(store.CallLimitHook{})
 	defer closeRedis()
 	st := store.New(rdb)
 	if err := st.Load(ctx); err != nil {

@@ -56,7 +56,9 @@ type api struct {
 
 func newAPI(tb testing.TB, mutate ...func(*Options)) *api {
 	tb.Helper()
-	return apiOn(tb, redisServer.Client(tb), feed.Options{}, mutate...)
+	rdb := redisServer.Client(tb)
+	rdb.AddHook(store.CallLimitHook{}) // as the process adds it to its client
+	return apiOn(tb, rdb, feed.Options{}, mutate...)
 }
 
 // apiOn builds an API process on an existing Redis without flushing it, with its own service

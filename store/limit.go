@@ -17,17 +17,18 @@ func LimitCalls(ctx context.Context, n int) context.Context {
 
 type (
 	callSlotsKey struct{}
-	// slotHeldKey marks a call that holds a slot, so that a second hook on the same client
-	// (New on a client already given one) does not take another.
+	// slotHeldKey marks a call that holds a slot, so that what it runs itself through the
+	// hooks (a new connection's handshake) does not wait for another.
 	slotHeldKey struct{}
 )
 
-// callLimit is the go-redis hook that applies LimitCalls.
-type callLimit struct{}
+// CallLimitHook is the go-redis hook that applies LimitCalls. A process adds it once to the
+// client it makes: the hooks of a client are never removed, and each added runs on every call.
+type CallLimitHook struct{}
 
-func (callLimit) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (CallLimitHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (callLimit) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (CallLimitHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		ctx, release, err := takeSlot(ctx)
 		if err != nil {
@@ -39,7 +40,7 @@ func (callLimit) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-func (callLimit) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (CallLimitHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		ctx, release, err := takeSlot(ctx)
 		if err != nil {

@@ -26,11 +26,9 @@ type Store struct {
 
 var _ instance.Store = (*Store)(nil)
 
-// New returns a store on the client, which it gives the hook that applies LimitCalls.
-func New(rdb redis.UniversalClient) *Store {
-	rdb.AddHook(callLimit{})
-	return &Store{rdb: rdb}
-}
+// New returns a store on the client. LimitCalls applies to it once the client has
+// CallLimitHook, which whoever makes the client adds once.
+func New(rdb redis.UniversalClient) *Store { return &Store{rdb: rdb} }
 
 // Load loads every script into Redis, so that the first calls go by SHA; it also proves
 // Redis is reachable and runs Lua.
