@@ -587,6 +587,17 @@ func indexKey(org, project string) string {
 // List implements instance.Store: a range of the index, then the instances without their
 // large fields in one pipeline.
 func (s *Store) List(ctx context.Context, org, project, after string, limit int) ([]*instance.Instance, error) {
+	return s.list(ctx, org, project, after, limit, headFields)
+}
+
+// ListWhole is List with every instance read whole, large fields included, in the same one
+// pipeline: for a reader that needs them all, where reading each later would cost a round
+// trip per instance.
+func (s *Store) ListWhole(ctx context.Context, org, project, after string, limit int) ([]*instance.Instance, error) {
+	return s.list(ctx, org, project, after, limit, instanceFields)
+}
+
+func (s *Store) list(ctx context.Context, org, project, after string, limit int, fields []string) ([]*instance.Instance, error) {
 	start := "-"
 	if after != "" {
 		start = "(" + after
@@ -603,7 +614,7 @@ func (s *Store) List(ctx context.Context, org, project, after string, limit int)
 	cmds := make([]*redis.SliceCmd, len(ids))
 	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range ids {
-			cmds[i] = p.HMGet(ctx, instanceKey(org, id), headFields...)
+			cmds[i] = p.HMGet(ctx, instanceKey(org, id), fields...)
 		}
 		return nil
 	}); err != nil {
@@ -617,7 +628,9 @@ func (s *Store) List(ctx context.Context, org, project, after string, limit int)
 		}
 		// An instance forgotten between the two round trips is simply no longer listed.
 		if inst != nil {
-			s.loadLargeOnDemand(inst)
+			if len(fields) < len(instanceFields) {
+				s.loadLargeOnDemand(inst)
+			}
 			out = append(out, inst)
 		}
 	}

@@ -91,17 +91,10 @@ func (c *Checker) Read(ctx context.Context) (*State, error) {
 		}
 		s.Used[org] = q.Used
 		for after := ""; ; {
-			batch, err := st.List(ctx, org, "", after, 500)
+			// Whole: the ledger compares descriptions.
+			batch, err := st.ListWhole(ctx, org, "", after, 500)
 			if err != nil {
 				return nil, fmt.Errorf("stored instances of %s: %w", org, err)
-			}
-			// The ledger compares descriptions, which a list reads only when asked for.
-			for _, inst := range batch {
-				l, err := inst.Large(ctx, instance.FieldDescription)
-				if err != nil {
-					return nil, fmt.Errorf("description of %s: %w", inst.ID, err)
-				}
-				inst.Description = l.Description
 			}
 			s.Stored = append(s.Stored, batch...)
 			if len(batch) < 500 {
