@@ -37,13 +37,9 @@ const (
 // leaves nothing on the host and no quota in use.
 func TestLibvirtLifecycle(t *testing.T) {
 	t.Parallel()
-	paths := imagePaths(t, "busybox", "vmlinuz", "initrd.img")
+	cat := busyboxCatalogue(t)
 	host := virttest.Start(t, virttest.Options{})
-	catalog := writeCatalog(t, host, catalogue{
-		flavors: []map[string]any{flavor("tiny", 1, 1, 2, nil)},
-		images: []map[string]any{image("busybox", 1, map[string]any{
-			"kernel": paths[0], "initrd": paths[1], "cmdline": "console=ttyS0"})},
-	})
+	catalog := writeCatalog(t, host, cat)
 	lab := deploy(t, catalog)
 	lv := inspect(t, host)
 	f := lab.follow(t)

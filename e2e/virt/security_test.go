@@ -18,20 +18,15 @@ import (
 // both.
 func TestLibvirtSecurityGroups(t *testing.T) {
 	t.Parallel()
-	paths := imagePaths(t, "busybox", "vmlinuz", "initrd.img")
+	cat := busyboxCatalogue(t)
 	host := virttest.Start(t, virttest.Options{})
-	catalog := writeCatalog(t, host, catalogue{
-		flavors: []map[string]any{flavor("tiny", 1, 1, 2, nil)},
-		images: []map[string]any{image("busybox", 1, map[string]any{
-			"kernel": paths[0], "initrd": paths[1], "cmdline": "console=ttyS0"})},
-		securityGroups: []map[string]any{
-			{"id": "ping", "name": "ping", "networkId": networkID, "rules": []any{
-				map[string]any{"direction": "ingress", "protocol": "icmp"}}},
-			{"id": "web", "name": "web", "networkId": networkID, "rules": []any{
-				map[string]any{"direction": "ingress", "protocol": "tcp", "portMin": 80, "portMax": 80, "remotePrefix": prefix}}},
-		},
-	})
-	lab := deploy(t, catalog)
+	cat.securityGroups = []map[string]any{
+		{"id": "ping", "name": "ping", "networkId": networkID, "rules": []any{
+			map[string]any{"direction": "ingress", "protocol": "icmp"}}},
+		{"id": "web", "name": "web", "networkId": networkID, "rules": []any{
+			map[string]any{"direction": "ingress", "protocol": "tcp", "portMin": 80, "portMax": 80, "remotePrefix": prefix}}},
+	}
+	lab := deploy(t, writeCatalog(t, host, cat))
 	f := lab.follow(t)
 	ctx := context.Background()
 

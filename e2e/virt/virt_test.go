@@ -86,6 +86,17 @@ type catalogue struct {
 	flavors, images, cas, securityGroups []map[string]any
 }
 
+// busyboxCatalogue offers flavor "tiny" and image "busybox", the guest that boots in seconds.
+func busyboxCatalogue(t *testing.T) catalogue {
+	t.Helper()
+	paths := imagePaths(t, "busybox", "vmlinuz", "initrd.img")
+	return catalogue{
+		flavors: []map[string]any{flavor("tiny", 1, 1, 2, nil)},
+		images: []map[string]any{image("busybox", 1, map[string]any{
+			"kernel": paths[0], "initrd": paths[1], "cmdline": "console=ttyS0"})},
+	}
+}
+
 // writeCatalog writes the catalogue of a libvirt region "lab" on the host to a file for the
 // processes' --catalog. The quota is wide enough that no refusal a test looks for is mixed
 // with QUOTA_EXCEEDED.
