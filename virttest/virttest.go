@@ -37,7 +37,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -50,6 +49,8 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+
+	"github.com/computeql/computeql/region/libvirt/dial"
 )
 
 // Options configure a Host. The zero value is ready to use; every default is applied in
@@ -350,8 +351,8 @@ func (h *Host) ping() error {
 // connectWithin connects for calls that must be over within limit: past it the connection is
 // cut, which fails whatever call is waiting. done disconnects.
 func (h *Host) connectWithin(limit time.Duration) (l *libvirt.Libvirt, done func(), err error) {
-	d := &socketDialer{path: h.Socket}
-	watchdog := time.AfterFunc(limit, d.close)
+	d := h.dialer()
+	watchdog := time.AfterFunc(limit, d.Cut)
 	l = libvirt.NewWithDialer(d)
 	if err := l.ConnectToURI(libvirt.QEMUSystem); err != nil {
 		watchdog.Stop()
@@ -363,43 +364,16 @@ func (h *Host) connectWithin(limit time.Duration) (l *libvirt.Libvirt, done func
 // Connect returns a go-libvirt client connected to the host's qemu:///system. The caller
 // disconnects it.
 func (h *Host) Connect() (*libvirt.Libvirt, error) {
-	l := libvirt.NewWithDialer(&socketDialer{path: h.Socket})
+	l := libvirt.NewWithDialer(h.dialer())
 	if err := l.ConnectToURI(libvirt.QEMUSystem); err != nil {
 		return nil, fmt.Errorf("virttest: connect to %s: %w", h.Socket, err)
 	}
 	return l, nil
 }
 
-// socketDialer dials libvirtd's socket and keeps the connection, so that it can be cut.
-type socketDialer struct {
-	path   string
-	mu     sync.Mutex
-	conn   net.Conn
-	closed bool
-}
-
-func (d *socketDialer) Dial() (net.Conn, error) {
-	c, err := net.DialTimeout("unix", d.path, 5*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		c.Close()
-		return nil, errors.New("virttest: connection cut before it was made")
-	}
-	d.conn = c
-	return c, nil
-}
-
-func (d *socketDialer) close() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.closed = true
-	if d.conn != nil {
-		d.conn.Close()
-	}
+// dialer reaches the host's libvirtd socket.
+func (h *Host) dialer() *dial.CutDialer {
+	return &dial.CutDialer{Network: "unix", Address: h.Socket, Timeout: 5 * time.Second}
 }
 
 // Namespace returns the path of the host's network namespace, /var/run/netns/<name>, as

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"sync"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/computeql/computeql/region"
+	"github.com/computeql/computeql/region/libvirt/dial"
 )
 
 // Options configure a driver.
@@ -191,15 +191,15 @@ func (d *Driver) Run(ctx context.Context) error {
 
 // session is one connection's life.
 func (d *Driver) session(parent context.Context) error {
-	dial := &dialer{uri: d.uri}
+	cut := &dial.CutDialer{Network: d.uri.Network, Address: d.uri.Address, Timeout: heartbeat}
 	// go-libvirt's calls carry no deadline, and a host that accepts the connection without
 	// answering (a libvirtd still starting, or hung) would hold the connecting calls below for
 	// ever; cutting the connection fails them all. The heartbeat takes over once connected.
-	watchdog := time.AfterFunc(d.opts.ConnectTimeout, dial.close)
+	watchdog := time.AfterFunc(d.opts.ConnectTimeout, cut.Cut)
 	defer watchdog.Stop()
-	conn := golibvirt.NewWithDialer(dial)
+	conn := golibvirt.NewWithDialer(cut)
 	if err := conn.ConnectToURI(golibvirt.ConnectURI(d.uri.Name)); err != nil {
-		dial.close()
+		cut.Cut()
 		return fmt.Errorf("connect %s %s: %w", d.uri.Network, d.uri.Address, err)
 	}
 	// The session's own context ends the event subscriptions with it; their goroutines send
@@ -227,7 +227,7 @@ func (d *Driver) session(parent context.Context) error {
 		select {
 		case <-bye:
 		case <-time.After(heartbeat):
-			dial.close()
+			cut.Cut()
 		}
 	}()
 	events, err := conn.LifecycleEvents(ctx)
@@ -314,7 +314,7 @@ func (d *Driver) session(parent context.Context) error {
 			d.watchBuilds(conn)
 		case <-beat.C:
 			if err := alive(conn); err != nil {
-				dial.close() // fails every call still waiting on the host
+				cut.Cut() // fails every call still waiting on the host
 				return err
 			}
 		case <-collect.C:
@@ -360,40 +360,6 @@ func alive(conn *golibvirt.Libvirt) error {
 		return err
 	case <-time.After(heartbeat):
 		return fmt.Errorf("the host did not answer within %s", heartbeat)
-	}
-}
-
-// dialer reaches the host at its URI's address and keeps the connection, so that a session
-// can cut it when the host stops answering.
-type dialer struct {
-	uri    region.LibvirtURI
-	mu     sync.Mutex
-	conn   net.Conn
-	closed bool
-}
-
-func (d *dialer) Dial() (net.Conn, error) {
-	c, err := net.DialTimeout(d.uri.Network, d.uri.Address, heartbeat)
-	if err != nil {
-		return nil, err
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		c.Close()
-		return nil, errors.New("the connection was cut before it was made")
-	}
-	d.conn = c
-	return c, nil
-}
-
-// close cuts the connection, now or as soon as it is made.
-func (d *dialer) close() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.closed = true
-	if d.conn != nil {
-		d.conn.Close()
 	}
 }
 

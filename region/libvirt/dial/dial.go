@@ -1,0 +1,49 @@
+// Package dial connects to libvirt hosts in a way that can be cut: go-libvirt's calls carry no
+// deadline, and cutting the connection is what fails a call waiting on a host that does not
+// answer. The region driver and the test hosts both use it.
+package dial
+
+import (
+	"errors"
+	"net"
+	"sync"
+	"time"
+)
+
+// CutDialer dials a libvirt host and keeps the connection, so that it can be cut: go-libvirt's
+// calls carry no deadline, and cutting the connection is what fails a call waiting on a host
+// that does not answer. One dials once; Cut works before, during or after the dial.
+type CutDialer struct {
+	Network, Address string
+	Timeout          time.Duration
+
+	mu     sync.Mutex
+	conn   net.Conn
+	closed bool
+}
+
+// Dial implements go-libvirt's socket.Dialer.
+func (d *CutDialer) Dial() (net.Conn, error) {
+	c, err := net.DialTimeout(d.Network, d.Address, d.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		c.Close()
+		return nil, errors.New("the connection was cut before it was made")
+	}
+	d.conn = c
+	return c, nil
+}
+
+// Cut closes the connection, now or as soon as it is made.
+func (d *CutDialer) Cut() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closed = true
+	if d.conn != nil {
+		d.conn.Close()
+	}
+}
