@@ -52,10 +52,15 @@ type lazyLarge struct {
 	val  LargeFields
 }
 
-// LoadLargeWith marks the instance as read without its large fields: Large reads each with
-// load, once, when asked for.
-func (i *Instance) LoadLargeWith(load LargeLoader) {
-	i.large = &lazyLarge{load: load}
+// LoadLargeWith marks the instance as read without its large fields but those in read, which
+// it holds: Large reads each of the others with load, once, when asked for.
+func (i *Instance) LoadLargeWith(load LargeLoader, read ...LargeField) {
+	l := &lazyLarge{load: load}
+	held := LargeFields{Description: i.Description, Tags: i.Tags, UserData: i.UserData}
+	for _, f := range read {
+		l.once[f].Do(func() { copyField(&l.val, f, &held) })
+	}
+	i.large = l
 }
 
 // Partial reports whether the instance was read without its large fields, which Large then
@@ -81,14 +86,21 @@ func (i *Instance) Large(ctx context.Context, field LargeField) (LargeFields, er
 	return pick(field, &l.val), nil
 }
 
-// pick copies only the one field: another may be being loaded meanwhile.
+// pick returns the one field of from, the others left empty.
 func pick(field LargeField, from *LargeFields) LargeFields {
+	var out LargeFields
+	copyField(&out, field, from)
+	return out
+}
+
+// copyField copies the one field, reading no other: another may be being loaded meanwhile.
+func copyField(into *LargeFields, field LargeField, from *LargeFields) {
 	switch field {
 	case FieldDescription:
-		return LargeFields{Description: from.Description}
+		into.Description = from.Description
 	case FieldTags:
-		return LargeFields{Tags: from.Tags}
+		into.Tags = from.Tags
 	default:
-		return LargeFields{UserData: from.UserData}
+		into.UserData = from.UserData
 	}
 }

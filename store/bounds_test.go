@@ -272,3 +272,26 @@ func TestDeletedInstancesKeepTheirHistoryUpToABound(t *testing.T) {
 		t.Errorf("%d deleted instances kept, want %d", n, deletedKept)
 	}
 }
+
+// TestListReadsDescriptionsInItsPipeline: a page of instances comes with their descriptions,
+// which every listing shows, in its one pipeline: asking for one costs no round trip, while
+// tags, which may be 64 KB, are read only when asked for.
+func TestListReadsDescriptionsInItsPipeline(t *testing.T) {
+	rdb := redisServer.Client(t)
+	s := New(rdb)
+	inst := newInstance("acme", "web", "a")
+	inst.Description, inst.Tags = "shown in lists", []instance.Tag{{Name: "k", Value: "v"}}
+	create(t, s, inst)
+	page, err := s.List(ctx, "acme", "", "", 10)
+	if err != nil || len(page) != 1 {
+		t.Fatalf("list: %d, %v", len(page), err)
+	}
+	counter := &countingHook{}
+	rdb.AddHook(counter)
+	if l, err := page[0].Large(ctx, instance.FieldDescription); err != nil || l.Description != "shown in lists" || counter.n != 0 {
+		t.Errorf("description %q (%v) after %d round trips, want it with none", l.Description, err, counter.n)
+	}
+	if l, err := page[0].Large(ctx, instance.FieldTags); err != nil || len(l.Tags) != 1 || counter.n != 1 {
+		t.Errorf("tags %v (%v) after %d round trips, want them read with one", l.Tags, err, counter.n)
+	}
+}

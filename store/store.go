@@ -254,10 +254,13 @@ func parseRefusals(reply []string) (*instance.Refusal, error) {
 	return r, nil
 }
 
-// instanceFields are what a read of a whole instance reads; headFields leave the large
-// fields out.
+// instanceFields are what a read of a whole instance reads. peekFields, what reads that serve
+// the API read, leave out the tags and user data (up to 64 and 44 KB) but keep the
+// description (at most 4 KB), which every listing shows: a page would otherwise cost a round
+// trip per instance for it. headFields are the fields every read has.
 var (
 	instanceFields = []string{"spec", "status", "gen", "sv", "proj", "v", "description", "tags", "userData"}
+	peekFields     = instanceFields[:7]
 	headFields     = instanceFields[:6]
 )
 
@@ -289,8 +292,8 @@ func (s *Store) note(ctx context.Context, inst *instance.Instance, kind instance
 	return n == 1, nil
 }
 
-// historyBatch is how many events ReadEvents returns at most per call.
-const historyBatch = 500
+// readBatch is how many events ReadEvents returns at most per call.
+const readBatch = 500
 
 // History implements instance.Store from the instance's history index with historyScript:
 // one round trip, whose work is the page's whatever the length of the organization's log.
@@ -397,7 +400,7 @@ func (s *Store) LastEvent(ctx context.Context, org string) (string, error) {
 // ReadEvents waits up to block for events of the organization after the position and returns
 // them (none when the wait ends), oldest first.
 func (s *Store) ReadEvents(ctx context.Context, org, after string, block time.Duration) ([]instance.Record, error) {
-	streams, err := s.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{eventsKey(org), after}, Count: historyBatch, Block: block}).Result()
+	streams, err := s.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{eventsKey(org), after}, Count: readBatch, Block: block}).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
 	}
@@ -479,8 +482,9 @@ func (s *Store) decodeRecord(org string, m redis.XMessage) (instance.Record, err
 	return r, nil
 }
 
-// loadLargeOnDemand makes Large read the instance's current large fields, one at a time.
-func (s *Store) loadLargeOnDemand(inst *instance.Instance) {
+// loadLargeOnDemand makes Large read the instance's current large fields, one at a time,
+// but those read already.
+func (s *Store) loadLargeOnDemand(inst *instance.Instance, read ...instance.LargeField) {
 	key := instanceKey(inst.OrganizationID, inst.ID)
 	inst.LoadLargeWith(func(ctx context.Context, field instance.LargeField, l *instance.LargeFields) error {
 		v, err := s.rdb.HGet(ctx, key, largeFields[field]).Result()
@@ -494,7 +498,7 @@ func (s *Store) loadLargeOnDemand(inst *instance.Instance) {
 			return fmt.Errorf("decode %s of %s: %w", largeFields[field], key, err)
 		}
 		return nil
-	})
+	}, read...)
 }
 
 // Exists reports whether the instance exists, reading nothing of it.
@@ -513,9 +517,9 @@ func (s *Store) Get(ctx context.Context, orgs []string, id string) (*instance.In
 
 // Peek implements instance.Store: Get without the large fields, read when asked for.
 func (s *Store) Peek(ctx context.Context, orgs []string, id string) (*instance.Instance, error) {
-	inst, err := s.get(ctx, orgs, id, headFields)
+	inst, err := s.get(ctx, orgs, id, peekFields)
 	if inst != nil {
-		s.loadLargeOnDemand(inst)
+		s.loadLargeOnDemand(inst, instance.FieldDescription)
 	}
 	return inst, err
 }
@@ -543,8 +547,8 @@ func (s *Store) get(ctx context.Context, orgs []string, id string, fields []stri
 	return nil, instance.ErrNotFound
 }
 
-// decode builds an instance from HMGET of instanceFields, or of headFields (the large fields
-// then left empty); nil when the hash does not exist.
+// decode builds an instance from HMGET of instanceFields, or of a prefix of them (the large
+// fields not read left empty); nil when the hash does not exist.
 func decode(org, id string, vals []any) (*instance.Instance, error) {
 	if len(vals) < len(headFields) || vals[0] == nil {
 		return nil, nil
@@ -562,12 +566,13 @@ func decode(org, id string, vals []any) (*instance.Instance, error) {
 	errs = append(errs, err)
 	_, err = recordVersion(str(5))
 	errs = append(errs, err)
-	// A record of a version before largeSplitVersion has no such fields: they are in spec.
-	if len(vals) == len(instanceFields) && vals[len(headFields)] != nil {
+	// The large fields read, in largeFields order; a record of a version before
+	// largeSplitVersion has no such fields (they are in spec), and they read as nil.
+	if extra := vals[len(headFields):]; len(extra) > 0 && extra[0] != nil {
 		var l instance.LargeFields
-		for f := range largeFields {
-			v, _ := vals[len(headFields)+f].(string)
-			errs = append(errs, decodeLarge(instance.LargeField(f), v, &l))
+		for f, v := range extra {
+			s, _ := v.(string)
+			errs = append(errs, decodeLarge(instance.LargeField(f), s, &l))
 		}
 		inst.SetLarge(l)
 	}
@@ -587,7 +592,7 @@ func indexKey(org, project string) string {
 // List implements instance.Store: a range of the index, then the instances without their
 // large fields in one pipeline.
 func (s *Store) List(ctx context.Context, org, project, after string, limit int) ([]*instance.Instance, error) {
-	return s.list(ctx, org, project, after, limit, headFields)
+	return s.list(ctx, org, project, after, limit, peekFields)
 }
 
 // ListWhole is List with every instance read whole, large fields included, in the same one
@@ -629,7 +634,7 @@ func (s *Store) list(ctx context.Context, org, project, after string, limit int,
 		// An instance forgotten between the two round trips is simply no longer listed.
 		if inst != nil {
 			if len(fields) < len(instanceFields) {
-				s.loadLargeOnDemand(inst)
+				s.loadLargeOnDemand(inst, instance.FieldDescription)
 			}
 			out = append(out, inst)
 		}
