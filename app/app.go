@@ -416,6 +416,7 @@ func apiServer(ctx context.Context, c config, cat *region.Catalog, svc *instance
 	}
 	h, err := server.New(server.Options{
 		Service: svc, Feed: events, Keys: keys, Logger: log, Registry: reg, RateLimit: c.rateLimit, RateBurst: c.rateBurst,
+		Context:    ctx,
 		MaxSockets: c.maxSockets, MaxSocketsPerPrincipal: c.maxPrincipalSockets,
 		MaxSubscriptionsPerSocket: c.maxSocketSubscriptions, MaxSubscriptionsPerPrincipal: c.maxPrincipalSubscriptions,
 		DisableIntrospection: !c.introspection,

@@ -33,11 +33,11 @@ func BenchmarkFanOut(b *testing.B) {
 		runtime.GC()
 		var before runtime.MemStats
 		runtime.ReadMemStats(&before)
-		subs := make([]*feed.Subscription, 0, instances*perInstance)
+		subs := make([]*watch, 0, instances*perInstance)
 		for _, inst := range insts {
 			id := inst.ID
 			for range perInstance {
-				s, _, err := f.SubscribeInstance(ctx, "acme", id, "", func(*instance.Record) bool { return true })
+				s, _, err := subscribe(f, ctx, "acme", id, "", func(*instance.Record) bool { return true })
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -53,12 +53,13 @@ func BenchmarkFanOut(b *testing.B) {
 		var mu sync.Mutex
 		var latencies []time.Duration
 		var wg sync.WaitGroup
+		timeout := time.After(time.Minute)
 		for _, s := range subs {
 			wg.Go(func() {
 				for n := 0; n < events/instances; n++ {
-					r, ok := <-s.C()
-					if !ok {
-						b.Errorf("subscription ended: %v", s.Err())
+					r, err := s.await(timeout)
+					if err != nil {
+						b.Error(err)
 						return
 					}
 					at := time.Now()

@@ -141,26 +141,56 @@ type orgFeed struct {
 type Subscription struct {
 	// Start is the position the subscription goes live from: events after it are delivered.
 	Start string
-	// c carries pointers: one event is shared by every subscriber, and an idle subscriber's
-	// buffer costs a pointer per slot, not a record.
-	c        chan *instance.Record
 	match    func(*instance.Record) bool
 	instance string // the one instance it watches; "" for all
+	// notify is told of every event buffered and of the end; nil tells nobody.
+	notify func()
+	max    int // the most events buffered at once
 
-	mu     sync.Mutex
-	err    error
-	closed bool
-	of     *orgFeed
-	feed   *Feed
+	mu sync.Mutex
+	// buffered holds pointers: one event is shared by every subscriber. It is nil while
+	// empty, so an idle subscriber holds no buffer at all.
+	buffered []*instance.Record
+	err      error
+	closed   bool
+	of       *orgFeed
+	feed     *Feed
 }
 
-// C delivers the events; it is closed when the subscription ends (see Err). Events are shared
-// and must not be modified.
-func (s *Subscription) C() <-chan *instance.Record { return s.c }
+// Next returns the oldest buffered event; ok is false when none is buffered. Events are
+// shared and must not be modified.
+func (s *Subscription) Next() (r *instance.Record, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.buffered) == 0 {
+		return nil, false
+	}
+	r, s.buffered[0] = s.buffered[0], nil
+	if s.buffered = s.buffered[1:]; len(s.buffered) == 0 {
+		s.buffered = nil
+	}
+	return r, true
+}
+
+// Buffered returns how many events wait in the buffer.
+func (s *Subscription) Buffered() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.buffered)
+}
+
+// Ended reports whether the subscription has ended and every event it buffered has been
+// taken: nothing more will come (Err says why).
+func (s *Subscription) Ended() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed && len(s.buffered) == 0
+}
 
 // Position returns how far the organization's reader has fanned out: every event up to it
-// that the subscription matches is in C already, or was taken from it. So once C is found
-// empty after Position was read, nothing the subscription matches lies before that position.
+// that the subscription matches is buffered already, or was taken. So once the buffer is
+// found empty after Position was read, nothing the subscription matches lies before that
+// position.
 func (s *Subscription) Position() string {
 	s.of.mu.Lock()
 	defer s.of.mu.Unlock()
@@ -177,18 +207,20 @@ func (s *Subscription) Err() error {
 // Subscribe starts a subscription to the organization's events matching match: live from
 // Start on. With after, it also returns the matching events after that position up to Start
 // (instance.ErrCursorExpired when the log no longer reaches back to it); a caller that hands
-// out the replay before reading C gets every event once, in the log's order. The caller must
-// Close the subscription.
-func (f *Feed) Subscribe(ctx context.Context, org, after string, match func(*instance.Record) bool) (*Subscription, []instance.Record, error) {
-	return f.SubscribeInstance(ctx, org, "", after, match)
+// out the replay before the buffered events gets every event once, in the log's order.
+// notify, when not nil, is called after each event is buffered and when the subscription
+// ends; it runs in the organization's reader, holding its locks, so it must return at once
+// and call nothing of the feed. The caller must Close the subscription.
+func (f *Feed) Subscribe(ctx context.Context, org, after string, match func(*instance.Record) bool, notify func()) (*Subscription, []instance.Record, error) {
+	return f.SubscribeInstance(ctx, org, "", after, match, notify)
 }
 
 // SubscribeInstance is Subscribe to the events of one instance of the organization (of all
 // of them when instanceID is empty), which must also match match. The reader offers an event
 // only to the subscriptions of its instance and to the organization-wide ones, so a
 // subscriber to one instance costs the other instances' events nothing.
-func (f *Feed) SubscribeInstance(ctx context.Context, org, instanceID, after string, match func(*instance.Record) bool) (*Subscription, []instance.Record, error) {
-	s := &Subscription{c: make(chan *instance.Record, f.opts.Buffer), match: match, instance: instanceID, feed: f}
+func (f *Feed) SubscribeInstance(ctx context.Context, org, instanceID, after string, match func(*instance.Record) bool, notify func()) (*Subscription, []instance.Record, error) {
+	s := &Subscription{match: match, instance: instanceID, notify: notify, max: f.opts.Buffer, feed: f}
 	if err := f.join(ctx, org, s); err != nil {
 		return nil, nil, err
 	}
@@ -325,13 +357,15 @@ func (s *Subscription) deliver(r *instance.Record) delivery {
 	if s.closed {
 		return deliveredClosed
 	}
-	select {
-	case s.c <- r:
-		return deliveredOK
-	default:
+	if len(s.buffered) >= s.max {
 		s.failLocked(ErrSlowConsumer)
 		return deliveredDropped
 	}
+	s.buffered = append(s.buffered, r)
+	if s.notify != nil {
+		s.notify()
+	}
+	return deliveredOK
 }
 
 func (s *Subscription) failLocked(err error) {
@@ -339,17 +373,16 @@ func (s *Subscription) failLocked(err error) {
 		return
 	}
 	s.err, s.closed = err, true
-	close(s.c)
+	if s.notify != nil {
+		s.notify()
+	}
 	go s.leave() // the reader holds the org lock; leave takes it
 }
 
 // Close ends the subscription.
 func (s *Subscription) Close() {
 	s.mu.Lock()
-	if !s.closed {
-		s.closed = true
-		close(s.c)
-	}
+	s.closed = true
 	s.mu.Unlock()
 	s.leave()
 }

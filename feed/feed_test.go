@@ -79,20 +79,54 @@ func (e *env) commit(t *testing.T, project string) string {
 	return inst.ID
 }
 
-func receive(t *testing.T, s *feed.Subscription, n int) []string {
+// watch is a subscription whose notifications wake the test that reads it.
+type watch struct {
+	*feed.Subscription
+	wake chan struct{}
+}
+
+func subscribe(f *feed.Feed, ctx context.Context, org, instanceID, after string, match func(*instance.Record) bool) (*watch, []instance.Record, error) {
+	w := &watch{wake: make(chan struct{}, 1)}
+	s, replay, err := f.SubscribeInstance(ctx, org, instanceID, after, match, func() {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	})
+	w.Subscription = s
+	return w, replay, err
+}
+
+var errNoEventInTime = errors.New("no event in time")
+
+// await returns the next event, waiting for it until timeout: errNoEventInTime when the
+// timeout passes first, the subscription's error when it ended.
+func (w *watch) await(timeout <-chan time.Time) (*instance.Record, error) {
+	for {
+		if r, ok := w.Next(); ok {
+			return r, nil
+		}
+		if w.Ended() {
+			return nil, fmt.Errorf("subscription ended: %v", w.Err())
+		}
+		select {
+		case <-w.wake:
+		case <-timeout:
+			return nil, errNoEventInTime
+		}
+	}
+}
+
+func receive(t *testing.T, s *watch, n int) []string {
 	t.Helper()
 	var ids []string
 	timeout := time.After(10 * time.Second)
 	for len(ids) < n {
-		select {
-		case r, ok := <-s.C():
-			if !ok {
-				t.Fatalf("subscription ended after %d of %d events: %v", len(ids), n, s.Err())
-			}
-			ids = append(ids, r.Instance.ID)
-		case <-timeout:
-			t.Fatalf("only %d of %d events", len(ids), n)
+		r, err := s.await(timeout)
+		if err != nil {
+			t.Fatalf("after %d of %d events: %v", len(ids), n, err)
 		}
+		ids = append(ids, r.Instance.ID)
 	}
 	return ids
 }
@@ -101,7 +135,7 @@ func all(*instance.Record) bool { return true }
 
 func TestLiveEventsInOrderAndFiltered(t *testing.T) {
 	e := newEnv(t, feed.Options{})
-	sub, replay, err := e.feed.Subscribe(context.Background(), "acme", "", func(r *instance.Record) bool { return r.Instance.ProjectID == "web" })
+	sub, replay, err := subscribe(e.feed, context.Background(), "acme", "", "", func(r *instance.Record) bool { return r.Instance.ProjectID == "web" })
 	if err != nil || replay != nil {
 		t.Fatal(err, replay)
 	}
@@ -142,7 +176,7 @@ func TestReplayThenLiveHasNoGapAndNoDuplicate(t *testing.T) {
 			live = append(live, e.commit(t, "web"))
 		}
 	})
-	sub, replay, err := e.feed.Subscribe(context.Background(), "acme", hist[0].Cursor, all)
+	sub, replay, err := subscribe(e.feed, context.Background(), "acme", "", hist[0].Cursor, all)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +201,7 @@ func TestExpiredCursor(t *testing.T) {
 		e.commit(t, "web")
 	}
 	e.rdb.XTrimMaxLen(context.Background(), "cq:{o:acme}:events", 1)
-	if _, _, err := e.feed.Subscribe(context.Background(), "acme", hist[0].Cursor, all); !errors.Is(err, instance.ErrCursorExpired) {
+	if _, _, err := subscribe(e.feed, context.Background(), "acme", "", hist[0].Cursor, all); !errors.Is(err, instance.ErrCursorExpired) {
 		t.Errorf("err = %v, want ErrCursorExpired", err)
 	}
 }
@@ -180,9 +214,9 @@ func TestSlowSubscriberIsCutOffAndOthersAreNot(t *testing.T) {
 	if err := e.feed.Register(reg); err != nil {
 		t.Fatal(err)
 	}
-	slow, _, _ := e.feed.Subscribe(context.Background(), "acme", "", all)
+	slow, _, _ := subscribe(e.feed, context.Background(), "acme", "", "", all)
 	defer slow.Close()
-	fast, _, _ := e.feed.Subscribe(context.Background(), "acme", "", all)
+	fast, _, _ := subscribe(e.feed, context.Background(), "acme", "", "", all)
 	defer fast.Close()
 	var got []string
 	for range 20 {
@@ -193,10 +227,10 @@ func TestSlowSubscriberIsCutOffAndOthersAreNot(t *testing.T) {
 		t.Errorf("fast subscriber got %d events", len(got))
 	}
 	n := 0
-	for range slow.C() {
+	for _, ok := slow.Next(); ok; _, ok = slow.Next() {
 		n++
 	}
-	if slow.Err() != feed.ErrSlowConsumer || n != 4 {
+	if !slow.Ended() || slow.Err() != feed.ErrSlowConsumer || n != 4 {
 		t.Errorf("slow subscriber: %d events buffered, err %v; want 4 and ErrSlowConsumer", n, slow.Err())
 	}
 	// The metrics tell the same story: 20 events to the fast subscriber and 4 to the slow
@@ -218,7 +252,7 @@ func TestSlowSubscriberIsCutOffAndOthersAreNot(t *testing.T) {
 // TestReaderCatchesUpAfterLosingRedis: killing the reader's connection loses no event.
 func TestReaderCatchesUpAfterLosingRedis(t *testing.T) {
 	e := newEnv(t, feed.Options{})
-	sub, _, _ := e.feed.Subscribe(context.Background(), "acme", "", all)
+	sub, _, _ := subscribe(e.feed, context.Background(), "acme", "", "", all)
 	defer sub.Close()
 	var want []string
 	for i := range 10 {
@@ -238,9 +272,9 @@ func TestReaderCatchesUpAfterLosingRedis(t *testing.T) {
 func TestThousandSubscriptionsLeaveNoGoroutines(t *testing.T) {
 	e := newEnv(t, feed.Options{})
 	before := runtime.NumGoroutine()
-	subs := make([]*feed.Subscription, 1000)
+	subs := make([]*watch, 1000)
 	for i := range subs {
-		s, _, err := e.feed.Subscribe(context.Background(), fmt.Sprint("org", i%10), "", all)
+		s, _, err := subscribe(e.feed, context.Background(), fmt.Sprint("org", i%10), "", "", all)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -282,16 +316,16 @@ func TestInstanceSubscriptions(t *testing.T) {
 	if err != nil || len(hist) != 1 {
 		t.Fatal(err, hist)
 	}
-	wide, _, _ := e.feed.Subscribe(ctx, "acme", "", all)
+	wide, _, _ := subscribe(e.feed, ctx, "acme", "", "", all)
 	defer wide.Close()
-	a1, replay, err := e.feed.SubscribeInstance(ctx, "acme", a.ID, hist[0].Cursor, all)
+	a1, replay, err := subscribe(e.feed, ctx, "acme", a.ID, hist[0].Cursor, all)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a1.Close()
-	a2, _, _ := e.feed.SubscribeInstance(ctx, "acme", a.ID, "", all)
+	a2, _, _ := subscribe(e.feed, ctx, "acme", a.ID, "", all)
 	defer a2.Close()
-	bOnly, _, _ := e.feed.SubscribeInstance(ctx, "acme", b.ID, "", all)
+	bOnly, _, _ := subscribe(e.feed, ctx, "acme", b.ID, "", all)
 	defer bOnly.Close()
 	var replayed []string
 	for _, r := range replay {
@@ -306,7 +340,7 @@ func TestInstanceSubscriptions(t *testing.T) {
 	warn(a, "a2")
 	for _, tt := range []struct {
 		name string
-		sub  *feed.Subscription
+		sub  *watch
 		want string
 	}{
 		{"organization-wide", wide, "[a1 b1 a2]"},
@@ -330,28 +364,22 @@ func TestInstanceSubscriptions(t *testing.T) {
 	if got := metrictest.Value(t, reg, "computeql_subscriptions_active"); got != 3 {
 		t.Errorf("active subscriptions = %v, want 3", got)
 	}
-	select {
-	case r := <-bOnly.C():
+	if r, ok := bOnly.Next(); ok {
 		t.Errorf("b's subscription got %s's %q", r.Instance.ID, r.Message)
-	default:
 	}
 }
 
 // messages receives n events and returns their messages.
-func messages(t *testing.T, s *feed.Subscription, n int) []string {
+func messages(t *testing.T, s *watch, n int) []string {
 	t.Helper()
 	var out []string
 	timeout := time.After(10 * time.Second)
 	for len(out) < n {
-		select {
-		case r, ok := <-s.C():
-			if !ok {
-				t.Fatalf("subscription ended after %d of %d events: %v", len(out), n, s.Err())
-			}
-			out = append(out, r.Message)
-		case <-timeout:
-			t.Fatalf("only %d of %d events", len(out), n)
+		r, err := s.await(timeout)
+		if err != nil {
+			t.Fatalf("after %d of %d events: %v", len(out), n, err)
 		}
+		out = append(out, r.Message)
 	}
 	return out
 }
@@ -367,7 +395,7 @@ func TestChurnLeavesNoSubscriptionOnAStoppedReader(t *testing.T) {
 	var flapping sync.WaitGroup
 	flapping.Go(func() {
 		for ctx.Err() == nil {
-			s, _, err := e.feed.Subscribe(ctx, "acme", "", all)
+			s, _, err := subscribe(e.feed, ctx, "acme", "", "", all)
 			if err != nil {
 				if ctx.Err() == nil {
 					t.Error(err)
@@ -379,7 +407,7 @@ func TestChurnLeavesNoSubscriptionOnAStoppedReader(t *testing.T) {
 	})
 	defer func() { stop(); flapping.Wait() }()
 	for i := range 1000 {
-		s, _, err := e.feed.Subscribe(context.Background(), "acme", "", all)
+		s, _, err := subscribe(e.feed, context.Background(), "acme", "", "", all)
 		if err != nil {
 			t.Fatal(err)
 		}

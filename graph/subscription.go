@@ -3,7 +3,9 @@ package graph
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/99designs/gqlgen/graphql"
@@ -50,13 +52,27 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 		i := rec.Instance
 		return (project == "" || i.ProjectID == project) && pr.Allows(org, i.ProjectID, auth.RoleViewer)
 	}
-	sub, replay, err := r.Feed.SubscribeInstance(ctx, org, instanceID, pos, match)
+	st := &eventStream{ctx: ctx, end: endingOf(ctx), out: make(chan *model.InstanceEvent, 1), pos: pos, last: after, at: pos}
+	delivery, pushed := ctx.Value(deliveryKey{}).(*Delivery)
+	if pushed {
+		st.wake = delivery.wake
+	} else {
+		st.wakeC = make(chan struct{}, 1)
+		st.wake = func() {
+			select {
+			case st.wakeC <- struct{}{}:
+			default:
+			}
+		}
+	}
+	sub, replay, err := r.Feed.SubscribeInstance(ctx, org, instanceID, pos, match, st.wake)
 	if errors.Is(err, instance.ErrCursorExpired) {
 		return nil, instance.Errorf(instance.CodeCursorExpired, "the event log no longer reaches back to that cursor: subscribe without it to start from a snapshot")
 	}
 	if err != nil {
 		return nil, &instance.Error{Code: instance.CodeInternal, Message: "internal error", Err: err}
 	}
+	st.sub = sub
 	var snapshot []*instance.Instance
 	if after == "" || resuming {
 		if snapshot, err = r.snapshot(ctx, org, project, instanceID, snapshotAfter); err != nil {
@@ -65,121 +81,242 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 		}
 	}
 	if resuming {
-		// What changed since the cut-off snapshot began, of the instances it had sent; the
-		// others come in the rest of the snapshot, as they are now.
-		sent := replay[:0:0]
-		for _, rec := range replay {
-			if rec.Instance.ID <= snapshotAfter {
-				sent = append(sent, rec)
-			}
-		}
-		replay = sent
-	}
-	end := endingOf(ctx)
-	out := make(chan *model.InstanceEvent, 1)
-	go func() {
-		defer close(out)
-		defer sub.Close()
-		// The subscription lives only as long as the token that opened it.
-		var expired <-chan time.Time
-		if !pr.Deadline.IsZero() {
-			timer := time.NewTimer(time.Until(pr.Deadline))
-			defer timer.Stop()
-			expired = timer.C
-		}
-		var bookmark <-chan time.Time
-		if bookmarks {
-			tick := time.NewTicker(r.BookmarkEvery)
-			defer tick.Stop()
-			bookmark = tick.C
-		}
-		// last is the cursor of the last event sent, at, the log position it stands for.
-		last, at := after, pos
-		send := func(ev *model.InstanceEvent, position string) bool {
-			select {
-			case out <- ev:
-				last, at = ev.Cursor, position
-				return true
-			case <-ctx.Done():
-				return false
-			}
-		}
-		sendRecord := func(rec *instance.Record) bool { return send(toEvent(*rec), rec.Cursor) }
-		marker := func(kind instance.EventKind, position string) bool {
-			return send(&model.InstanceEvent{Cursor: instance.EventCursor(instance.Record{Cursor: position}), Kind: kind,
-				ChangedFields: []string{}, OccurredAt: time.Now().UTC()}, position)
-		}
-		if resuming {
-			// Replay first: the instances it updates were sent before the cut, and must catch up
-			// to where the rest of the snapshot goes live.
-			for i := range replay {
-				if !sendRecord(&replay[i]) {
-					return
-				}
-			}
-			replay = nil
-		}
-		// The snapshot was read after the subscription went live, so a live event may be
-		// older than an instance's snapshot; those are dropped, comparing versions.
-		type version struct{ gen, sv int64 }
-		seen := map[string]version{}
-		for _, inst := range snapshot {
-			seen[inst.ID] = version{inst.Generation, inst.StatusVersion}
-			ev := &model.InstanceEvent{Cursor: instance.SnapshotCursor(sub.Start, inst.ID), Kind: instance.EventSnapshot,
-				Instance: inst, ChangedFields: []string{}, OccurredAt: inst.UpdatedAt}
-			if !send(ev, sub.Start) {
-				return
-			}
-		}
-		if resuming || after == "" {
-			if !marker(instance.EventSynced, sub.Start) {
-				return
-			}
-		}
+		// Replay first: the instances it updates were sent before the cut, and must catch up
+		// to where the rest of the snapshot goes live. Of what changed since the cut-off
+		// snapshot began, only the instances it had sent; the others come in the rest of the
+		// snapshot, as they are now.
 		for i := range replay {
-			if !sendRecord(&replay[i]) {
-				return
+			if rec := &replay[i]; rec.Instance.ID <= snapshotAfter {
+				st.queue = append(st.queue, queued{toEvent(*rec), rec.Cursor})
 			}
 		}
-		for {
+		replay = nil
+	}
+	// The snapshot was read after the subscription went live, so a live event may be older
+	// than an instance's snapshot; those are dropped, comparing versions.
+	if len(snapshot) > 0 {
+		st.seen = make(map[string]version, len(snapshot))
+	}
+	for _, inst := range snapshot {
+		st.seen[inst.ID] = version{inst.Generation, inst.StatusVersion}
+		st.queue = append(st.queue, queued{&model.InstanceEvent{Cursor: instance.SnapshotCursor(sub.Start, inst.ID), Kind: instance.EventSnapshot,
+			Instance: inst, ChangedFields: []string{}, OccurredAt: inst.UpdatedAt}, sub.Start})
+	}
+	if resuming || after == "" {
+		st.queue = append(st.queue, queued{marker(instance.EventSynced, sub.Start), sub.Start})
+	}
+	for i := range replay {
+		st.queue = append(st.queue, queued{toEvent(replay[i]), replay[i].Cursor})
+	}
+	// The subscription lives only as long as the token that opened it.
+	if !pr.Deadline.IsZero() {
+		st.expiry = time.AfterFunc(time.Until(pr.Deadline), func() { st.expired.Store(true); st.wake() })
+	}
+	if bookmarks {
+		every := r.BookmarkEvery
+		// Created stopped, so that the callback never runs before st.bookmarks is set.
+		st.bookmarks = time.AfterFunc(time.Duration(math.MaxInt64), func() {
+			if st.stopped.Load() {
+				return
+			}
+			st.bookmarkDue.Store(true)
+			st.wake()
+			st.bookmarks.Reset(every)
+		})
+		st.bookmarks.Reset(every)
+	}
+	if pushed {
+		delivery.next = st.push
+		context.AfterFunc(ctx, st.stop)
+	} else {
+		go st.run()
+	}
+	return st.out, nil
+}
+
+// Delivery lets a transport drive a subscription's events itself, instead of a goroutine per
+// subscription waiting for them: with thousands of idle subscribers, that goroutine's stack is
+// most of what each costs. The transport puts a Delivery in the operation's context
+// (WithDelivery); the resolver then calls wake, which must return at once, whenever the next
+// event may be ready, and the transport calls Next and, each time it returns true, the
+// operation's response handler once, which then returns without waiting.
+type Delivery struct {
+	wake func()
+	next func() bool
+}
+
+type deliveryKey struct{}
+
+// WithDelivery returns a context whose subscription delivers through the returned Delivery,
+// calling wake (which must not block) when its next event may be ready.
+func WithDelivery(ctx context.Context, wake func()) (context.Context, *Delivery) {
+	d := &Delivery{wake: wake}
+	return context.WithValue(ctx, deliveryKey{}, d), d
+}
+
+// Attached reports whether a subscription took the delivery: when not, the operation was
+// not a subscription, or was refused, and its response handler is called as usual.
+func (d *Delivery) Attached() bool { return d.next != nil }
+
+// Next makes the next response ready: when it returns true, one call of the response handler
+// returns it (or nil, at the end) without blocking; false means none is ready yet. After the
+// end it keeps returning true.
+func (d *Delivery) Next() bool { return d.next() }
+
+// queued is an event the stream sends before the live ones, with the log position it
+// stands for.
+type queued struct {
+	ev       *model.InstanceEvent
+	position string
+}
+
+type version struct{ gen, sv int64 }
+
+// eventStream is one subscription's events, taken one at a time without blocking (poll):
+// first the replay and snapshot it began with, then the feed's live events, bookmarks and the
+// ending. Either a goroutine of its own (run) or a transport (through Delivery) drives it.
+type eventStream struct {
+	ctx   context.Context
+	sub   *feed.Subscription
+	end   *ending
+	out   chan *model.InstanceEvent
+	wake  func()
+	wakeC chan struct{} // run's wake-ups; nil when a transport drives the stream
+
+	queue []queued
+	seen  map[string]version // versions of the instances of the snapshot
+	pos   string             // the cursor resumed from: live events up to it were seen
+	// last is the cursor of the last event sent, at, the log position it stands for.
+	last, at string
+
+	expired, bookmarkDue, stopped atomic.Bool
+	expiry, bookmarks             *time.Timer
+
+	// Only the driver (run, or the transport's calls of Next, one at a time) touches what
+	// follows.
+	ended, closed bool
+	stopOnce      sync.Once
+}
+
+// poll returns the next event, or nil: then ended says whether the stream is over.
+func (st *eventStream) poll() (ev *model.InstanceEvent, ended bool) {
+	if st.ended || st.ctx.Err() != nil {
+		st.ended = true
+		return nil, true
+	}
+	if len(st.queue) > 0 {
+		q := st.queue[0]
+		st.queue[0] = queued{}
+		if st.queue = st.queue[1:]; len(st.queue) == 0 {
+			st.queue = nil
+		}
+		st.last, st.at = q.ev.Cursor, q.position
+		return q.ev, false
+	}
+	if st.expired.Load() {
+		st.end.set(instance.CodeUnauthenticated, "the token of this subscription expired: subscribe again with a new token", st.last)
+		st.ended = true
+		return nil, true
+	}
+	for {
+		rec, ok := st.sub.Next()
+		if !ok {
+			break
+		}
+		if v, ok := st.seen[rec.Instance.ID]; ok && versioned(rec.Kind) && rec.Instance.Generation <= v.gen && rec.Instance.StatusVersion <= v.sv {
+			continue
+		}
+		// Resuming on a process whose reader is behind the cursor: what the client has
+		// already seen is not sent again.
+		if st.pos != "" && !instance.PositionLess(st.pos, rec.Cursor) {
+			continue
+		}
+		ev := toEvent(*rec)
+		st.last, st.at = ev.Cursor, rec.Cursor
+		return ev, false
+	}
+	if st.sub.Ended() {
+		if err := st.sub.Err(); errors.Is(err, feed.ErrSlowConsumer) {
+			st.end.set(instance.CodeUnavailable, "this subscription did not keep up with its events and was ended", st.last)
+		} else if err != nil {
+			st.end.set(instance.CodeUnavailable, "the event feed stopped", st.last)
+		}
+		st.ended = true
+		return nil, true
+	}
+	// Read the position before looking at the buffer: the reader buffers every event up to it
+	// first, so an empty buffer means none of them is left.
+	if st.bookmarkDue.Swap(false) {
+		if p := st.sub.Position(); instance.PositionLess(st.at, p) && st.sub.Buffered() == 0 {
+			st.last, st.at = instance.EventCursor(instance.Record{Cursor: p}), p
+			return marker(instance.EventBookmark, p), false
+		}
+	}
+	return nil, false
+}
+
+// push is Delivery.Next.
+func (st *eventStream) push() bool {
+	ev, ended := st.poll()
+	switch {
+	case ev != nil:
+		st.out <- ev // the handler took the previous one: there is room
+		return true
+	case ended:
+		st.stop()
+		if !st.closed {
+			st.closed = true
+			close(st.out)
+		}
+		return true
+	}
+	return false
+}
+
+// run drives the stream from a goroutine of its own, for transports that wait on the
+// response handler.
+func (st *eventStream) run() {
+	defer close(st.out)
+	defer st.stop()
+	for {
+		ev, ended := st.poll()
+		switch {
+		case ended:
+			return
+		case ev != nil:
 			select {
-			case <-ctx.Done():
+			case st.out <- ev:
+			case <-st.ctx.Done():
 				return
-			case <-expired:
-				end.set(instance.CodeUnauthenticated, "the token of this subscription expired: subscribe again with a new token", last)
+			}
+		default:
+			select {
+			case <-st.wakeC:
+			case <-st.ctx.Done():
 				return
-			case <-bookmark:
-				// Read the position before looking at the buffer: the reader puts every event up
-				// to it in the buffer first, so an empty buffer means none of them is left.
-				if p := sub.Position(); instance.PositionLess(at, p) && len(sub.C()) == 0 {
-					if !marker(instance.EventBookmark, p) {
-						return
-					}
-				}
-			case rec, ok := <-sub.C():
-				if !ok {
-					if err := sub.Err(); errors.Is(err, feed.ErrSlowConsumer) {
-						end.set(instance.CodeUnavailable, "this subscription did not keep up with its events and was ended", last)
-					} else if err != nil {
-						end.set(instance.CodeUnavailable, "the event feed stopped", last)
-					}
-					return
-				}
-				if v, ok := seen[rec.Instance.ID]; ok && versioned(rec.Kind) && rec.Instance.Generation <= v.gen && rec.Instance.StatusVersion <= v.sv {
-					continue
-				}
-				// Resuming on a process whose reader is behind the cursor: what the client has
-				// already seen is not sent again.
-				if pos != "" && !instance.PositionLess(pos, rec.Cursor) {
-					continue
-				}
-				if !sendRecord(rec) {
-					return
-				}
 			}
 		}
-	}()
-	return out, nil
+	}
+}
+
+// stop releases the feed subscription and the timers.
+func (st *eventStream) stop() {
+	st.stopOnce.Do(func() {
+		st.stopped.Store(true) // before Stop: a bookmark timer that fires meanwhile does not re-arm
+		st.sub.Close()
+		if st.expiry != nil {
+			st.expiry.Stop()
+		}
+		if st.bookmarks != nil {
+			st.bookmarks.Stop()
+		}
+	})
+}
+
+// marker is a SYNCED or BOOKMARK event at the position.
+func marker(kind instance.EventKind, position string) *model.InstanceEvent {
+	return &model.InstanceEvent{Cursor: instance.EventCursor(instance.Record{Cursor: position}), Kind: kind,
+		ChangedFields: []string{}, OccurredAt: time.Now().UTC()}
 }
 
 // versioned reports whether an event of the kind changes the instance's versions (a warning

@@ -229,10 +229,11 @@ func dialSubscriber(addr, token, instanceID string) (*benchClient, error) {
 		return nil, err
 	}
 	conn.SetReadDeadline(time.Now().Add(time.Minute))
-	query := fmt.Sprintf(`subscription { instanceEvents(organizationId: "acme", instanceId: %q) { kind message } }`, instanceID)
+	// One document with variables, as clients send it: every subscriber shares its parse.
+	const query = `subscription($id: ID) { instanceEvents(organizationId: "acme", instanceId: $id) { kind message } }`
 	for _, m := range []any{
 		map[string]any{"type": "connection_init", "payload": map[string]any{"Authorization": "Bearer " + token}},
-		map[string]any{"type": "subscribe", "id": "s", "payload": map[string]any{"query": query}},
+		map[string]any{"type": "subscribe", "id": "s", "payload": map[string]any{"query": query, "variables": map[string]any{"id": instanceID}}},
 	} {
 		if err := conn.WriteJSON(m); err != nil {
 			conn.Close()

@@ -15,10 +15,6 @@ import (
 	"github.com/computeql/computeql/instance"
 )
 
-// CloseTooManyConnections (4429) closes a WebSocket whose connection_init names a principal that
-// already holds as many sockets as it may.
-const CloseTooManyConnections = 4429
-
 // Which limit refused a connection or a subscription, the label of the refusals counter.
 const (
 	limitProcessSockets         = "process_sockets"

@@ -20,6 +20,10 @@ type requestInfo struct {
 	mu        sync.Mutex
 	subject   string
 	operation string
+	// held: the request's line waits for the stream it began (a WebSocket) to end; line
+	// writes it then; ended: the stream has ended.
+	held, ended bool
+	line        func()
 }
 
 type requestInfoKey struct{}
@@ -27,6 +31,23 @@ type requestInfoKey struct{}
 func requestInfoFrom(ctx context.Context) *requestInfo {
 	ri, _ := ctx.Value(requestInfoKey{}).(*requestInfo)
 	return ri
+}
+
+// hold keeps the request's line from being written when its handler returns, for a stream
+// that outlives it (a WebSocket): the returned function writes it, at the stream's end.
+func (ri *requestInfo) hold() (release func()) {
+	ri.mu.Lock()
+	defer ri.mu.Unlock()
+	ri.held = true
+	return func() {
+		ri.mu.Lock()
+		line := ri.line
+		ri.line, ri.ended = nil, true
+		ri.mu.Unlock()
+		if line != nil {
+			line()
+		}
+	}
 }
 
 func (ri *requestInfo) set(subject, operation string) {
@@ -79,32 +100,46 @@ func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 		rw := &recordingWriter{ResponseWriter: w}
 		ctx := context.WithValue(r.Context(), requestInfoKey{}, ri)
 		next.ServeHTTP(rw, r.WithContext(ctx))
-		logRequest(ctx, log, r, ri, rw, start)
+		status := rw.status
+		if rw.hijacked {
+			status = http.StatusSwitchingProtocols
+		} else if status == 0 {
+			status = http.StatusOK
+		}
+		// Only what the line needs: a held line outlives the request, once per subscriber.
+		l := requestLine{method: r.Method, path: r.URL.Path, remote: r.RemoteAddr, status: status, bytes: rw.bytes, start: start}
+		ri.mu.Lock()
+		if ri.held && !ri.ended {
+			ri.line = func() { l.log(ctx, log, ri) }
+			ri.mu.Unlock()
+			return
+		}
+		ri.mu.Unlock()
+		l.log(ctx, log, ri)
 	})
 }
 
-// logRequest writes the line of a request that ended. It is apart from logRequests so that
-// the frame of a WebSocket's handler, which lives as long as its connection, stays small:
-// every byte of stack there is paid once per subscriber.
-func logRequest(ctx context.Context, log *slog.Logger, r *http.Request, ri *requestInfo, rw *recordingWriter, start time.Time) {
+// requestLine is what the log line of a request says besides what requestInfo learnt.
+type requestLine struct {
+	method, path, remote string
+	status               int
+	bytes                int64
+	start                time.Time
+}
+
+func (l requestLine) log(ctx context.Context, log *slog.Logger, ri *requestInfo) {
 	level := slog.LevelInfo
-	switch r.URL.Path {
+	switch l.path {
 	case "/healthz", "/readyz", "/metrics":
 		level = slog.LevelDebug
 	}
 	ri.mu.Lock()
 	subject, operation := ri.subject, ri.operation
 	ri.mu.Unlock()
-	status := rw.status
-	if rw.hijacked {
-		status = http.StatusSwitchingProtocols
-	} else if status == 0 {
-		status = http.StatusOK
-	}
 	log.LogAttrs(ctx, level, "request",
-		slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Int("status", status),
-		slog.Int64("bytes", rw.bytes), slog.Duration("duration", time.Since(start)),
-		slog.String("subject", subject), slog.String("operation", operation), slog.String("remote", r.RemoteAddr))
+		slog.String("method", l.method), slog.String("path", l.path), slog.Int("status", l.status),
+		slog.Int64("bytes", l.bytes), slog.Duration("duration", time.Since(l.start)),
+		slog.String("subject", subject), slog.String("operation", operation), slog.String("remote", l.remote))
 }
 
 // recordingWriter notes the status and size of a response. It passes on flushing (SSE) and

@@ -112,13 +112,22 @@ type Options struct {
 	// MaxSubscriptionsPerPrincipal bounds the subscriptions one principal runs in this process,
 	// over every transport; one past it is refused with RATE_LIMITED. Defaults to 200.
 	MaxSubscriptionsPerPrincipal int
+	// Context bounds the WebSockets, which outlive their HTTP requests: when it ends, each is
+	// closed with 1001 (going away). Defaults to context.Background().
+	Context context.Context
 	// now is the rate limiter's clock, which tests set. Defaults to time.Now.
 	now func() time.Time
+	// initTimeout bounds the wait for a WebSocket's connection_init, which tests shorten.
+	// Defaults to 10 s.
+	initTimeout time.Duration
 }
 
 func (o *Options) applyDefaults() error {
 	if o.Service == nil || o.Feed == nil || o.Keys == nil {
 		return errors.New("server: Service, Feed and Keys are required")
+	}
+	if o.Context == nil {
+		o.Context = context.Background()
 	}
 	if o.Ready == nil {
 		o.Ready = func(context.Context) error { return nil }
@@ -178,6 +187,7 @@ func (o *Options) applyDefaults() error {
 	if o.now == nil {
 		o.now = time.Now
 	}
+	o.initTimeout = cmp.Or(o.initTimeout, 10*time.Second)
 	return nil
 }
 
@@ -201,25 +211,7 @@ func New(opts Options) (http.Handler, error) {
 	gql := handler.New(graph.NewSchema(opts.Service, opts.Feed, opts.BookmarkInterval))
 	// The first transport that supports a request serves it: WebSocket (any Upgrade header)
 	// first, and SSE before POST, whose check ignores Accept.
-	wsReadLimit := opts.MaxBodyBytes
-	gql.AddTransport(websocketTransport{
-		Websocket: transport.Websocket{
-			Implementation: newGorillaWebsocket(origins, opts.StreamWriteTimeout, opts.KeepAliveInterval, wsMetrics),
-			InitFunc:       websocketInit(opts.Keys, limits, opts.Logger),
-			InitTimeout:    10 * time.Second,
-			// graphql-ws: a "ka" message every interval.
-			KeepAlivePingInterval: opts.KeepAliveInterval,
-			// graphql-transport-ws: a "ping" every interval, and a "pong" expected back.
-			PingPongInterval: opts.KeepAliveInterval,
-			// One message is capped like a request body.
-			PayloadReadLimit: &wsReadLimit,
-			ErrorFunc: func(ctx context.Context, err error) {
-				opts.Logger.DebugContext(ctx, "websocket", "err", err)
-			},
-		},
-		grace:  opts.StreamWriteTimeout + time.Second,
-		limits: limits,
-	})
+	gql.AddTransport(newWSTransport(opts, origins, limits, wsMetrics))
 	gql.AddTransport(sseTransport{transport.SSE{KeepAlivePingInterval: opts.KeepAliveInterval}})
 	gql.AddTransport(getTransport{})
 	gql.AddTransport(postTransport{})

@@ -150,6 +150,7 @@ func (c *wsClient) stop() {
 		t = "stop"
 	}
 	c.write(map[string]any{"type": t, "id": "s"})
+	close(c.quit)
 	c.conn.Close()
 	<-c.done
 }

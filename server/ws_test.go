@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -55,6 +54,7 @@ type wsClient struct {
 	writeMu sync.Mutex
 	msgs    chan wsMessage
 	done    chan struct{}
+	quit    chan struct{} // closed when the test stops reading: the reader drops what comes
 	err     error // what ended the reader; set before done closes
 
 	pingFrames atomic.Int32 // WebSocket ping frames received
@@ -83,7 +83,7 @@ func dialWS(tb testing.TB, url, proto string, opt wsDial) (*wsClient, *http.Resp
 	if got := conn.Subprotocol(); got != proto {
 		tb.Fatalf("negotiated subprotocol %q, want %q", got, proto)
 	}
-	c := &wsClient{tb: tb, proto: proto, silent: opt.silent, conn: conn, msgs: make(chan wsMessage, 256), done: make(chan struct{})}
+	c := &wsClient{tb: tb, proto: proto, silent: opt.silent, conn: conn, msgs: make(chan wsMessage, 256), done: make(chan struct{}), quit: make(chan struct{})}
 	ponger := conn.PingHandler()
 	conn.SetPingHandler(func(data string) error {
 		c.pingFrames.Add(1)
@@ -135,7 +135,10 @@ func (c *wsClient) read() {
 			c.kaMsgs.Add(1)
 			continue
 		}
-		c.msgs <- m
+		select {
+		case c.msgs <- m:
+		case <-c.quit:
+		}
 	}
 }
 
@@ -560,30 +563,34 @@ func TestWebSocketDropsSilentPeer(t *testing.T) {
 	}
 }
 
-// TestWebSocketInitPayloadNotAnObject: gqlgen drops such a connection_init without closing the
-// socket; the transport closes it (1002) instead of leaving it open.
+// TestWebSocketInitPayloadNotAnObject: a connection_init whose payload is not an object closes
+// the socket with 4400, after a connection_error on graphql-ws.
 func TestWebSocketInitPayloadNotAnObject(t *testing.T) {
 	_, s := wsServer(t)
-	for _, proto := range wsProtocols {
-		t.Run(proto, func(t *testing.T) {
-			c := mustDialWS(t, wsURL(s), proto, wsDial{})
+	for _, tt := range []struct{ proto, reason string }{
+		{protoTransportWS, `Invalid message received: the "payload" of connection_init must be an object`},
+		{protoLegacyWS, "Bad request"},
+	} {
+		t.Run(tt.proto, func(t *testing.T) {
+			c := mustDialWS(t, wsURL(s), tt.proto, wsDial{})
 			c.init("Bearer x")
-			_, err := c.closed(5 * time.Second)
-			wantClose(t, err, websocket.CloseProtocolError, "")
+			msgs, err := c.closed(5 * time.Second)
+			wantClose(t, err, CloseBadRequest, tt.reason)
+			if tt.proto == protoLegacyWS && (len(msgs) != 1 || msgs[0].Type != "connection_error") {
+				t.Errorf("before the close: %+v, want one connection_error", msgs)
+			}
 		})
 	}
 }
 
-// TestWebSocketClosesOnShutdown: when the server's base context ends (SIGTERM in computeql),
-// open sockets get a 1001 close frame, and the connection gauge returns to zero.
+// TestWebSocketClosesOnShutdown: when the server's context ends (SIGTERM in computeql), open
+// sockets get a 1001 close frame, and the connection gauge returns to zero.
 func TestWebSocketClosesOnShutdown(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	a := newAPI(t, func(o *Options) { o.Registry = reg })
 	base, shutdown := context.WithCancel(context.Background())
 	defer shutdown()
-	s := httptest.NewUnstartedServer(a.handler)
-	s.Config.BaseContext = func(net.Listener) context.Context { return base }
-	s.Start()
+	a := newAPI(t, func(o *Options) { o.Registry, o.Context = reg, base })
+	s := httptest.NewServer(a.handler)
 	t.Cleanup(s.Close)
 	var clients []*wsClient
 	for _, proto := range wsProtocols {

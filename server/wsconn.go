@@ -1,0 +1,864 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/99designs/gqlgen/graphql"
+	"github.com/99designs/gqlgen/graphql/errcode"
+	"github.com/gorilla/websocket"
+	"github.com/vektah/gqlparser/v2/ast"
+	"github.com/vektah/gqlparser/v2/gqlerror"
+
+	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/graph"
+	"github.com/computeql/computeql/instance"
+)
+
+// Close codes of the graphql-transport-ws protocol. The legacy graphql-ws protocol names none;
+// where it refuses a connection it gets the same codes, after a connection_error message that
+// carries the reason.
+const (
+	// CloseBadRequest (4400): a message of a type or shape the protocol does not define.
+	CloseBadRequest = 4400
+	// CloseUnauthorized (4401): connection_init carried no token, or an operation came before
+	// the connection was acknowledged.
+	CloseUnauthorized = 4401
+	// CloseForbidden (4403): connection_init carried a token that is malformed or does not verify.
+	CloseForbidden = 4403
+	// CloseSubprotocolNotAcceptable (4406): the handshake offered neither subprotocol.
+	CloseSubprotocolNotAcceptable = 4406
+	// CloseInitTimeout (4408): no connection_init within the initialisation timeout.
+	CloseInitTimeout = 4408
+	// CloseSubscriberExists (4409): a subscribe reused the id of an operation still running.
+	CloseSubscriberExists = 4409
+	// CloseTooManyInitRequests (4429): a second connection_init.
+	CloseTooManyInitRequests = 4429
+	// CloseTooManyConnections (4429, the same code): connection_init names a principal that
+	// already holds as many sockets as it may.
+	CloseTooManyConnections = 4429
+)
+
+// The GraphQL subprotocols, in order of preference: when a client offers both, it gets the
+// current one.
+var websocketSubprotocols = []string{"graphql-transport-ws", "graphql-ws"}
+
+// closeGrace is how long a socket the server closes waits for the peer's close frame before
+// the connection is dropped: closing TCP with the peer's data unread resets it, and a reset
+// can destroy the close frame before the peer has read it.
+const closeGrace = time.Second
+
+// wsTransport serves GraphQL over WebSocket: the graphql-transport-ws protocol exactly as the
+// graphql-ws library's PROTOCOL.md defines it, and the legacy graphql-ws protocol of
+// subscriptions-transport-ws. gqlgen's executor parses, validates and runs the operations;
+// this transport owns the sockets.
+//
+// What an idle subscriber costs is what decides how many one process holds, so: the HTTP
+// handler returns once the socket is upgraded (net/http's buffers and the request are freed);
+// each socket has one goroutine, its reader, blocked in a read with a small stack; an
+// operation runs on a goroutine of its own only while it is being answered; a subscription's
+// events are delivered from the feed by waking it (graph.Delivery), not by a goroutine
+// waiting for them; write buffers come from a pool and are held only while a message is
+// written; keep-alives are timers.
+type wsTransport struct {
+	upgrader websocket.Upgrader
+	keys     *auth.Keys
+	limits   *connLimits
+	log      *slog.Logger
+	metrics  *websocketMetrics
+	// lifetime ends every socket with 1001 (going away) when it is done.
+	lifetime context.Context
+	// initTimeout bounds the wait for connection_init.
+	initTimeout time.Duration
+	// keepAlive is how often a socket gets a ping frame, and a "ping" (graphql-transport-ws) or
+	// "ka" (graphql-ws) message once acknowledged; a peer silent (no message, no pong) for twice
+	// as long is dropped. 0 turns both off.
+	keepAlive time.Duration
+	// writeTimeout bounds every write; a peer that does not take one within it is dropped.
+	writeTimeout time.Duration
+	// readLimit caps one message from the peer; a larger one closes the socket with 1009.
+	readLimit int64
+}
+
+func newWSTransport(o Options, origins originPolicy, limits *connLimits, m *websocketMetrics) *wsTransport {
+	return &wsTransport{
+		upgrader: websocket.Upgrader{
+			HandshakeTimeout: o.StreamWriteTimeout,
+			// Client messages (init, subscribe, complete) are small; a larger one still fits, read
+			// in several pieces. Write buffers come from a pool and are held only while a message
+			// is being written, so an idle subscriber holds none.
+			ReadBufferSize:  512,
+			WriteBufferSize: 4096,
+			WriteBufferPool: &sync.Pool{},
+			Subprotocols:    slices.Clone(websocketSubprotocols),
+			CheckOrigin:     origins.allows,
+			Error: func(w http.ResponseWriter, r *http.Request, status int, reason error) {
+				writeError(w, r, status, instance.CodeBadUserInput, "WebSocket handshake refused: "+reason.Error())
+			},
+		},
+		keys: o.Keys, limits: limits, log: o.Logger, metrics: m, lifetime: o.Context,
+		initTimeout: o.initTimeout, keepAlive: o.KeepAliveInterval, writeTimeout: o.StreamWriteTimeout,
+		readLimit: o.MaxBodyBytes,
+	}
+}
+
+var _ graphql.Transport = (*wsTransport)(nil)
+
+// Supports takes every request that asks for an upgrade: one that is not a valid WebSocket
+// handshake is refused here with its reason.
+func (t *wsTransport) Supports(r *http.Request) bool { return r.Header.Get("Upgrade") != "" }
+
+// Do upgrades the request and returns, leaving the socket to its reader.
+func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
+	if !t.limits.takeSocket() {
+		w.Header().Set("Retry-After", "5")
+		writeError(w, r, http.StatusTooManyRequests, instance.CodeRateLimited,
+			fmt.Sprintf("this server holds as many WebSockets as it may (%d); retry later, or use another", t.limits.maxSockets))
+		return
+	}
+	ws, err := t.upgrader.Upgrade(w, r, nil)
+	if err != nil {
+		t.limits.releaseSocket()
+		return
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	c := &wsConn{t: t, ws: ws, exec: exec, ctx: ctx, cancel: cancel, legacy: ws.Subprotocol() == "graphql-ws",
+		trace: traceHeaders(r.Header), ops: map[string]*wsOp{}}
+	if ri := requestInfoFrom(r.Context()); ri != nil {
+		c.logLine = ri.hold()
+	}
+	if t.metrics != nil {
+		t.metrics.open.Inc()
+	}
+	ws.SetReadLimit(t.readLimit)
+	ws.SetPongHandler(func(string) error { c.extendLiveness(); return nil })
+	ws.SetPingHandler(func(data string) error {
+		c.extendLiveness()
+		err := ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(t.writeTimeout))
+		var ne net.Error
+		if err == nil || errors.Is(err, websocket.ErrCloseSent) || errors.As(err, &ne) && ne.Timeout() {
+			return nil // as gorilla's default handler: a lost pong is not a read error
+		}
+		return err
+	})
+	c.extendLiveness()
+	if ws.Subprotocol() == "" {
+		c.closeWith(CloseSubprotocolNotAcceptable, "Subprotocol not acceptable")
+	} else {
+		c.mu.Lock()
+		c.timer = time.AfterFunc(t.initTimeout, func() { c.closeWith(CloseInitTimeout, "Connection initialisation timeout") })
+		c.mu.Unlock()
+	}
+	c.stopLifetime = context.AfterFunc(t.lifetime, func() { c.closeWith(websocket.CloseGoingAway, "server shutting down") })
+	go c.read()
+}
+
+// traceHeaders keeps the trace context of the handshake for the socket's operations, and
+// nothing else of its headers.
+func traceHeaders(h http.Header) http.Header {
+	var out http.Header
+	for _, k := range []string{"Traceparent", "Tracestate"} {
+		if v := h.Values(k); len(v) > 0 {
+			if out == nil {
+				out = http.Header{}
+			}
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// wsConn is one socket.
+type wsConn struct {
+	t      *wsTransport
+	ws     *websocket.Conn
+	exec   graphql.GraphExecutor
+	legacy bool // graphql-ws rather than graphql-transport-ws
+	trace  http.Header
+	// ctx holds the handshake request's values; it ends with the socket, and with it every
+	// operation.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// logLine writes the socket's request line, once it has ended.
+	logLine func()
+
+	writeMu sync.Mutex
+
+	mu sync.Mutex
+	// initReceived: a connection_init came (a second one closes the socket).
+	initReceived bool
+	// opCtx is the context operations run in, set once the connection is acknowledged.
+	opCtx            context.Context
+	releasePrincipal func()
+	ops              map[string]*wsOp
+	closing          bool
+	// closed mirrors closing for the reader's checks, which must not wait for mu.
+	closed atomic.Bool
+	// timer waits for connection_init, then sends the keep-alives.
+	timer *time.Timer
+
+	stopLifetime func() bool
+	shutdownOnce sync.Once
+}
+
+// read is the socket's one long-lived goroutine: it reads the peer's messages until the
+// socket ends, and then releases everything the socket held.
+func (c *wsConn) read() {
+	defer c.shutdown()
+	for {
+		_, r, err := c.ws.NextReader()
+		if err != nil {
+			if errors.Is(err, websocket.ErrReadLimit) {
+				// gorilla has sent the close frame (1009) itself; most of the message is unread.
+				c.countClose(websocket.CloseMessageTooBig)
+				c.drain()
+			}
+			return
+		}
+		data, err := io.ReadAll(r)
+		if err != nil {
+			if errors.Is(err, websocket.ErrReadLimit) {
+				c.countClose(websocket.CloseMessageTooBig)
+				c.drain()
+			}
+			return
+		}
+		if c.closed.Load() {
+			continue // waiting for the peer's close frame
+		}
+		c.extendLiveness()
+		if c.legacy {
+			c.handleLegacy(data)
+		} else {
+			c.handle(data)
+		}
+	}
+}
+
+// Bounds of drain.
+const (
+	drainTimeout = time.Second
+	drainBytes   = 4 << 20
+)
+
+// drain reads and discards what the peer still sends, until it closes, for up to drainTimeout
+// and drainBytes, so that the close frame already sent is not destroyed by a reset.
+func (c *wsConn) drain() {
+	nc := c.ws.NetConn()
+	if nc.SetReadDeadline(time.Now().Add(drainTimeout)) == nil {
+		io.CopyN(io.Discard, nc, drainBytes)
+	}
+}
+
+// clientMessage is a message of either protocol, its fields still raw: their types are checked
+// one by one, as the protocol requires.
+type clientMessage struct {
+	typ     string
+	id      json.RawMessage
+	payload json.RawMessage
+}
+
+// parseMessage reads a message's envelope: a JSON object whose "type" is a string. Keys are
+// matched exactly (encoding/json alone would also take "Type").
+func parseMessage(data []byte) (clientMessage, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(data, &fields); err != nil || fields == nil {
+		return clientMessage{}, errors.New("Invalid message received: not a JSON object")
+	}
+	var m clientMessage
+	if err := json.Unmarshal(fields["type"], &m.typ); err != nil || m.typ == "" {
+		return clientMessage{}, errors.New(`Invalid message received: "type" must be a string`)
+	}
+	m.id, m.payload = fields["id"], fields["payload"]
+	return m, nil
+}
+
+// idOf returns the message's id: a non-empty string.
+func (m clientMessage) idOf() (string, error) {
+	var id string
+	if err := json.Unmarshal(m.id, &id); err != nil || id == "" {
+		return "", fmt.Errorf(`Invalid message received: %q requires a non-empty string "id"`, m.typ)
+	}
+	return id, nil
+}
+
+// isAbsent reports whether a raw field is missing or null.
+func isAbsent(raw json.RawMessage) bool { return len(raw) == 0 || string(raw) == "null" }
+
+// objectOrAbsent decodes a payload that may be missing or null, and must otherwise be an object.
+func objectOrAbsent(raw json.RawMessage) (map[string]any, bool) {
+	if isAbsent(raw) {
+		return nil, true
+	}
+	var obj map[string]any
+	if err := decodeNumbers(raw, &obj); err != nil {
+		return nil, false
+	}
+	return obj, true
+}
+
+// decodeNumbers decodes JSON keeping numbers as json.Number, as gqlgen's transports do, so
+// that variables keep their precision until the schema coerces them.
+func decodeNumbers(raw json.RawMessage, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	return dec.Decode(v)
+}
+
+// handle serves one message of graphql-transport-ws.
+func (c *wsConn) handle(data []byte) {
+	m, err := parseMessage(data)
+	if err != nil {
+		c.closeWith(CloseBadRequest, err.Error())
+		return
+	}
+	switch m.typ {
+	case "connection_init":
+		payload, ok := objectOrAbsent(m.payload)
+		if !ok {
+			c.closeWith(CloseBadRequest, `Invalid message received: the "payload" of connection_init must be an object`)
+			return
+		}
+		c.init(payload)
+	case "ping":
+		payload, ok := objectOrAbsent(m.payload)
+		if !ok {
+			c.closeWith(CloseBadRequest, `Invalid message received: the "payload" of ping must be an object`)
+			return
+		}
+		pong := map[string]any{"type": "pong"}
+		if payload != nil {
+			pong["payload"] = payload
+		}
+		c.write(pong)
+	case "pong":
+		if _, ok := objectOrAbsent(m.payload); !ok {
+			c.closeWith(CloseBadRequest, `Invalid message received: the "payload" of pong must be an object`)
+		}
+	case "subscribe":
+		id, err := m.idOf()
+		if err != nil {
+			c.closeWith(CloseBadRequest, err.Error())
+			return
+		}
+		params, err := operationParams(m.payload)
+		if err != nil {
+			c.closeWith(CloseBadRequest, err.Error())
+			return
+		}
+		c.mu.Lock()
+		opCtx, exists := c.opCtx, c.ops[id] != nil
+		c.mu.Unlock()
+		switch {
+		case opCtx == nil:
+			c.closeWith(CloseUnauthorized, "Unauthorized")
+		case exists:
+			c.closeWith(CloseSubscriberExists, closeReason("Subscriber for "+id+" already exists"))
+		default:
+			c.start(opCtx, id, params)
+		}
+	case "complete":
+		id, err := m.idOf()
+		if err != nil {
+			c.closeWith(CloseBadRequest, err.Error())
+			return
+		}
+		c.stop(id)
+	default:
+		c.closeWith(CloseBadRequest, closeReason("Invalid message received: unexpected type "+strconv.Quote(m.typ)))
+	}
+}
+
+// handleLegacy serves one message of the legacy graphql-ws protocol, as its reference server
+// (subscriptions-transport-ws) does: a message it cannot read gets a connection_error, one of
+// an unknown type an error, and the socket stays open.
+func (c *wsConn) handleLegacy(data []byte) {
+	m, err := parseMessage(data)
+	if err != nil {
+		c.write(map[string]any{"type": "connection_error", "payload": map[string]any{"message": err.Error()}})
+		return
+	}
+	switch m.typ {
+	case "connection_init":
+		payload, ok := objectOrAbsent(m.payload)
+		if !ok {
+			c.refuse(CloseBadRequest, "Bad request", errors.New("connection_init: the payload must be an object"))
+			return
+		}
+		c.init(payload)
+	case "start":
+		id, err := m.idOf()
+		if err != nil {
+			c.write(map[string]any{"type": "error", "payload": map[string]any{"message": err.Error()}})
+			return
+		}
+		params, err := operationParams(m.payload)
+		if err != nil {
+			c.write(map[string]any{"type": "error", "id": id, "payload": map[string]any{"message": err.Error()}})
+			return
+		}
+		c.mu.Lock()
+		opCtx := c.opCtx
+		c.mu.Unlock()
+		if opCtx == nil {
+			c.refuse(CloseUnauthorized, "Unauthorized", errors.New("start before the connection was acknowledged: send connection_init first"))
+			return
+		}
+		// A start that reuses a running operation's id replaces it, as the reference server does.
+		c.stopQuietly(id)
+		c.start(opCtx, id, params)
+	case "stop":
+		if id, err := m.idOf(); err == nil {
+			c.stop(id)
+		}
+	case "connection_terminate":
+		c.closeWith(websocket.CloseNormalClosure, "")
+	default:
+		msg := map[string]any{"type": "error", "payload": map[string]any{"message": "Invalid message type " + strconv.Quote(m.typ)}}
+		if id, err := m.idOf(); err == nil {
+			msg["id"] = id
+		}
+		c.write(msg)
+	}
+}
+
+// operationParams reads a subscribe (start) payload: an object with a string "query" and
+// optional "operationName" (a string), "variables" and "extensions" (objects).
+func operationParams(raw json.RawMessage) (*graphql.RawParams, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+		return nil, errors.New(`Invalid message received: the "payload" must be an object with a "query"`)
+	}
+	p := &graphql.RawParams{}
+	if err := json.Unmarshal(fields["query"], &p.Query); err != nil || isAbsent(fields["query"]) {
+		return nil, errors.New(`Invalid message received: "payload.query" must be a string`)
+	}
+	if raw := fields["operationName"]; !isAbsent(raw) {
+		if err := json.Unmarshal(raw, &p.OperationName); err != nil {
+			return nil, errors.New(`Invalid message received: "payload.operationName" must be a string`)
+		}
+	}
+	var ok bool
+	if p.Variables, ok = objectOrAbsent(fields["variables"]); !ok {
+		return nil, errors.New(`Invalid message received: "payload.variables" must be an object`)
+	}
+	if p.Extensions, ok = objectOrAbsent(fields["extensions"]); !ok {
+		return nil, errors.New(`Invalid message received: "payload.extensions" must be an object`)
+	}
+	return p, nil
+}
+
+// init authenticates the connection from its connection_init payload, which stands in for the
+// headers a browser cannot set on a WebSocket handshake. The token is read from, in this order:
+//
+//	{"Authorization": "Bearer <token>"}   (the scheme is case-insensitive)
+//	{"authorization": "Bearer <token>"}
+//	{"authToken": "<token>"}              (a "Bearer " prefix is tolerated)
+//
+// No token (no payload, none of the keys, or an empty value) closes the socket with 4401
+// Unauthorized, unless the handshake itself carried a valid Authorization header, which
+// authenticate has checked; a token that is malformed or fails verification closes it with
+// 4403 Forbidden. A token in the payload wins over the header. A principal that already holds
+// as many sockets as it may gets 4429.
+func (c *wsConn) init(payload map[string]any) {
+	c.mu.Lock()
+	again := c.initReceived
+	c.initReceived = true
+	c.mu.Unlock()
+	if again {
+		c.closeWith(CloseTooManyInitRequests, "Too many initialisation requests")
+		return
+	}
+	ctx := c.ctx
+	token, err := initToken(payload)
+	if err != nil {
+		c.refuse(CloseForbidden, "Forbidden", err)
+		return
+	}
+	p, ok := auth.FromContext(ctx)
+	switch {
+	case token != "":
+		if p, err = c.t.keys.Verify(token); err != nil {
+			c.refuse(CloseForbidden, "Forbidden", err)
+			return
+		}
+		requestInfoFrom(ctx).set(p.Subject, "")
+		ctx = auth.WithPrincipal(ctx, p)
+	case !ok:
+		c.refuse(CloseUnauthorized, "Unauthorized", errors.New(`authentication required: send {"Authorization": "Bearer <token>"} in the connection_init payload`))
+		return
+	}
+	release := c.t.limits.take(p.Subject, socketsOf, c.t.limits.maxPrincipalSockets, limitPrincipalSockets)
+	if release == nil {
+		c.refuse(CloseTooManyConnections, "Too many connections",
+			fmt.Errorf("%s holds as many WebSockets as one principal may (%d): close one first", p.Subject, c.t.limits.maxPrincipalSockets))
+		return
+	}
+	ctx = context.WithValue(ctx, socketSubscriptionsKey{}, &socketSubscriptions{})
+	ctx = context.WithValue(ctx, socketAuthenticated{}, true)
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		release()
+		return
+	}
+	c.opCtx, c.releasePrincipal = ctx, release
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.mu.Unlock()
+	c.write(map[string]any{"type": "connection_ack"})
+	if c.legacy {
+		c.write(map[string]any{"type": "ka"})
+	}
+	c.startKeepAlive()
+}
+
+// refuse ends a connection that may not proceed: on graphql-ws a connection_error with the
+// reason comes first.
+func (c *wsConn) refuse(code int, reason string, err error) {
+	c.t.log.DebugContext(c.ctx, "websocket refused", "code", code, "err", err)
+	if c.legacy {
+		c.write(map[string]any{"type": "connection_error", "payload": map[string]any{"message": err.Error()}})
+	}
+	c.closeWith(code, reason)
+}
+
+// startKeepAlive sends, every keepAlive, a ping frame and the protocol's own keep-alive
+// message. A timer that runs the ping, rather than a goroutine that waits for a ticker, costs
+// an idle socket no stack.
+func (c *wsConn) startKeepAlive() {
+	if c.t.keepAlive <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing {
+		return
+	}
+	// Created stopped, so that the callback never runs before c.timer is set.
+	c.timer = time.AfterFunc(time.Duration(math.MaxInt64), func() {
+		if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.t.writeTimeout)); err != nil {
+			if !errors.Is(err, websocket.ErrCloseSent) {
+				c.ws.Close()
+			}
+			return
+		}
+		keepAlive := "ping"
+		if c.legacy {
+			keepAlive = "ka"
+		}
+		if !c.write(map[string]any{"type": keepAlive}) {
+			return
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if !c.closing {
+			c.timer.Reset(c.t.keepAlive)
+		}
+	})
+	c.timer.Reset(c.t.keepAlive)
+}
+
+// extendLiveness gives the peer another two keep-alive intervals: called for every message,
+// pong and ping. It runs in the reader, or in the reader's control-frame handlers.
+func (c *wsConn) extendLiveness() {
+	if c.t.keepAlive > 0 && !c.closed.Load() {
+		c.ws.SetReadDeadline(time.Now().Add(2 * c.t.keepAlive))
+	}
+}
+
+// write sends one message within the write timeout; false when the socket is gone. A failed
+// write leaves the connection unusable (gorilla's state is corrupt after a timeout), so it is
+// closed at once, which ends the reader and with it the socket.
+func (c *wsConn) write(v any) bool {
+	b, err := json.Marshal(v) // before writing: a failed encoding must not send half a frame
+	if err != nil {
+		c.t.log.ErrorContext(c.ctx, "websocket: encode message", "err", err)
+		return false
+	}
+	c.writeMu.Lock()
+	c.ws.SetWriteDeadline(time.Now().Add(c.t.writeTimeout))
+	err = c.ws.WriteMessage(websocket.TextMessage, b)
+	c.writeMu.Unlock()
+	if err != nil {
+		if !errors.Is(err, websocket.ErrCloseSent) {
+			c.ws.Close()
+		}
+		return false
+	}
+	return true
+}
+
+// closeWith sends a close frame with the code and reason, ends every operation, and gives the
+// peer closeGrace to answer with its own before the reader drops the connection. Any
+// goroutine may call it; only the first call does anything.
+func (c *wsConn) closeWith(code int, reason string) {
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		return
+	}
+	c.closing = true
+	c.closed.Store(true)
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.mu.Unlock()
+	c.cancel()
+	err := c.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, closeReason(reason)), time.Now().Add(c.t.writeTimeout))
+	switch {
+	case errors.Is(err, websocket.ErrCloseSent):
+	case err != nil:
+		c.ws.Close()
+	default:
+		c.countClose(code)
+		c.ws.SetReadDeadline(time.Now().Add(closeGrace))
+	}
+}
+
+func (c *wsConn) countClose(code int) {
+	if c.t.metrics != nil {
+		c.t.metrics.closes.WithLabelValues(strconv.Itoa(code)).Inc()
+	}
+}
+
+// shutdown releases what the socket held; the reader calls it when it ends.
+func (c *wsConn) shutdown() {
+	c.shutdownOnce.Do(func() {
+		c.mu.Lock()
+		c.closing = true
+		c.closed.Store(true)
+		if c.timer != nil {
+			c.timer.Stop()
+		}
+		release := c.releasePrincipal
+		c.mu.Unlock()
+		c.cancel()
+		c.stopLifetime()
+		c.ws.Close()
+		if release != nil {
+			release()
+		}
+		c.t.limits.releaseSocket()
+		if c.t.metrics != nil {
+			c.t.metrics.open.Dec()
+		}
+		if c.logLine != nil {
+			c.logLine()
+		}
+	})
+}
+
+// wsOp is one operation running on a socket.
+type wsOp struct {
+	c      *wsConn
+	id     string
+	ctx    context.Context
+	cancel context.CancelFunc
+	// stoppedByClient: the client completed (stopped) the operation; on graphql-transport-ws no
+	// complete is sent back.
+	stoppedByClient atomic.Bool
+	// silent: another operation took the id; nothing more is sent for this one.
+	silent atomic.Bool
+
+	handler      graphql.ResponseHandler
+	delivery     *graph.Delivery
+	subscription bool
+	answered     bool // a response was sent
+	// running: a goroutine is answering the operation; dirty: it was woken meanwhile.
+	running, dirty atomic.Bool
+}
+
+// start runs an operation on a goroutine of its own, which ends once the operation has
+// answered everything that is ready: a subscription then waits for its events without one.
+func (c *wsConn) start(opCtx context.Context, id string, params *graphql.RawParams) {
+	ctx, cancel := context.WithCancel(opCtx)
+	op := &wsOp{c: c, id: id, ctx: ctx, cancel: cancel}
+	op.running.Store(true) // the goroutine below answers first; wakes meanwhile are noted
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		cancel()
+		return
+	}
+	c.ops[id] = op
+	c.mu.Unlock()
+	params.ReadTime = graphql.TraceTiming{Start: graphql.Now(), End: graphql.Now()}
+	params.Headers = c.trace
+	go op.run(params)
+}
+
+func (op *wsOp) run(params *graphql.RawParams) {
+	c := op.c
+	ctx := graphql.StartOperationTrace(op.ctx)
+	rc, errs := c.exec.CreateOperationContext(ctx, params)
+	if errs != nil {
+		resp := c.exec.DispatchError(graphql.WithOperationContext(ctx, rc), errs)
+		if errcode.GetErrorKind(errs) == errcode.KindProtocol {
+			resp = &graphql.Response{Errors: resp.Errors}
+		}
+		op.fail(resp)
+		return
+	}
+	op.subscription = rc.Operation != nil && rc.Operation.Operation == ast.Subscription
+	ctx = graphql.WithOperationContext(ctx, rc)
+	ctx, op.delivery = graph.WithDelivery(ctx, op.wake)
+	op.handler, ctx = c.exec.DispatchOperation(ctx, rc)
+	op.ctx = ctx
+	if op.delivery.Attached() {
+		op.drain()
+		return
+	}
+	// Refused, or not a subscription: its responses come at once.
+	for op.respond(op.handler(op.ctx)) {
+	}
+}
+
+// wake is the subscription's signal that its next event may be ready: it starts a goroutine
+// to answer it, unless one is answering already (which then looks again).
+func (op *wsOp) wake() {
+	op.dirty.Store(true)
+	if op.running.CompareAndSwap(false, true) {
+		go op.drain()
+	}
+}
+
+// drain answers every response of the subscription that is ready, then returns.
+func (op *wsOp) drain() {
+	for {
+		op.dirty.Store(false)
+		for op.delivery.Next() {
+			if !op.respond(op.handler(op.ctx)) {
+				return // over: running stays set, so that no wake starts another
+			}
+		}
+		op.running.Store(false)
+		// A wake between the last Next and the store above found running set and left: look
+		// again, unless another wake has started a goroutine since.
+		if !op.dirty.Load() || !op.running.CompareAndSwap(false, true) {
+			return
+		}
+	}
+}
+
+// respond sends one response; false once the operation is over (resp nil, or refused).
+func (op *wsOp) respond(resp *graphql.Response) bool {
+	if resp == nil {
+		op.finish(true)
+		return false
+	}
+	if !op.answered && op.subscription && resp.Data == nil && len(resp.Errors) > 0 {
+		// A subscription refused before its first event (not found, rate limited…).
+		op.fail(resp)
+		return false
+	}
+	if op.ctx.Err() != nil {
+		op.finish(true)
+		return false
+	}
+	op.answered = true
+	typ := "next"
+	if op.c.legacy {
+		typ = "data"
+	}
+	if !op.c.write(wsResult{ID: op.id, Type: typ, Payload: resp}) {
+		op.finish(false)
+		return false
+	}
+	return true
+}
+
+// wsResult is a next (graphql-transport-ws) or data (graphql-ws) message.
+type wsResult struct {
+	ID      string            `json:"id"`
+	Type    string            `json:"type"`
+	Payload *graphql.Response `json:"payload"`
+}
+
+// wsErrors is an error message of graphql-transport-ws: its payload is the list of errors.
+type wsErrors struct {
+	ID      string        `json:"id"`
+	Type    string        `json:"type"`
+	Payload gqlerror.List `json:"payload"`
+}
+
+// fail answers an operation refused before it ran: on graphql-transport-ws with an error
+// message, which ends it (no complete follows); on graphql-ws, whose clients expect errors as
+// a result, with data and complete.
+func (op *wsOp) fail(resp *graphql.Response) {
+	if op.c.legacy {
+		op.answered = true
+		if op.c.write(wsResult{ID: op.id, Type: "data", Payload: resp}) {
+			op.finish(true)
+		}
+		return
+	}
+	op.forget()
+	if !op.stoppedByClient.Load() && !op.silent.Load() {
+		op.c.write(wsErrors{ID: op.id, Type: "error", Payload: resp.Errors})
+	}
+}
+
+// finish ends the operation; with complete, it tells the client so, unless on
+// graphql-transport-ws the client completed it first.
+func (op *wsOp) finish(complete bool) {
+	op.forget()
+	if complete && !op.silent.Load() && (op.c.legacy || !op.stoppedByClient.Load()) {
+		op.c.write(map[string]any{"type": "complete", "id": op.id})
+	}
+}
+
+// forget removes the operation from its socket, before the client hears it ended: the client
+// may reuse the id as soon as it does.
+func (op *wsOp) forget() {
+	c := op.c
+	c.mu.Lock()
+	if c.ops[op.id] == op {
+		delete(c.ops, op.id)
+	}
+	c.mu.Unlock()
+	op.cancel()
+}
+
+// stop ends the operation the client completed (stopped).
+func (c *wsConn) stop(id string) {
+	c.mu.Lock()
+	op := c.ops[id]
+	c.mu.Unlock()
+	if op == nil {
+		return
+	}
+	op.stoppedByClient.Store(true)
+	op.cancel()
+	// An idle subscription has no goroutine to notice its end: wake it. (An operation still
+	// starting, or answering once, holds running: it notices by itself.)
+	op.wake()
+}
+
+// stopQuietly ends the operation with the id, if one runs, telling the client nothing: a new
+// operation takes its id.
+func (c *wsConn) stopQuietly(id string) {
+	c.mu.Lock()
+	op := c.ops[id]
+	delete(c.ops, id)
+	c.mu.Unlock()
+	if op != nil {
+		op.silent.Store(true)
+		op.cancel()
+		op.wake()
+	}
+}

@@ -1,0 +1,218 @@
+package server
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// raw sends a frame as is, whatever it holds.
+func (c *wsClient) raw(frame string) {
+	c.tb.Helper()
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	if err := c.conn.WriteMessage(websocket.TextMessage, []byte(frame)); err != nil {
+		c.tb.Errorf("write: %v", err)
+	}
+}
+
+// TestTransportWSClosesPerProtocol drives graphql-transport-ws with raw frames through every
+// close its PROTOCOL.md prescribes: 4400 for any message of a type or shape it does not define
+// (including a subscribe without id or payload), 4401 for a subscribe before the connection is
+// acknowledged, 4409 for a subscribe that reuses a running subscription's id, 4429 for a second
+// connection_init, 4408 when no connection_init comes in time.
+func TestTransportWSClosesPerProtocol(t *testing.T) {
+	a, s := wsServer(t, func(o *Options) { o.initTimeout = 300 * time.Millisecond })
+	tok := a.admin(t)
+	subscription := `{"type":"subscribe","id":"s","payload":{"query":"subscription { instanceEvents(organizationId: \"acme\") { kind } }"}}`
+	for _, tt := range []struct {
+		name   string
+		ack    bool     // connection_init with a token first, and its connection_ack awaited
+		frames []string // then these frames, as they are
+		code   int
+		reason string
+	}{
+		{name: "not JSON", ack: true, frames: []string{`{"type":`}, code: CloseBadRequest, reason: "Invalid message received: not a JSON object"},
+		{name: "not an object", ack: true, frames: []string{`["subscribe"]`}, code: CloseBadRequest, reason: "Invalid message received: not a JSON object"},
+		{name: "no type", ack: true, frames: []string{`{"id":"1"}`}, code: CloseBadRequest, reason: `Invalid message received: "type" must be a string`},
+		{name: "type not a string", ack: true, frames: []string{`{"type":1}`}, code: CloseBadRequest, reason: `Invalid message received: "type" must be a string`},
+		{name: "type in other case", ack: true, frames: []string{`{"Type":"ping"}`}, code: CloseBadRequest, reason: `Invalid message received: "type" must be a string`},
+		{name: "unknown type", ack: true, frames: []string{`{"type":"nope"}`}, code: CloseBadRequest, reason: `Invalid message received: unexpected type "nope"`},
+		{name: "legacy type", ack: true, frames: []string{`{"type":"start","id":"1","payload":{"query":"{ me { subject } }"}}`}, code: CloseBadRequest, reason: `Invalid message received: unexpected type "start"`},
+		{name: "a server's type", ack: true, frames: []string{`{"type":"next","id":"1","payload":{}}`}, code: CloseBadRequest, reason: `Invalid message received: unexpected type "next"`},
+		{name: "connection_ack from the client", ack: true, frames: []string{`{"type":"connection_ack"}`}, code: CloseBadRequest, reason: `Invalid message received: unexpected type "connection_ack"`},
+		{name: "subscribe without id", ack: true, frames: []string{`{"type":"subscribe","payload":{"query":"{ me { subject } }"}}`}, code: CloseBadRequest,
+			reason: `Invalid message received: "subscribe" requires a non-empty string "id"`},
+		{name: "subscribe with an empty id", ack: true, frames: []string{`{"type":"subscribe","id":"","payload":{"query":"{ me { subject } }"}}`}, code: CloseBadRequest,
+			reason: `Invalid message received: "subscribe" requires a non-empty string "id"`},
+		{name: "subscribe with a number for id", ack: true, frames: []string{`{"type":"subscribe","id":1,"payload":{"query":"{ me { subject } }"}}`}, code: CloseBadRequest,
+			reason: `Invalid message received: "subscribe" requires a non-empty string "id"`},
+		{name: "subscribe without payload", ack: true, frames: []string{`{"type":"subscribe","id":"1"}`}, code: CloseBadRequest,
+			reason: `Invalid message received: the "payload" must be an object with a "query"`},
+		{name: "subscribe without query", ack: true, frames: []string{`{"type":"subscribe","id":"1","payload":{}}`}, code: CloseBadRequest,
+			reason: `Invalid message received: "payload.query" must be a string`},
+		{name: "subscribe with variables not an object", ack: true, frames: []string{`{"type":"subscribe","id":"1","payload":{"query":"{ me { subject } }","variables":[1]}}`},
+			code: CloseBadRequest, reason: `Invalid message received: "payload.variables" must be an object`},
+		{name: "complete without id", ack: true, frames: []string{`{"type":"complete"}`}, code: CloseBadRequest,
+			reason: `Invalid message received: "complete" requires a non-empty string "id"`},
+		{name: "ping with a payload not an object", frames: []string{`{"type":"ping","payload":"x"}`}, code: CloseBadRequest,
+			reason: `Invalid message received: the "payload" of ping must be an object`},
+		{name: "subscribe before connection_init", frames: []string{subscription}, code: CloseUnauthorized, reason: "Unauthorized"},
+		{name: "a second connection_init", ack: true, frames: []string{`{"type":"connection_init"}`}, code: CloseTooManyInitRequests, reason: "Too many initialisation requests"},
+		{name: "a second connection_init before the ack", frames: []string{`{"type":"connection_init","payload":{"Authorization":"Bearer ` + tok + `"}}`, `{"type":"connection_init"}`},
+			code: CloseTooManyInitRequests, reason: "Too many initialisation requests"},
+		{name: "a subscription id in use", ack: true, frames: []string{subscription, subscription}, code: CloseSubscriberExists, reason: "Subscriber for s already exists"},
+		{name: "no connection_init in time", code: CloseInitTimeout, reason: "Connection initialisation timeout"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := mustDialWS(t, wsURL(s), protoTransportWS, wsDial{})
+			if tt.ack {
+				c.mustAck(tok)
+			}
+			for _, f := range tt.frames {
+				c.raw(f)
+			}
+			_, err := c.closed(5 * time.Second)
+			wantClose(t, err, tt.code, tt.reason)
+		})
+	}
+}
+
+// TestTransportWSMessages: what graphql-transport-ws answers — pong to ping at any time, with
+// the ping's payload; next then complete for a query; error alone (no complete) for an
+// operation refused before it ran; nothing after the client completes a subscription, whose
+// id is then free again.
+func TestTransportWSMessages(t *testing.T) {
+	a, s := wsServer(t)
+	tok := a.admin(t)
+	c := mustDialWS(t, wsURL(s), protoTransportWS, wsDial{})
+	c.raw(`{"type":"ping","payload":{"n":1}}`) // before connection_init: allowed
+	if m := c.next(); m.Type != "pong" || string(m.Payload) != `{"n":1}` {
+		t.Fatalf("after ping: %+v, want pong with the ping's payload", m)
+	}
+	c.mustAck(tok)
+	c.raw(`{"type":"ping"}`)
+	if m := c.next(); m.Type != "pong" || m.Payload != nil {
+		t.Fatalf("after ping: %+v, want pong without payload", m)
+	}
+	c.raw(`{"type":"pong"}`) // a unidirectional heartbeat: no answer, and the socket stays
+
+	// A query: next, then complete.
+	c.raw(`{"type":"subscribe","id":"q","payload":{"query":"{ me { subject } }"}}`)
+	if m := c.next(); m.Type != "next" || m.ID != "q" || string(m.Payload) != `{"data":{"me":{"subject":"admin"}}}` {
+		t.Fatalf("query: %+v %s", m, m.Payload)
+	}
+	if m := c.next(); m.Type != "complete" || m.ID != "q" {
+		t.Fatalf("after the query's result: %+v, want complete", m)
+	}
+
+	// Refused before running: error with the list of errors, and no complete after it (the
+	// pong shows the server has nothing else queued for the operation).
+	for _, tt := range []struct{ name, frame, code string }{
+		{"validation", `{"type":"subscribe","id":"v","payload":{"query":"{ nope }"}}`, "GRAPHQL_VALIDATION_FAILED"},
+		{"subscription refused", `{"type":"subscribe","id":"v","payload":{"query":"subscription { instanceEvents(organizationId: \"nope\") { kind } }"}}`, "NOT_FOUND"},
+	} {
+		c.raw(tt.frame)
+		m := c.next()
+		var errs []struct {
+			Message    string         `json:"message"`
+			Extensions map[string]any `json:"extensions"`
+		}
+		if m.Type != "error" || m.ID != "v" || json.Unmarshal(m.Payload, &errs) != nil || len(errs) == 0 || errs[0].Extensions["code"] != tt.code {
+			t.Fatalf("%s: %+v %s, want error with an error list of code %s", tt.name, m, m.Payload, tt.code)
+		}
+		c.raw(`{"type":"ping"}`)
+		if m := c.next(); m.Type != "pong" {
+			t.Fatalf("%s: after the error: %+v, want nothing before the pong", tt.name, m)
+		}
+	}
+
+	// A subscription the client completes: nothing is sent back, and its id may be reused.
+	sub := `{"type":"subscribe","id":"s","payload":{"query":"subscription { instanceEvents(organizationId: \"acme\") { kind } }"}}`
+	c.raw(sub)
+	if ev := c.event(); ev.Kind != "SYNCED" {
+		t.Fatalf("first event %+v, want SYNCED (no instances)", ev)
+	}
+	c.raw(`{"type":"complete","id":"s"}`)
+	c.raw(`{"type":"ping"}`)
+	if m := c.next(); m.Type != "pong" {
+		t.Fatalf("after the client's complete: %+v, want nothing before the pong", m)
+	}
+	c.raw(sub)
+	if ev := c.event(); ev.Kind != "SYNCED" {
+		t.Fatalf("after reusing the id: %+v, want SYNCED", ev)
+	}
+	c.raw(`{"type":"complete","id":"unknown"}`) // completing what is not running: ignored
+	c.raw(`{"type":"ping"}`)
+	if m := c.next(); m.Type != "pong" {
+		t.Fatalf("after completing an unknown id: %+v, want pong", m)
+	}
+}
+
+// TestTransportWSWithoutSubprotocol: a handshake that offers neither subprotocol is closed
+// with 4406.
+func TestTransportWSWithoutSubprotocol(t *testing.T) {
+	_, s := wsServer(t)
+	conn, _, err := (&websocket.Dialer{HandshakeTimeout: 5 * time.Second}).Dial(wsURL(s), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, _, err = conn.ReadMessage()
+	wantClose(t, err, CloseSubprotocolNotAcceptable, "Subprotocol not acceptable")
+}
+
+// TestLegacyWSMessages: the legacy graphql-ws protocol as subscriptions-transport-ws serves it:
+// a start before connection_init is refused (connection_error, then 4401); a frame it cannot
+// read gets connection_error and one of an unknown type an error, and the socket stays; stop
+// gets complete; a start reusing a running id replaces that operation; connection_terminate
+// closes the socket.
+func TestLegacyWSMessages(t *testing.T) {
+	a, s := wsServer(t)
+	tok := a.admin(t)
+
+	early := mustDialWS(t, wsURL(s), protoLegacyWS, wsDial{})
+	early.raw(`{"type":"start","id":"1","payload":{"query":"{ me { subject } }"}}`)
+	msgs, err := early.closed(5 * time.Second)
+	wantClose(t, err, CloseUnauthorized, "Unauthorized")
+	if len(msgs) != 1 || msgs[0].Type != "connection_error" {
+		t.Errorf("before the close: %+v, want one connection_error", msgs)
+	}
+
+	c := mustDialWS(t, wsURL(s), protoLegacyWS, wsDial{})
+	c.mustAck(tok)
+	c.raw(`{"type":`)
+	if m := c.next(); m.Type != "connection_error" {
+		t.Fatalf("after a frame that is not JSON: %+v, want connection_error", m)
+	}
+	c.raw(`{"type":"nope","id":"x"}`)
+	if m := c.next(); m.Type != "error" || m.ID != "x" {
+		t.Fatalf("after an unknown type: %+v, want error of x", m)
+	}
+	sub := `{"type":"start","id":"s","payload":{"query":"subscription { instanceEvents(organizationId: \"acme\") { kind } }"}}`
+	c.raw(sub)
+	if ev := c.event(); ev.Kind != "SYNCED" {
+		t.Fatalf("first event %+v, want SYNCED", ev)
+	}
+	c.raw(sub) // replaces the running one: nothing is sent for the first
+	if ev := c.event(); ev.Kind != "SYNCED" {
+		t.Fatalf("after a start reusing the id: %+v, want the new one's SYNCED", ev)
+	}
+	c.raw(`{"type":"stop","id":"s"}`)
+	if m := c.next(); m.Type != "complete" || m.ID != "s" {
+		t.Fatalf("after stop: %+v, want complete of s", m)
+	}
+	c.raw(`{"type":"start","id":"q","payload":{"query":"{ nope }"}}`)
+	if codes, m := c.opErrorCodes(); len(codes) != 1 || codes[0] != "GRAPHQL_VALIDATION_FAILED" || m.Type != "data" {
+		t.Fatalf("an invalid query: %s %s, want data with a validation error", m.Type, m.Payload)
+	}
+	if m := c.next(); m.Type != "complete" || m.ID != "q" {
+		t.Fatalf("after the invalid query's result: %+v, want complete", m)
+	}
+	c.raw(`{"type":"connection_terminate"}`)
+	_, err = c.closed(5 * time.Second)
+	wantClose(t, err, websocket.CloseNormalClosure, "")
+}
