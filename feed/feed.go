@@ -140,7 +140,7 @@ type orgFeed struct {
 // Subscription receives the events of one organization that match its filter.
 type Subscription struct {
 	// Start is the position the subscription goes live from: events after it are delivered.
-	Start string
+	Start    string
 	match    func(*instance.Record) bool
 	instance string // the one instance it watches; "" for all
 	// notify is told of every event buffered and of the end; nil tells nobody.

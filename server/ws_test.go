@@ -55,7 +55,7 @@ type wsClient struct {
 	msgs    chan wsMessage
 	done    chan struct{}
 	quit    chan struct{} // closed when the test stops reading: the reader drops what comes
-	err     error // what ended the reader; set before done closes
+	err     error         // what ended the reader; set before done closes
 
 	pingFrames atomic.Int32 // WebSocket ping frames received
 	pingMsgs   atomic.Int32 // graphql-transport-ws "ping" messages received
