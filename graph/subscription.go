@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -95,10 +97,10 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 	// The snapshot was read after the subscription went live, so a live event may be older
 	// than an instance's snapshot; those are dropped, comparing versions.
 	if len(snapshot) > 0 {
-		st.seen = make(map[string]version, len(snapshot))
+		st.seen = make([]seenVersion, 0, len(snapshot))
 	}
 	for _, inst := range snapshot {
-		st.seen[inst.ID] = version{inst.Generation, inst.StatusVersion}
+		st.seen = append(st.seen, seenVersion{inst.ID, version{inst.Generation, inst.StatusVersion}})
 		st.queue = append(st.queue, queued{&model.InstanceEvent{Cursor: instance.SnapshotCursor(sub.Start, inst.ID), Kind: instance.EventSnapshot,
 			Instance: inst, ChangedFields: []string{}, OccurredAt: inst.UpdatedAt}, sub.Start})
 	}
@@ -126,8 +128,7 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 		st.bookmarks.Reset(every)
 	}
 	if pushed {
-		delivery.next = st.push
-		context.AfterFunc(ctx, st.stop)
+		delivery.next, delivery.stop = st.push, st.stop
 	} else {
 		go st.run()
 	}
@@ -143,6 +144,7 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 type Delivery struct {
 	wake func()
 	next func() bool
+	stop func()
 }
 
 type deliveryKey struct{}
@@ -163,6 +165,15 @@ func (d *Delivery) Attached() bool { return d.next != nil }
 // end it keeps returning true.
 func (d *Delivery) Next() bool { return d.next() }
 
+// Stop releases what the subscription holds (its place in the feed, its timers); the
+// transport calls it once the operation has ended, however it ended. Safe to call more than
+// once, and alongside Next.
+func (d *Delivery) Stop() {
+	if d.stop != nil {
+		d.stop()
+	}
+}
+
 // queued is an event the stream sends before the live ones, with the log position it
 // stands for.
 type queued struct {
@@ -171,6 +182,23 @@ type queued struct {
 }
 
 type version struct{ gen, sv int64 }
+
+// seenVersion is an instance's version as the snapshot sent it. The snapshot is in id order,
+// so a slice of them is searched like a map, at a fraction of a map's memory (most
+// subscriptions watch one instance).
+type seenVersion struct {
+	id string
+	v  version
+}
+
+// seenAt returns the version the snapshot sent of the instance.
+func (st *eventStream) seenAt(id string) (version, bool) {
+	i, ok := slices.BinarySearchFunc(st.seen, id, func(s seenVersion, id string) int { return strings.Compare(s.id, id) })
+	if !ok {
+		return version{}, false
+	}
+	return st.seen[i].v, true
+}
 
 // eventStream is one subscription's events, taken one at a time without blocking (poll):
 // first the replay and snapshot it began with, then the feed's live events, bookmarks and the
@@ -184,8 +212,8 @@ type eventStream struct {
 	wakeC chan struct{} // run's wake-ups; nil when a transport drives the stream
 
 	queue []queued
-	seen  map[string]version // versions of the instances of the snapshot
-	pos   string             // the cursor resumed from: live events up to it were seen
+	seen  []seenVersion // versions of the instances of the snapshot, in id order
+	pos   string        // the cursor resumed from: live events up to it were seen
 	// last is the cursor of the last event sent, at, the log position it stands for.
 	last, at string
 
@@ -223,7 +251,7 @@ func (st *eventStream) poll() (ev *model.InstanceEvent, ended bool) {
 		if !ok {
 			break
 		}
-		if v, ok := st.seen[rec.Instance.ID]; ok && versioned(rec.Kind) && rec.Instance.Generation <= v.gen && rec.Instance.StatusVersion <= v.sv {
+		if v, ok := st.seenAt(rec.Instance.ID); ok && versioned(rec.Kind) && rec.Instance.Generation <= v.gen && rec.Instance.StatusVersion <= v.sv {
 			continue
 		}
 		// Resuming on a process whose reader is behind the cursor: what the client has

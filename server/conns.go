@@ -121,13 +121,20 @@ func (l *connLimits) limitSockets(next func(http.ResponseWriter, *http.Request))
 }
 
 // socketSubscriptions counts the subscriptions open on one socket; it is in the socket's
-// context from connection_init on.
+// context from connection_init on (socketKey), which also marks its operations as arriving on
+// a WebSocket.
 type socketSubscriptions struct {
 	mu sync.Mutex
 	n  int
 }
 
-type socketSubscriptionsKey struct{}
+type socketKey struct{}
+
+func (s *socketSubscriptions) leave() {
+	s.mu.Lock()
+	s.n--
+	s.mu.Unlock()
+}
 
 // subscriptionLimit is the operation interceptor that holds a subscription's place on its
 // socket and of its principal for as long as it runs, refusing one over either limit.
@@ -147,7 +154,8 @@ func (s subscriptionLimit) InterceptOperation(ctx context.Context, next graphql.
 		return next(ctx)
 	}
 	l := s.limits
-	if sock, ok := ctx.Value(socketSubscriptionsKey{}).(*socketSubscriptions); ok {
+	sock, onSocket := ctx.Value(socketKey{}).(*socketSubscriptions)
+	if onSocket {
 		sock.mu.Lock()
 		full := sock.n >= l.maxSocketSubs
 		if !full {
@@ -158,20 +166,26 @@ func (s subscriptionLimit) InterceptOperation(ctx context.Context, next graphql.
 			l.refused.WithLabelValues(limitSocketSubscriptions).Inc()
 			return refusal(instance.CodeRateLimited, fmt.Sprintf("this connection holds as many subscriptions as one may (%d): stop one first", l.maxSocketSubs))
 		}
-		context.AfterFunc(ctx, func() {
-			sock.mu.Lock()
-			sock.n--
-			sock.mu.Unlock()
-		})
 	}
+	var release func()
 	if p, ok := auth.FromContext(ctx); ok {
-		release := l.take(p.Subject, subscriptionsOf, l.maxPrincipalSubs, limitPrincipalSubscriptions)
-		if release == nil {
+		if release = l.take(p.Subject, subscriptionsOf, l.maxPrincipalSubs, limitPrincipalSubscriptions); release == nil {
+			if onSocket {
+				sock.leave()
+			}
 			return refusal(instance.CodeRateLimited, fmt.Sprintf("%s holds as many subscriptions as one principal may (%d): stop one first", p.Subject, l.maxPrincipalSubs))
 		}
-		// The operation's context ends with the subscription, however it ends.
-		context.AfterFunc(ctx, release)
 	}
+	// The operation's context ends with the subscription, however it ends; one callback gives
+	// back both places (each costs every idle subscription its bytes).
+	context.AfterFunc(ctx, func() {
+		if onSocket {
+			sock.leave()
+		}
+		if release != nil {
+			release()
+		}
+	})
 	return next(ctx)
 }
 

@@ -52,6 +52,7 @@ type api struct {
 	rdb     *redis.Client
 	// region is the simulated region the verbs act on; its clock runs only after runWorkers.
 	region *sim.Sim
+	feed   *feed.Feed
 }
 
 func newAPI(tb testing.TB, mutate ...func(*Options)) *api {
@@ -113,7 +114,7 @@ func assemble(rdb *redis.Client, fopts feed.Options, mutate ...func(*Options)) (
 		stop()
 		return nil, nil, err
 	}
-	return &api{handler: h, keys: keys, rdb: rdb, region: cloud}, stop, nil
+	return &api{handler: h, keys: keys, rdb: rdb, region: cloud, feed: events}, stop, nil
 }
 
 // runWorkers starts what realises instances behind the API: a worker and the simulated

@@ -132,13 +132,10 @@ func closeReason(s string) string {
 	return s
 }
 
-// socketAuthenticated marks the context of a WebSocket connection, which authenticates once,
-// in connection_init, and may outlive its token; its operations are not HTTP requests that
-// the middleware checks one by one.
-type socketAuthenticated struct{}
-
-// onSocket reports whether the operation of ctx arrived on a WebSocket.
-func onSocket(ctx context.Context) bool { return ctx.Value(socketAuthenticated{}) != nil }
+// onSocket reports whether the operation of ctx arrived on a WebSocket, which authenticates
+// once, in connection_init, and may outlive its token; its operations are not HTTP requests
+// that the middleware checks one by one.
+func onSocket(ctx context.Context) bool { return ctx.Value(socketKey{}) != nil }
 
 // socketTokenExpiry refuses an operation sent over a WebSocket whose token has expired since
 // connection_init (subscriptions already open end on their own at the expiry). Requests over

@@ -100,7 +100,7 @@ func newWSTransport(o Options, origins originPolicy, limits *connLimits, m *webs
 			// Client messages (init, subscribe, complete) are small; a larger one still fits, read
 			// in several pieces. Write buffers come from a pool and are held only while a message
 			// is being written, so an idle subscriber holds none.
-			ReadBufferSize:  512,
+			ReadBufferSize:  256,
 			WriteBufferSize: 4096,
 			WriteBufferPool: &sync.Pool{},
 			Subprotocols:    slices.Clone(websocketSubprotocols),
@@ -507,8 +507,7 @@ func (c *wsConn) init(payload map[string]any) {
 			fmt.Errorf("%s holds as many WebSockets as one principal may (%d): close one first", p.Subject, c.t.limits.maxPrincipalSockets))
 		return
 	}
-	ctx = context.WithValue(ctx, socketSubscriptionsKey{}, &socketSubscriptions{})
-	ctx = context.WithValue(ctx, socketAuthenticated{}, true)
+	ctx = context.WithValue(ctx, socketKey{}, &socketSubscriptions{})
 	c.mu.Lock()
 	if c.closing {
 		c.mu.Unlock()
@@ -619,6 +618,7 @@ func (c *wsConn) closeWith(code int, reason string) {
 	}
 	c.mu.Unlock()
 	c.cancel()
+	c.endOps()
 	err := c.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, closeReason(reason)), time.Now().Add(c.t.writeTimeout))
 	switch {
 	case errors.Is(err, websocket.ErrCloseSent):
@@ -636,6 +636,20 @@ func (c *wsConn) countClose(code int) {
 	}
 }
 
+// endOps wakes every operation once the socket's context has ended: an idle subscription
+// has no goroutine to notice by itself, and must give back its place in the feed.
+func (c *wsConn) endOps() {
+	c.mu.Lock()
+	ops := make([]*wsOp, 0, len(c.ops))
+	for _, op := range c.ops {
+		ops = append(ops, op)
+	}
+	c.mu.Unlock()
+	for _, op := range ops {
+		op.wake()
+	}
+}
+
 // shutdown releases what the socket held; the reader calls it when it ends.
 func (c *wsConn) shutdown() {
 	c.shutdownOnce.Do(func() {
@@ -648,6 +662,7 @@ func (c *wsConn) shutdown() {
 		release := c.releasePrincipal
 		c.mu.Unlock()
 		c.cancel()
+		c.endOps()
 		c.stopLifetime()
 		c.ws.Close()
 		if release != nil {
@@ -832,6 +847,9 @@ func (op *wsOp) forget() {
 	}
 	c.mu.Unlock()
 	op.cancel()
+	if op.delivery != nil {
+		op.delivery.Stop()
+	}
 }
 
 // stop ends the operation the client completed (stopped).

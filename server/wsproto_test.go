@@ -2,10 +2,15 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/computeql/computeql/eventually"
+	"github.com/computeql/computeql/metrictest"
 )
 
 // raw sends a frame as is, whatever it holds.
@@ -215,4 +220,41 @@ func TestLegacyWSMessages(t *testing.T) {
 	c.raw(`{"type":"connection_terminate"}`)
 	_, err = c.closed(5 * time.Second)
 	wantClose(t, err, websocket.CloseNormalClosure, "")
+}
+
+// TestIdleSubscriptionsLeaveTheFeedWithTheirSocket: an idle subscription has no goroutine of
+// its own; when its socket goes (the peer vanishes, or completes it, or the server closes the
+// socket) it still gives back its place in the feed.
+func TestIdleSubscriptionsLeaveTheFeedWithTheirSocket(t *testing.T) {
+	a, s := wsServer(t, func(o *Options) { o.RateLimit = -1 })
+	reg := prometheus.NewRegistry()
+	if err := a.feed.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	tok := a.admin(t)
+	const n = 12
+	clients := make([]*wsClient, n)
+	for i := range clients {
+		clients[i] = subscribeWS(t, s, wsProtocols[i%2], tok, subQuery("acme", ""))
+		if ev := clients[i].event(); ev.Kind != "SYNCED" {
+			t.Fatalf("first event %+v, want SYNCED", ev)
+		}
+	}
+	if got := metrictest.Value(t, reg, "computeql_subscriptions_active"); got != n {
+		t.Fatalf("%v subscriptions in the feed, want %d", got, n)
+	}
+	for i, c := range clients {
+		switch i % 3 {
+		case 0:
+			c.conn.Close() // the peer vanishes
+		case 1:
+			c.stop() // completes, then closes
+		case 2:
+			c.raw(`{"type":"connection_init"}`) // a second init: the server closes the socket
+		}
+	}
+	eventually.Holds(t, 10*time.Second, func() bool { return metrictest.Value(t, reg, "computeql_subscriptions_active") == 0 },
+		"%v subscriptions still in the feed after their sockets went", eventually.Lazy(func() string {
+			return fmt.Sprint(metrictest.Value(t, reg, "computeql_subscriptions_active"))
+		}))
 }
