@@ -65,6 +65,7 @@ func TestFigures(t *testing.T) {
 		{name: "10,000 subscribers: region change → subscriber", value: "5.00 / 50.0 ms", target: "p99 ≤ 100 ms", met: met(true), ra: "100× / 500×",
 			limit: "PING 0.050 / 0.100 ms"},
 		{name: "API resident memory per idle subscriber", value: "40.0 KiB", target: "≤ 64.0 KiB", met: met(true), limit: "the target", ra: "62.5%"},
+		{name: "API Go heap and stacks per idle subscriber", value: "30.0 KiB", target: "≤ 12.0 KiB", met: met(false), limit: "the target", ra: "250.0%"},
 		{name: "opening the subscriptions", value: "10.0 s (1,000/s)"},
 	}
 	for _, tt := range tests {
