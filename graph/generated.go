@@ -2303,7 +2303,11 @@ type InstanceEvent {
   actor: String
   "For ACTION: the verb called."
   action: InstanceAction
-  "For ACTION: null when the verb succeeded, else the code of the error it returned."
+  """
+  For ACTION: null when the verb succeeded, else the code of the error it returned. A start, stop
+  or reboot is recorded (null) before the region is asked, so that it comes before the status
+  changes it causes; if the region then refuses, a second ACTION of the verb carries the code.
+  """
   outcome: ErrorCode
 }
 

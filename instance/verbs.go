@@ -13,10 +13,14 @@ import (
 	"github.com/computeql/computeql/region"
 )
 
-// The operational verbs (DOMAIN.md §8) act on the instance's one backing server through the
-// region and return as soon as the region accepted; the power change then shows through the
-// status the workers observe. Each needs operator, and each is recorded on the instance's
-// history with its caller and outcome once the caller is allowed to act on the instance.
+// The operational verbs act on the instance's one backing server through the region and
+// return as soon as the region accepted; the power change then shows through the status the
+// workers observe. Each needs operator, and each is recorded on the instance's history with
+// its caller and outcome once the caller is allowed to act on the instance. A verb that
+// changes the server's power (start, stop, reboot) is recorded before the region is asked, so
+// that its ACTION precedes every status change it causes; when the region then refuses, a
+// second ACTION of the same verb records the refusal with its code, and a start or stop gives
+// the desired power state back.
 
 // Start powers the instance on. On a server that is still being built it only records the
 // intent: the server runs when the build completes.
@@ -37,16 +41,32 @@ func (s *Service) Reboot(ctx context.Context, id string, hard bool) (*Instance, 
 	if hard {
 		action = ActionHardReboot
 	}
-	var inst *Instance
-	err := s.act(ctx, id, action, func(cur *Instance, srv *region.Server) (string, error) {
-		inst = cur
-		if _, err := s.region.RebootServer(ctx, srv.ID, hard); err != nil {
-			return "", err
-		}
-		return "The server is rebooting.", nil
-	})
+	pr, inst, err := s.operable(ctx, id)
 	if err != nil {
+		return nil, err
+	}
+	var target string
+	msg, err := s.perform(ctx, inst, func(srv *region.Server) (string, error) {
+		if srv == nil || srv.State.Provisioning() {
+			return "", Errorf(CodeUnprocessable, "the server of instance %q is still being built", inst.ID)
+		}
+		// Refused here rather than by the region, so that a refusal is one ACTION, not an
+		// "asked" and a refusal.
+		if srv.State != region.ServerRunning {
+			return "", Errorf(CodeUnprocessable, "cannot %s instance %q while its server is %s: it must be RUNNING",
+				strings.ReplaceAll(strings.ToLower(string(action)), "_", "-"), inst.ID, srv.State)
+		}
+		target = srv.ID
+		return "The server was asked to reboot.", nil
+	})
+	ev := ActionEvent{Actor: pr.Subject, Action: action, Outcome: outcome(err), Message: msg, At: s.now().UTC()}
+	if err := s.record(ctx, inst, ev, err); err != nil {
 		return nil, err // like Start and Stop: a refused verb returns no instance
+	}
+	if _, err := s.region.RebootServer(ctx, target, hard); err != nil {
+		err = regionError(err, "instance "+strconv.Quote(inst.ID))
+		ev.Outcome, ev.At = outcome(err), s.now().UTC()
+		return nil, s.record(ctx, inst, ev, err)
 	}
 	return inst, nil
 }
@@ -154,18 +174,20 @@ func TagsOf(m map[string]string) []Tag {
 	return out
 }
 
-// power is Start and Stop: the region changes the server's power, then the instance records
-// the intent, so the workers keep it across new servers. Recording after the region accepted
-// means the intent never claims a change the region refused; a server still being built gets
-// only the intent, which the workers apply when the build completes. Asking for the power the
-// instance already has and wants (a second stop) changes nothing and succeeds, returning the
-// instance, as EC2 and most clouds answer: a retry is harmless and leaves no history.
+// power is Start and Stop: the instance records the intent with the ACTION, then the region
+// changes the server's power, so the workers keep the intent across new servers and the
+// ACTION precedes the status changes it causes. When the region refuses, the intent is given
+// back (unless the instance changed meanwhile) and the refusal recorded. A server still being
+// built gets only the intent, which the workers apply when the build completes. Asking for the
+// power the instance already has and wants (a second stop) changes nothing and succeeds,
+// returning the instance, as EC2 and most clouds answer: a retry is harmless and leaves no
+// history.
 func (s *Service) power(ctx context.Context, id string, action Action, want PowerIntent, call func(context.Context, string) (region.Server, error)) (*Instance, error) {
 	pr, cur, err := s.operable(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	noop := false
+	noop, target := false, ""
 	msg, err := s.perform(ctx, cur, func(srv *region.Server) (string, error) {
 		if srv == nil || srv.State.Provisioning() {
 			if cur.DesiredPower() == want {
@@ -182,11 +204,8 @@ func (s *Service) power(ctx context.Context, id string, action Action, want Powe
 			// Powered so behind our back: only the intent is new.
 			return "The server is " + strings.ToLower(string(srv.State)) + " already.", nil
 		}
-		after, err := call(ctx, srv.ID)
-		if err != nil {
-			return "", err
-		}
-		return "The server is " + strings.ToLower(string(after.State)) + ".", nil
+		target = srv.ID
+		return "The server was asked to " + strings.ToLower(string(action)) + ".", nil
 	})
 	if noop && err == nil {
 		return cur, nil
@@ -195,8 +214,29 @@ func (s *Service) power(ctx context.Context, id string, action Action, want Powe
 	if err != nil {
 		return nil, s.record(ctx, cur, ev, err)
 	}
-	// The intent is written compare-and-set; a concurrent change of the instance means
-	// writing it again on the newer spec, which the region's action does not depend on.
+	before := cur.Power
+	next, err := s.writePower(ctx, pr, cur, want, ev)
+	if err != nil {
+		return nil, err
+	}
+	if target != "" {
+		if _, err := call(ctx, target); err != nil {
+			err = regionError(err, "instance "+strconv.Quote(id))
+			ev.Outcome, ev.At = outcome(err), s.now().UTC()
+			return nil, s.undoPower(ctx, next, before, ev, err)
+		}
+	}
+	if next.Generation != cur.Generation {
+		s.enqueue(ctx, next)
+	}
+	return next, nil
+}
+
+// writePower records the verb's ACTION with the power intent, compare-and-set: a concurrent
+// change of the instance means writing it again on the newer spec, which the verb does not
+// depend on.
+func (s *Service) writePower(ctx context.Context, pr auth.Principal, cur *Instance, want PowerIntent, ev ActionEvent) (*Instance, error) {
+	id := cur.ID
 	for range maxStatusRetries {
 		next := *cur
 		next.Power = want
@@ -207,11 +247,10 @@ func (s *Service) power(ctx context.Context, id string, action Action, want Powe
 		refusal, err := s.store.Act(ctx, &next, changed, ev)
 		switch {
 		case err != nil:
-			return nil, internal("record "+strings.ToLower(string(action)), err)
+			return nil, internal("record "+strings.ToLower(string(ev.Action)), err)
 		case refusal == nil:
 			if len(changed) > 0 {
 				next.Generation++
-				s.enqueue(ctx, &next)
 			}
 			return &next, nil
 		case refusal.Gone:
@@ -221,7 +260,30 @@ func (s *Service) power(ctx context.Context, id string, action Action, want Powe
 			return nil, err
 		}
 	}
-	return nil, Errorf(CodeConflict, "instance %q keeps changing; its server accepted the %s, retry to record it", id, strings.ToLower(string(action)))
+	return nil, Errorf(CodeConflict, "instance %q keeps changing; retry the %s", id, strings.ToLower(string(ev.Action)))
+}
+
+// undoPower records the region's refusal of a start or stop, giving the intent the verb wrote
+// back, unless the instance changed since (then only the refusal is recorded), and returns the
+// refusal.
+func (s *Service) undoPower(ctx context.Context, written *Instance, before PowerIntent, ev ActionEvent, verbErr error) error {
+	back := *written
+	back.Power = before
+	if back.DesiredPower() == written.DesiredPower() {
+		return s.record(ctx, written, ev, verbErr)
+	}
+	ev.Message = strings.TrimSuffix(errorMessage(verbErr), ".") + "."
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	refusal, err := s.store.Act(rctx, &back, []string{"desiredPowerState"}, ev)
+	switch {
+	case err != nil:
+		s.log.ErrorContext(rctx, "record action", "instance", written.ID, "action", ev.Action, "outcome", ev.Outcome, "err", err)
+	case refusal != nil && !refusal.Gone:
+		// Changed since: the newer intent stands.
+		return s.record(ctx, written, ev, verbErr)
+	}
+	return verbErr
 }
 
 // poweredAs reports whether a server in state is, or is on its way to being, powered as want.

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -441,9 +442,9 @@ func TestVerbRefusalsAreUserErrors(t *testing.T) {
 	if got := a.mustPower(t, op, stopDoc, "stopInstance", vars); got != "STOPPED" {
 		t.Errorf("stop of a stopped instance: desired %s, want STOPPED", got)
 	}
-	refusal(t, rebootDoc, "rebootInstance", vars, "UNPROCESSABLE", "cannot reboot a server that is STOPPED")
+	refusal(t, rebootDoc, "rebootInstance", vars, "UNPROCESSABLE", "cannot reboot instance "+strconv.Quote(id)+" while its server is STOPPED")
 	wantAction(t, c.await(action(id, "REBOOT"))[0], "olga", "UNPROCESSABLE")
-	refusal(t, rebootDoc, "rebootInstance", map[string]any{"id": id, "hard": true}, "UNPROCESSABLE", "cannot hard-reboot a server that is STOPPED")
+	refusal(t, rebootDoc, "rebootInstance", map[string]any{"id": id, "hard": true}, "UNPROCESSABLE", "cannot hard-reboot instance "+strconv.Quote(id)+" while its server is STOPPED")
 	wantAction(t, c.await(action(id, "HARD_REBOOT"))[0], "olga", "UNPROCESSABLE")
 	refusal(t, consoleDoc, "createConsoleSession", vars, "UNPROCESSABLE", "STOPPED")
 	wantAction(t, c.await(action(id, "CONSOLE"))[0], "olga", "UNPROCESSABLE")

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/eventually"
@@ -561,5 +564,159 @@ func TestStopAskedWhileTheBuildCompletes(t *testing.T) {
 	}
 	if srv := e.server(t, inst); srv.State != region.ServerStopped {
 		t.Errorf("server %s is %s, want STOPPED", srv.ID, srv.State)
+	}
+}
+
+// askedRegion notes that the region was asked to change a server's power.
+type askedRegion struct {
+	region.Client
+	asked *atomic.Bool
+}
+
+func (r askedRegion) StartServer(ctx context.Context, id string) (region.Server, error) {
+	r.asked.Store(true)
+	return r.Client.StartServer(ctx, id)
+}
+
+func (r askedRegion) StopServer(ctx context.Context, id string) (region.Server, error) {
+	r.asked.Store(true)
+	return r.Client.StopServer(ctx, id)
+}
+
+func (r askedRegion) RebootServer(ctx context.Context, id string, hard bool) (region.Server, error) {
+	r.asked.Store(true)
+	return r.Client.RebootServer(ctx, id, hard)
+}
+
+// heldActs is the store with a verb's ACTION write held, once the region has been asked,
+// until the worker has recorded the status change the region reports: a slow API write meets
+// a fast worker. A verb that records its ACTION before asking the region is never held.
+type heldActs struct {
+	instance.Store
+	asked *atomic.Bool
+	wait  func()
+}
+
+func (h heldActs) Act(ctx context.Context, inst *instance.Instance, changed []string, ev instance.ActionEvent) (*instance.Refusal, error) {
+	if h.asked.Load() {
+		h.wait()
+	}
+	return h.Store.Act(ctx, inst, changed, ev)
+}
+
+// TestActionPrecedesTheStatusChangesItCauses: on the history, a start's, a stop's and a
+// reboot's ACTION comes before the STATUS_CHANGED events the region's power change causes,
+// however slow the API's write and fast the worker's.
+func TestActionPrecedesTheStatusChangesItCauses(t *testing.T) {
+	e := newEnv(t)
+	inst := e.waitRunning(t, e.create(t, "web-1").ID)
+	var asked atomic.Bool
+	var mark string // the history's last cursor before the verb
+	statusSince := func() []instance.Record {
+		recs, _, err := e.st.History(bg, "acme", inst.ID, mark, 10_000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return recs
+	}
+	changedSince := func() bool {
+		return slices.ContainsFunc(statusSince(), func(r instance.Record) bool { return r.Kind == instance.EventStatusChanged })
+	}
+	held := heldActs{Store: e.st, asked: &asked, wait: func() {
+		// Until the worker has recorded the region's change, or long enough that it would have.
+		for deadline := time.Now().Add(convergeLimit); !changedSince() && time.Now().Before(deadline); {
+			time.Sleep(3 * time.Millisecond)
+		}
+	}}
+	svc, err := instance.NewService(instance.Options{Catalog: e.cat, Store: held, Queue: e.q, Region: askedRegion{e.region, &asked}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// settled waits until the server and the instance are at rest in the state: every status
+	// change the verb causes has been recorded by then.
+	settled := func(t *testing.T, state region.ServerState, power instance.PowerState) {
+		eventually.Holds(t, convergeLimit, func() bool {
+			cur := e.lookup(t, inst.ID)
+			return e.server(t, inst).State == state && cur != nil && cur.Status.PowerState == power && cur.Status.ObservedGeneration == cur.Generation
+		}, "server %s and instance %s", state, power)
+	}
+	for _, v := range []struct {
+		verb  verbCall
+		state region.ServerState
+		power instance.PowerState
+		// changes: the power state always changes; a reboot may be over before the worker
+		// looks, and then leaves no status change to order.
+		changes bool
+	}{
+		{allVerbs[1], region.ServerStopped, instance.PowerStopped, true},  // stop
+		{allVerbs[0], region.ServerRunning, instance.PowerRunning, true},  // start
+		{allVerbs[2], region.ServerRunning, instance.PowerRunning, false}, // reboot
+		{allVerbs[3], region.ServerRunning, instance.PowerRunning, false}, // hard reboot
+	} {
+		hist, _, err := e.st.History(bg, "acme", inst.ID, "", 10_000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mark = hist[len(hist)-1].Cursor
+		asked.Store(false)
+		if err := v.verb.call(svc, inst.ID); err != nil {
+			t.Fatalf("%s: %v", v.verb.name, err)
+		}
+		if v.changes {
+			eventually.Holds(t, convergeLimit, changedSince, "%s: no status change", v.verb.name)
+		}
+		settled(t, v.state, v.power)
+		var kinds []string
+		for _, r := range statusSince() {
+			kinds = append(kinds, string(r.Kind)+" "+string(r.Action))
+		}
+		if len(kinds) == 0 || kinds[0] != "ACTION "+string(v.verb.action) {
+			t.Errorf("%s: history since the verb %q, want its ACTION first", v.verb.name, kinds)
+		}
+	}
+}
+
+// refusingRegion refuses every start and stop, as a region whose server cannot change its
+// power now.
+type refusingRegion struct{ region.Client }
+
+func (refusingRegion) StartServer(context.Context, string) (region.Server, error) {
+	return region.Server{}, fmt.Errorf("%w: the host is in maintenance", region.ErrRefused)
+}
+
+func (refusingRegion) StopServer(context.Context, string) (region.Server, error) {
+	return region.Server{}, fmt.Errorf("%w: the host is in maintenance", region.ErrRefused)
+}
+
+// TestRefusedPowerChangeGivesTheIntentBack: a stop the region refuses is recorded twice — the
+// ACTION when asked, then the refusal with its code — and the desired power state is running
+// again, as it was; the caller gets the refusal.
+func TestRefusedPowerChangeGivesTheIntentBack(t *testing.T) {
+	e := newEnv(t)
+	inst := e.waitRunning(t, e.create(t, "web-1").ID)
+	svc, err := instance.NewService(instance.Options{Catalog: e.cat, Store: e.st, Queue: e.q, Region: refusingRegion{e.region}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := len(e.actions(t, inst.ID))
+	_, err = svc.Stop(operator, inst.ID)
+	if got := codeOf(t, err); got != instance.CodeUnprocessable || !strings.Contains(err.Error(), "the host is in maintenance") {
+		t.Fatalf("stop refused by the region: %v, want UNPROCESSABLE with the region's reason", err)
+	}
+	acts := e.actions(t, inst.ID)[before:]
+	if len(acts) != 2 {
+		t.Fatalf("%d ACTION events for one refused stop, want 2 (asked, refused): %+v", len(acts), acts)
+	}
+	asked, refused := acts[0], acts[1]
+	if asked.Action != instance.ActionStop || asked.Outcome != "" || asked.Instance.DesiredPower() != instance.IntentStopped {
+		t.Errorf("first: %s outcome %q desired %s, want STOP with no outcome, wanting STOPPED", asked.Action, asked.Outcome, asked.Instance.DesiredPower())
+	}
+	if refused.Action != instance.ActionStop || refused.Outcome != instance.CodeUnprocessable || refused.Instance.DesiredPower() != instance.IntentRunning ||
+		!strings.Contains(refused.Message, "maintenance") {
+		t.Errorf("second: %s outcome %q desired %s message %q, want STOP refused UNPROCESSABLE, wanting RUNNING again, with the reason",
+			refused.Action, refused.Outcome, refused.Instance.DesiredPower(), refused.Message)
+	}
+	if got := e.get(t, inst.ID); got.DesiredPower() != instance.IntentRunning {
+		t.Errorf("desired power %s after the refused stop, want RUNNING", got.DesiredPower())
 	}
 }

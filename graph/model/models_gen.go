@@ -66,7 +66,9 @@ type InstanceEvent struct {
 	Actor *string `json:"actor,omitempty"`
 	// For ACTION: the verb called.
 	Action *instance.Action `json:"action,omitempty"`
-	// For ACTION: null when the verb succeeded, else the code of the error it returned.
+	// For ACTION: null when the verb succeeded, else the code of the error it returned. A start, stop
+	// or reboot is recorded (null) before the region is asked, so that it comes before the status
+	// changes it causes; if the region then refuses, a second ACTION of the verb carries the code.
 	Outcome *instance.Code `json:"outcome,omitempty"`
 }
 
