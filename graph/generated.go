@@ -119,6 +119,7 @@ type ComplexityRoot struct {
 		CreatedAt                 func(childComplexity int) int
 		CreatedBy                 func(childComplexity int) int
 		DeletedAt                 func(childComplexity int) int
+		DeletionProtection        func(childComplexity int) int
 		Description               func(childComplexity int) int
 		DesiredPowerState         func(childComplexity int) int
 		Flavor                    func(childComplexity int) int
@@ -359,6 +360,7 @@ type InstanceResolver interface {
 	SSHCertificateAuthority(ctx context.Context, obj *instance.Instance) (*region.SSHCertificateAuthority, error)
 
 	UserData(ctx context.Context, obj *instance.Instance) (*string, error)
+
 	DesiredPowerState(ctx context.Context, obj *instance.Instance) (instance.PowerIntent, error)
 
 	ObservedGeneration(ctx context.Context, obj *instance.Instance) (int, error)
@@ -692,6 +694,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Instance.DeletedAt(childComplexity), true
+	case "Instance.deletionProtection":
+		if e.ComplexityRoot.Instance.DeletionProtection == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Instance.DeletionProtection(childComplexity), true
 	case "Instance.description":
 		if e.ComplexityRoot.Instance.Description == nil {
 			break
@@ -2049,6 +2057,8 @@ type Instance {
   networking: Networking!
   "Cloud-init user data, base64."
   userData: String
+  "While true, deleteInstance is refused (UNPROCESSABLE) until an update sets it to false."
+  deletionProtection: Boolean!
   """
   The power state asked for with startInstance and stopInstance. It outlives the server: a
   server rebuilt or recreated for a STOPPED instance is stopped as soon as it is built, and a
@@ -2128,6 +2138,8 @@ input CreateInstanceInput {
   networking: NetworkingInput
   "Cloud-init user data, base64."
   userData: String
+  "Refuse deleteInstance until an update clears it. Defaults to false."
+  deletionProtection: Boolean
 }
 
 input UpdateInstanceInput {
@@ -2147,6 +2159,8 @@ input UpdateInstanceInput {
   networking: NetworkingInput
   "Changing it (null removes it) rebuilds the server: needs allowRebuild."
   userData: String @goField(omittable: true)
+  "Sets or clears deletion protection; applied at once, without touching the server."
+  deletionProtection: Boolean
   "Consent to destroy and recreate the server (its disk, IPs and MAC are lost) when the change needs it."
   allowRebuild: Boolean
   "When given, the update is refused with CONFLICT unless the instance is still at this generation."
@@ -2505,6 +2519,8 @@ func (ec *executionContext) childFields_Instance(ctx context.Context, field grap
 		return ec.fieldContext_Instance_networking(ctx, field)
 	case "userData":
 		return ec.fieldContext_Instance_userData(ctx, field)
+	case "deletionProtection":
+		return ec.fieldContext_Instance_deletionProtection(ctx, field)
 	case "desiredPowerState":
 		return ec.fieldContext_Instance_desiredPowerState(ctx, field)
 	case "generation":
@@ -4848,6 +4864,29 @@ func (ec *executionContext) _Instance_userData(ctx context.Context, field graphq
 }
 func (ec *executionContext) fieldContext_Instance_userData(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Instance", field, true, true, errors.New("field of type String does not have child fields"))
+}
+
+func (ec *executionContext) _Instance_deletionProtection(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Instance_deletionProtection(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.DeletionProtection, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Instance_deletionProtection(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type Boolean does not have child fields"))
 }
 
 func (ec *executionContext) _Instance_desiredPowerState(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -9238,7 +9277,7 @@ func (ec *executionContext) unmarshalInputCreateInstanceInput(ctx context.Contex
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"organizationId", "projectId", "networkId", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData"}
+	fieldsInOrder := [...]string{"organizationId", "projectId", "networkId", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "deletionProtection"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -9322,6 +9361,13 @@ func (ec *executionContext) unmarshalInputCreateInstanceInput(ctx context.Contex
 				return it, err
 			}
 			it.UserData = data
+		case "deletionProtection":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("deletionProtection"))
+			data, err := ec.unmarshalOBoolean2ᚖbool(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.DeletionProtection = data
 		}
 	}
 	return it, nil
@@ -9743,7 +9789,7 @@ func (ec *executionContext) unmarshalInputUpdateInstanceInput(ctx context.Contex
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"id", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "allowRebuild", "expectedGeneration"}
+	fieldsInOrder := [...]string{"id", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "deletionProtection", "allowRebuild", "expectedGeneration"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -9813,6 +9859,13 @@ func (ec *executionContext) unmarshalInputUpdateInstanceInput(ctx context.Contex
 				return it, err
 			}
 			it.UserData = graphql.OmittableOf(data)
+		case "deletionProtection":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("deletionProtection"))
+			data, err := ec.unmarshalOBoolean2ᚖbool(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.DeletionProtection = data
 		case "allowRebuild":
 			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("allowRebuild"))
 			data, err := ec.unmarshalOBoolean2ᚖbool(ctx, v)
@@ -10863,6 +10916,11 @@ func (ec *executionContext) _Instance(ctx context.Context, sel ast.SelectionSet,
 			}
 
 			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
+		case "deletionProtection":
+			out.Values[i] = ec._Instance_deletionProtection(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
 		case "desiredPowerState":
 			field := field
 

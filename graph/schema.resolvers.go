@@ -142,6 +142,7 @@ func (r *mutationResolver) UpdateInstance(ctx context.Context, input model.Updat
 		SSHCertificateAuthorityID: change(input.SSHCertificateAuthorityID),
 		Networking:                input.Networking,
 		UserData:                  change(input.UserData),
+		DeletionProtection:        input.DeletionProtection,
 		AllowRebuild:              input.AllowRebuild != nil && *input.AllowRebuild,
 		ExpectedGeneration:        int64Ptr(input.ExpectedGeneration),
 	}

@@ -119,6 +119,7 @@ func SpecChanges(a, b Spec) []string {
 	add("sshCertificateAuthorityId", a.SSHCertificateAuthorityID != b.SSHCertificateAuthorityID)
 	add("networking", !reflect.DeepEqual(a.Networking, b.Networking))
 	add("userData", string(a.UserData) != string(b.UserData))
+	add("deletionProtection", a.DeletionProtection != b.DeletionProtection)
 	add("deletedAt", (a.DeletedAt == nil) != (b.DeletedAt == nil))
 	return out
 }

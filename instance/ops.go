@@ -27,6 +27,8 @@ type CreateRequest struct {
 	Networking                *NetworkingRequest
 	// UserData is base64.
 	UserData *string
+	// DeletionProtection refuses deleteInstance until an update clears it.
+	DeletionProtection *bool
 }
 
 // NetworkingRequest is requested networking; on update, fields left nil stay as they are.
@@ -138,6 +140,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, err
 			SSHCertificateAuthorityID: caID,
 			Networking:                networking,
 			UserData:                  userData,
+			DeletionProtection:        req.DeletionProtection != nil && *req.DeletionProtection,
 			Charge:                    cost,
 			CreatedAt:                 now,
 			CreatedBy:                 pr.Subject,
@@ -260,6 +263,7 @@ type UpdateRequest struct {
 	Networking                *NetworkingRequest
 	// UserData is base64.
 	UserData           Change
+	DeletionProtection *bool
 	AllowRebuild       bool
 	ExpectedGeneration *int64
 }
@@ -296,6 +300,9 @@ func (s *Service) Update(ctx context.Context, req UpdateRequest) (*Instance, err
 	if req.TagsSet {
 		next.Tags = req.Tags
 		checkTags(&p, next.Tags)
+	}
+	if req.DeletionProtection != nil {
+		next.DeletionProtection = *req.DeletionProtection
 	}
 	network, ok := s.cat.Network(cur.NetworkID)
 	if !ok {
@@ -434,6 +441,11 @@ func (s *Service) Delete(ctx context.Context, id string) (*Instance, error) {
 		}
 		if cur.Deleting() {
 			return cur, nil
+		}
+		if cur.DeletionProtection {
+			var p problems
+			p.add(CodeUnprocessable, path("id"), "instance %q has deletion protection: clear it with updateInstance(input: {id: %q, deletionProtection: false}), then delete it", id, id)
+			return nil, p.err()
 		}
 		inst, status, changed := cur.MarkDeleting(s.now().UTC(), pr.Subject, "The instance's server is being deleted.")
 		refusal, err := s.store.UpdateSpec(ctx, &inst, nil, nil, &status, changed)

@@ -142,6 +142,8 @@ type Spec struct {
 	// RebuildGeneration is the latest generation whose change the user allowed to rebuild the
 	// server; workers rebuild only for a destructive difference at or before it.
 	RebuildGeneration int64 `json:"rebuildGeneration,omitempty"`
+	// DeletionProtection refuses deleteInstance while set.
+	DeletionProtection bool `json:"deletionProtection,omitempty"`
 	// Power is the power state the user asked for; "" is running. It outlives the server:
 	// workers stop a server that finished building for an instance meant to be stopped.
 	Power PowerIntent `json:"power,omitempty"`

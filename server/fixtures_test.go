@@ -12,7 +12,7 @@ import (
 const instanceFields = `id name description tags { name value } organizationId projectId region { id name }
   networkId flavorId imageId sshCertificateAuthorityId sshCertificateAuthority { id }
   networking { securityGroupIds publicIP allowedSourceAddresses }
-  userData generation observedGeneration
+  userData deletionProtection generation observedGeneration
   status { provisioningStatus healthStatus powerState privateIP publicIP macAddress conditions { type status reason } }
   createdAt createdBy updatedAt updatedBy deletedAt`
 
@@ -41,6 +41,7 @@ type gqlInstance struct {
 		AllowedSourceAddresses []string `json:"allowedSourceAddresses"`
 	} `json:"networking"`
 	UserData           *string `json:"userData"`
+	DeletionProtection bool    `json:"deletionProtection"`
 	Generation         int     `json:"generation"`
 	ObservedGeneration int     `json:"observedGeneration"`
 	Status             struct {

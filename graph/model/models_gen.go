@@ -161,6 +161,8 @@ type UpdateInstanceInput struct {
 	Networking *instance.NetworkingRequest `json:"networking,omitempty"`
 	// Changing it (null removes it) rebuilds the server: needs allowRebuild.
 	UserData graphql.Omittable[*string] `json:"userData,omitempty"`
+	// Sets or clears deletion protection; applied at once, without touching the server.
+	DeletionProtection *bool `json:"deletionProtection,omitempty"`
 	// Consent to destroy and recreate the server (its disk, IPs and MAC are lost) when the change needs it.
 	AllowRebuild *bool `json:"allowRebuild,omitempty"`
 	// When given, the update is refused with CONFLICT unless the instance is still at this generation.
