@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"mime"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/99designs/gqlgen/graphql"
@@ -23,10 +25,38 @@ import (
 type sseTransport struct{ transport.SSE }
 
 func (t sseTransport) Supports(r *http.Request) bool {
-	if websocket.IsWebSocketUpgrade(r) || !strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+	if websocket.IsWebSocketUpgrade(r) || !prefersEventStream(r.Header.Get("Accept")) {
 		return false
 	}
 	return r.Method == http.MethodGet || t.SSE.Supports(r)
+}
+
+// prefersEventStream reports whether an Accept header prefers an event stream to every JSON
+// answer it also accepts: the highest q wins, the earlier at equal q. A client that lists the
+// event stream after JSON (urql lists every type it can read) gets JSON.
+func prefersEventStream(accept string) bool {
+	best, bestQ := "", 0.0
+	for part := range strings.SplitSeq(accept, ",") {
+		mt, params, err := mime.ParseMediaType(strings.TrimSpace(part))
+		if err != nil {
+			continue
+		}
+		switch mt {
+		case "text/event-stream", mediaJSON, mediaGraphQLResponse:
+		default:
+			continue
+		}
+		q := 1.0
+		if v, ok := params["q"]; ok {
+			if f, err := strconv.ParseFloat(v, 64); err == nil {
+				q = f
+			}
+		}
+		if q > bestQ {
+			best, bestQ = mt, q
+		}
+	}
+	return best == "text/event-stream"
 }
 
 func (t sseTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -144,6 +145,32 @@ func TestStreamTickets(t *testing.T) {
 	} {
 		if r.StatusCode != http.StatusUnauthorized {
 			t.Errorf("%s: %d, want 401", name, r.StatusCode)
+		}
+	}
+}
+
+// TestSSEOnlyWhenPreferred: an event stream answers only a request whose Accept prefers it to
+// JSON, by q and then by order; one that merely lists it after JSON (as urql does) gets JSON.
+func TestSSEOnlyWhenPreferred(t *testing.T) {
+	a := newAPI(t)
+	tok := a.admin(t)
+	for _, tt := range []struct {
+		accept, want string
+	}{
+		{"text/event-stream", "text/event-stream"},
+		{"text/event-stream, application/json", "text/event-stream"},
+		{"application/graphql-response+json, application/graphql+json, application/json, text/event-stream, multipart/mixed", mediaGraphQLResponse},
+		{"application/json, text/event-stream", mediaJSON},
+		{"application/json;q=0.5, text/event-stream", "text/event-stream"},
+		{"text/event-stream;q=0.2, application/json", mediaJSON},
+	} {
+		req := httptest.NewRequest(http.MethodPost, "/graphql", strings.NewReader(`{"query":"{ me { subject } }"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", tt.accept)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		rec := a.serve(req)
+		if got, _, _ := strings.Cut(rec.Header().Get("Content-Type"), ";"); got != tt.want {
+			t.Errorf("Accept %q: answered %s (%d), want %s", tt.accept, got, rec.Code, tt.want)
 		}
 	}
 }

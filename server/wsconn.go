@@ -376,7 +376,7 @@ func (c *wsConn) handle(data []byte) {
 			c.closeWith(CloseBadRequest, err.Error())
 			return
 		}
-		c.stop(id)
+		c.stop(id, false)
 	default:
 		c.closeWith(CloseBadRequest, closeReason("Invalid message received: unexpected type "+strconv.Quote(m.typ)))
 	}
@@ -418,11 +418,11 @@ func (c *wsConn) handleLegacy(data []byte) {
 			return
 		}
 		// A start that reuses a running operation's id replaces it, as the reference server does.
-		c.stopQuietly(id)
+		c.stop(id, false)
 		c.start(opCtx, id, params)
 	case "stop":
 		if id, err := m.idOf(); err == nil {
-			c.stop(id)
+			c.stop(id, true)
 		}
 	case "connection_terminate":
 		c.closeWith(websocket.CloseNormalClosure, "")
@@ -580,6 +580,17 @@ func (c *wsConn) extendLiveness() {
 	}
 }
 
+// writeUnless is write, unless skip is set when the write lock is taken: a message of an
+// operation the client stopped never follows what stop sent.
+func (c *wsConn) writeUnless(skip *atomic.Bool, v any) bool {
+	b, err := json.Marshal(v)
+	if err != nil {
+		c.t.log.ErrorContext(c.ctx, "websocket: encode message", "err", err)
+		return false
+	}
+	return c.send(b, skip)
+}
+
 // write sends one message within the write timeout; false when the socket is gone. A failed
 // write leaves the connection unusable (gorilla's state is corrupt after a timeout), so it is
 // closed at once, which ends the reader and with it the socket.
@@ -589,9 +600,18 @@ func (c *wsConn) write(v any) bool {
 		c.t.log.ErrorContext(c.ctx, "websocket: encode message", "err", err)
 		return false
 	}
+	return c.send(b, nil)
+}
+
+// send writes one encoded message, unless skip (when not nil) is set once the lock is held.
+func (c *wsConn) send(b []byte, skip *atomic.Bool) bool {
 	c.writeMu.Lock()
+	if skip != nil && skip.Load() {
+		c.writeMu.Unlock()
+		return false
+	}
 	c.ws.SetWriteDeadline(time.Now().Add(c.t.writeTimeout))
-	err = c.ws.WriteMessage(websocket.TextMessage, b)
+	err := c.ws.WriteMessage(websocket.TextMessage, b)
 	c.writeMu.Unlock()
 	if err != nil {
 		if !errors.Is(err, websocket.ErrCloseSent) {
@@ -617,9 +637,11 @@ func (c *wsConn) closeWith(code int, reason string) {
 		c.timer.Stop()
 	}
 	c.mu.Unlock()
+	// The close frame goes first: after it no message can be written, so an operation that
+	// ends with the socket never sends its complete ahead of the close.
+	err := c.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, closeReason(reason)), time.Now().Add(c.t.writeTimeout))
 	c.cancel()
 	c.endOps()
-	err := c.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, closeReason(reason)), time.Now().Add(c.t.writeTimeout))
 	switch {
 	case errors.Is(err, websocket.ErrCloseSent):
 	case err != nil:
@@ -684,10 +706,8 @@ type wsOp struct {
 	id     string
 	ctx    context.Context
 	cancel context.CancelFunc
-	// stoppedByClient: the client completed (stopped) the operation; on graphql-transport-ws no
-	// complete is sent back.
-	stoppedByClient atomic.Bool
-	// silent: another operation took the id; nothing more is sent for this one.
+	// silent: the client stopped the operation (or another took its id): nothing more is sent
+	// for it.
 	silent atomic.Bool
 
 	handler      graphql.ResponseHandler
@@ -790,7 +810,7 @@ func (op *wsOp) respond(resp *graphql.Response) bool {
 	if op.c.legacy {
 		typ = "data"
 	}
-	if !op.c.write(wsResult{ID: op.id, Type: typ, Payload: resp}) {
+	if !op.c.writeUnless(&op.silent, wsResult{ID: op.id, Type: typ, Payload: resp}) {
 		op.finish(false)
 		return false
 	}
@@ -817,23 +837,21 @@ type wsErrors struct {
 func (op *wsOp) fail(resp *graphql.Response) {
 	if op.c.legacy {
 		op.answered = true
-		if op.c.write(wsResult{ID: op.id, Type: "data", Payload: resp}) {
+		if op.c.writeUnless(&op.silent, wsResult{ID: op.id, Type: "data", Payload: resp}) {
 			op.finish(true)
 		}
 		return
 	}
 	op.forget()
-	if !op.stoppedByClient.Load() && !op.silent.Load() {
-		op.c.write(wsErrors{ID: op.id, Type: "error", Payload: resp.Errors})
-	}
+	op.c.writeUnless(&op.silent, wsErrors{ID: op.id, Type: "error", Payload: resp.Errors})
 }
 
 // finish ends the operation; with complete, it tells the client so, unless on
 // graphql-transport-ws the client completed it first.
 func (op *wsOp) finish(complete bool) {
 	op.forget()
-	if complete && !op.silent.Load() && (op.c.legacy || !op.stoppedByClient.Load()) {
-		op.c.write(map[string]any{"type": "complete", "id": op.id})
+	if complete {
+		op.c.writeUnless(&op.silent, map[string]any{"type": "complete", "id": op.id})
 	}
 }
 
@@ -852,31 +870,25 @@ func (op *wsOp) forget() {
 	}
 }
 
-// stop ends the operation the client completed (stopped).
-func (c *wsConn) stop(id string) {
+// stop ends the operation the client completed (stopped), or replaced with a start of the same
+// id. Its id is free at once, as the client may reuse it as soon as it has sent the message;
+// with complete (a graphql-ws stop) the complete that protocol answers with goes out here,
+// before anything of a later operation of the same id. Nothing more of this one follows.
+func (c *wsConn) stop(id string, complete bool) {
 	c.mu.Lock()
 	op := c.ops[id]
+	delete(c.ops, id)
 	c.mu.Unlock()
 	if op == nil {
 		return
 	}
-	op.stoppedByClient.Store(true)
+	op.silent.Store(true)
 	op.cancel()
+	if complete {
+		c.write(map[string]any{"type": "complete", "id": id})
+	}
 	// An idle subscription has no goroutine to notice its end: wake it. (An operation still
 	// starting, or answering once, holds running: it notices by itself.)
 	op.wake()
 }
 
-// stopQuietly ends the operation with the id, if one runs, telling the client nothing: a new
-// operation takes its id.
-func (c *wsConn) stopQuietly(id string) {
-	c.mu.Lock()
-	op := c.ops[id]
-	delete(c.ops, id)
-	c.mu.Unlock()
-	if op != nil {
-		op.silent.Store(true)
-		op.cancel()
-		op.wake()
-	}
-}
