@@ -4,7 +4,7 @@ PKGS := ./...
 # Where make images writes the guest images the libvirt tests boot (ignored by git).
 IMAGES_DIR ?= $(CURDIR)/images
 
-.PHONY: run test images virt-test bench-virt bench-publish cluster-test chaos vet fmt-check generate generate-check bench gobench bench-compile fuzz lint
+.PHONY: run test clients images virt-test bench-virt bench-publish cluster-test chaos vet fmt-check generate generate-check bench gobench bench-compile fuzz lint
 
 ## run: the whole system in one process with an embedded in-memory Redis and demo data.
 run:
@@ -13,13 +13,22 @@ run:
 ## test: everything CI checks: formatting, vet, generated code current, all tests with -race
 ## (with Chromium installed, the browser tests of e2e/ too, their screenshots in
 ## artifacts/browser/), and every benchmark compiled and run once so none rots.
-test: fmt-check vet generate-check
+test: fmt-check vet generate-check clients
 	COMPUTEQL_ARTIFACTS=$(CURDIR)/artifacts $(GO) test -race -count=1 -skip '^TestDeploymentOnCluster$$|^TestChaos|^TestLibvirt' $(PKGS)
 	@if command -v redis-server >/dev/null; then $(MAKE) cluster-test; else echo "no redis-server: cluster-test not run"; fi
 	@if command -v libvirtd >/dev/null && command -v qemu-system-x86_64 >/dev/null; then $(MAKE) virt-test; \
 		else echo "no libvirtd or qemu-system-x86_64: virt-test not run"; fi
 	$(MAKE) chaos CHAOS=small CHAOSFLAGS=
 	$(MAKE) bench-compile
+
+## clients: the npm packages of e2e's client suites (e2e/clients_test.go), pinned in
+## e2e/clients/package-lock.json, installed with npm ci when missing or older than the lock
+## file. Without npm nothing is installed, and those suites skip (under CI they fail).
+clients: e2e/clients/node_modules/.package-lock.json
+
+e2e/clients/node_modules/.package-lock.json: e2e/clients/package-lock.json
+	@if command -v npm >/dev/null; then npm ci --prefix e2e/clients --no-audit --no-fund; \
+		else echo "no npm: the npm client suites of e2e/ will skip"; fi
 
 ## images: the guest images of the libvirt tests, built from Debian's packages only (guest/README.md):
 ## a busybox initramfs guest that boots in seconds, and a Debian 12 image with cloud-init,
