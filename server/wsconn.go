@@ -891,4 +891,3 @@ func (c *wsConn) stop(id string, complete bool) {
 	// starting, or answering once, holds running: it notices by itself.)
 	op.wake()
 }
-
