@@ -35,6 +35,7 @@ func Complexity() ComplexityRoot {
 	}
 	one := func(child int, _ string) int { return storeRead + child }
 	c.Query.Instance = one
+	c.Query.Node = one
 	c.Query.InstanceSSHKey = one
 	c.Query.Quota = one
 	// The large fields cost what they may weigh in the answer at their limits, about a

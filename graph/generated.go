@@ -249,6 +249,7 @@ type ComplexityRoot struct {
 		Instances                 func(childComplexity int, organizationID string, filter *instance.Filter, first *int, after *string) int
 		Me                        func(childComplexity int) int
 		Networks                  func(childComplexity int, organizationID *string, projectID *string) int
+		Node                      func(childComplexity int, id string) int
 		Quota                     func(childComplexity int, organizationID string) int
 		Regions                   func(childComplexity int) int
 		SSHCertificateAuthorities func(childComplexity int, organizationID *string, projectID *string) int
@@ -397,6 +398,7 @@ type QueryResolver interface {
 	SecurityGroups(ctx context.Context, networkID *string) ([]region.SecurityGroup, error)
 	SSHCertificateAuthorities(ctx context.Context, organizationID *string, projectID *string) ([]region.SSHCertificateAuthority, error)
 	Instance(ctx context.Context, id string) (*instance.Instance, error)
+	Node(ctx context.Context, id string) (Node, error)
 	Instances(ctx context.Context, organizationID string, filter *instance.Filter, first *int, after *string) (*model.InstanceConnection, error)
 	Quota(ctx context.Context, organizationID string) (*instance.Quota, error)
 	InstanceSSHKey(ctx context.Context, id string) (*model.SSHKey, error)
@@ -1317,6 +1319,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.Networks(childComplexity, args["organizationId"].(*string), args["projectId"].(*string)), true
+	case "Query.node":
+		if e.ComplexityRoot.Query.Node == nil {
+			break
+		}
+
+		args, err := ec.field_Query_node_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Node(childComplexity, args["id"].(string)), true
 	case "Query.quota":
 		if e.ComplexityRoot.Query.Quota == nil {
 			break
@@ -1736,6 +1749,11 @@ type Query {
 
   "One instance. One that does not exist or that the caller may not see is null with a NOT_FOUND error."
   instance(id: ID!): Instance
+  """
+  Any object by its global id (Relay's refetch convention): today instances, whose ids are
+  global. One that does not exist or that the caller may not see is null with a NOT_FOUND error.
+  """
+  node(id: ID!): Node
   "Instances of an organization, oldest first, as a Relay connection. ` + "`" + `first` + "`" + ` is 1 to 100 (default 20)."
   instances(organizationId: ID!, filter: InstanceFilter, first: Int, after: String): InstanceConnection!
   "Quota limits and usage of an organization."
@@ -2035,7 +2053,12 @@ type InstanceStatus {
   conditions: [Condition!]!
 }
 
-type Instance {
+"An object with a global id, which node(id:) fetches again."
+interface Node {
+  id: ID!
+}
+
+type Instance implements Node {
   id: ID!
   name: String!
   description: String!
@@ -3252,6 +3275,20 @@ func (ec *executionContext) field_Query_networks_args(ctx context.Context, rawAr
 		return nil, err
 	}
 	args["projectId"] = arg1
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_node_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
 	return args, nil
 }
 
@@ -7027,6 +7064,50 @@ func (ec *executionContext) fieldContext_Query_instance(ctx context.Context, fie
 	return fc, nil
 }
 
+func (ec *executionContext) _Query_node(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_node(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Node(ctx, fc.Args["id"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v Node) graphql.Marshaler {
+			return ec.marshalONode2githubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚐNode(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Query_node(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return nil, errors.New("FieldContext.Child cannot be called on type INTERFACE")
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_node_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Query_instances(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -9889,6 +9970,26 @@ func (ec *executionContext) unmarshalInputUpdateInstanceInput(ctx context.Contex
 
 // region    ************************** interface.gotpl ***************************
 
+func (ec *executionContext) _Node(ctx context.Context, sel ast.SelectionSet, obj Node) graphql.Marshaler {
+	switch obj := (obj).(type) {
+	case nil:
+		return graphql.Null
+	case instance.Instance:
+		return ec._Instance(ctx, sel, &obj)
+	case *instance.Instance:
+		if obj == nil {
+			return graphql.Null
+		}
+		return ec._Instance(ctx, sel, obj)
+	default:
+		if typedObj, ok := obj.(graphql.Marshaler); ok {
+			return typedObj
+		} else {
+			panic(fmt.Errorf("unexpected type %T; non-generated variants of Node must implement graphql.Marshaler", obj))
+		}
+	}
+}
+
 // endregion ************************** interface.gotpl ***************************
 
 // region    **************************** object.gotpl ****************************
@@ -10522,7 +10623,7 @@ func (ec *executionContext) _Image(ctx context.Context, sel ast.SelectionSet, ob
 	return out
 }
 
-var instanceImplementors = []string{"Instance"}
+var instanceImplementors = []string{"Instance", "Node"}
 
 func (ec *executionContext) _Instance(ctx context.Context, sel ast.SelectionSet, obj *instance.Instance) graphql.Marshaler {
 	fields := graphql.CollectFields(ec.OperationContext, sel, instanceImplementors)
@@ -12139,6 +12240,28 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 					}
 				}()
 				res = ec._Query_instance(ctx, field)
+				if res == graphql.RequiredNull {
+					atomic.AddUint32(&fs.Invalids, 1)
+				}
+				return res
+			}
+
+			rrm := func(ctx context.Context) graphql.Marshaler {
+				return ec.OperationContext.RootResolverMiddleware(ctx,
+					func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
+			}
+
+			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return rrm(innerCtx) })
+		case "node":
+			field := field
+
+			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
+				defer func() {
+					if r := recover(); r != nil {
+						ec.Error(ctx, ec.Recover(ctx, r))
+					}
+				}()
+				res = ec._Query_node(ctx, field)
 				if res == graphql.RequiredNull {
 					atomic.AddUint32(&fs.Invalids, 1)
 				}
@@ -14812,6 +14935,13 @@ func (ec *executionContext) unmarshalONetworkingInput2ᚖgithubᚗcomᚋcomputeq
 	}
 	res, err := ec.unmarshalInputNetworkingInput(ctx, v)
 	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalONode2githubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚐNode(ctx context.Context, sel ast.SelectionSet, v Node) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._Node(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalOOperatingSystem2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐOperatingSystem(ctx context.Context, sel ast.SelectionSet, v *region.OperatingSystem) graphql.Marshaler {

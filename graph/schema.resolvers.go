@@ -278,6 +278,15 @@ func (r *queryResolver) Instance(ctx context.Context, id string) (*instance.Inst
 	return r.Service.Get(ctx, id)
 }
 
+// Node is the resolver for the node field.
+func (r *queryResolver) Node(ctx context.Context, id string) (Node, error) {
+	inst, err := r.Service.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return inst, nil
+}
+
 // Instances is the resolver for the instances field.
 func (r *queryResolver) Instances(ctx context.Context, organizationID string, filter *instance.Filter, first *int, after *string) (*model.InstanceConnection, error) {
 	page, err := r.Service.List(ctx, instance.ListRequest{

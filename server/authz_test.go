@@ -233,6 +233,8 @@ func TestAuthorizationMatrix(t *testing.T) {
 			want: authzRow{unauth, unauth, unauth, empty, ok, ok, ok, ok}},
 		{field: "Query.instance", doc: `query($id: ID!) { instance(id: $id) { id } }`, vars: authzID,
 			want: authzRow{unauth, unauth, unauth, nf, ok, ok, ok, ok}},
+		{field: "Query.node", doc: `query($id: ID!) { node(id: $id) { id } }`, vars: authzID,
+			want: authzRow{unauth, unauth, unauth, nf, ok, ok, ok, ok}},
 		{field: "Query.instances", doc: `{ instances(organizationId: "acme") { totalCount edges { node { id } } } }`,
 			want: authzRow{unauth, unauth, unauth, nf, ok, ok, ok, ok}},
 		{field: "Query.quota", doc: `{ quota(organizationId: "acme") { organizationId limits { kind limit used } } }`,

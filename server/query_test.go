@@ -11,9 +11,9 @@ import (
 	"github.com/computeql/computeql/auth"
 )
 
-// TestInstanceQuery: instance(id) returns an instance the caller may read; a malformed id is
-// BAD_USER_INPUT (without echoing all of it back), and an instance that does not exist or that
-// the caller may not read is NOT_FOUND with instance null.
+// TestInstanceQuery: instance(id:) and node(id:) (Relay's refetch) return an instance the
+// caller may read; a malformed id is BAD_USER_INPUT (without echoing all of it back), and an
+// instance that does not exist or that the caller may not read is NOT_FOUND with null.
 func TestInstanceQuery(t *testing.T) {
 	a := newAPI(t)
 	tok := a.member(t)
@@ -22,43 +22,53 @@ func TestInstanceQuery(t *testing.T) {
 	otherProject := a.mustCreate(t, admin, with("theirs", map[string]any{"projectId": "data", "networkId": "net-acme-data-eu"}))
 	otherOrg := a.mustCreate(t, admin, with("foreign", map[string]any{"organizationId": "globex", "projectId": "prod", "networkId": "net-globex-prod-eu"}))
 
-	const q = `query($id: ID!) { instance(id: $id) { id name organizationId projectId } }`
-	res := a.mustPost(t, tok, q, map[string]any{"id": own.ID})
-	want := map[string]any{"id": own.ID, "name": "mine", "organizationId": "acme", "projectId": "web"}
-	if !reflect.DeepEqual(res.Data["instance"], want) {
-		t.Errorf("instance = %v, want %v", res.Data["instance"], want)
-	}
-	viewer := a.token(t, "v", auth.Grant{OrganizationID: "acme", ProjectID: "web", Role: auth.RoleViewer})
-	if res := a.mustPost(t, viewer, q, map[string]any{"id": own.ID}); res.Data["instance"] == nil {
-		t.Error("a viewer cannot read an instance of its project")
-	}
-
-	tests := []struct {
-		name string
-		id   string
-		code string
-	}{
-		{"word", "nope", "BAD_USER_INPUT"},
-		{"SQL injection", "' OR 1=1", "BAD_USER_INPUT"},
-		{"Redis glob", "*", "BAD_USER_INPUT"},
-		{"10 KB", strings.Repeat("a", 10<<10), "BAD_USER_INPUT"},
-		{"empty", "", "BAD_USER_INPUT"},
-		{"UUID in braces", "{" + own.ID + "}", "BAD_USER_INPUT"},
-		{"UUID URN", "urn:uuid:" + own.ID, "BAD_USER_INPUT"},
-		{"UUID with a trailing newline", own.ID + "\n", "BAD_USER_INPUT"},
-		{"unknown UUID", "0190c7a4-6b1e-7c3d-9f00-1a2b3c4d5e6f", "NOT_FOUND"},
-		{"other project", otherProject.ID, "NOT_FOUND"},
-		{"other organization", otherOrg.ID, "NOT_FOUND"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			res := a.post(t, tok, q, map[string]any{"id": tt.id})
-			wantError(t, res, http.StatusOK, tt.code)
-			if res.Data == nil || res.Data["instance"] != nil {
-				t.Errorf("data = %v, want {instance: null}", res.Data)
+	for _, form := range []struct{ field, q string }{
+		{"instance", `query($id: ID!) { instance(id: $id) { id name organizationId projectId } }`},
+		{"node", `query($id: ID!) { node(id: $id) { id __typename ... on Instance { name organizationId projectId } } }`},
+	} {
+		t.Run(form.field, func(t *testing.T) {
+			q := form.q
+			res := a.mustPost(t, tok, q, map[string]any{"id": own.ID})
+			want := map[string]any{"id": own.ID, "name": "mine", "organizationId": "acme", "projectId": "web"}
+			if form.field == "node" {
+				want["__typename"] = "Instance"
 			}
-			if len(res.Errors) == 1 && len(res.Errors[0].Message) > 300 {
-				t.Errorf("error message of %d bytes echoes the input", len(res.Errors[0].Message))
+			if !reflect.DeepEqual(res.Data[form.field], want) {
+				t.Errorf("%s = %v, want %v", form.field, res.Data[form.field], want)
+			}
+			viewer := a.token(t, "v", auth.Grant{OrganizationID: "acme", ProjectID: "web", Role: auth.RoleViewer})
+			if res := a.mustPost(t, viewer, q, map[string]any{"id": own.ID}); res.Data[form.field] == nil {
+				t.Error("a viewer cannot read an instance of its project")
+			}
+
+			tests := []struct {
+				name string
+				id   string
+				code string
+			}{
+				{"word", "nope", "BAD_USER_INPUT"},
+				{"SQL injection", "' OR 1=1", "BAD_USER_INPUT"},
+				{"Redis glob", "*", "BAD_USER_INPUT"},
+				{"10 KB", strings.Repeat("a", 10<<10), "BAD_USER_INPUT"},
+				{"empty", "", "BAD_USER_INPUT"},
+				{"UUID in braces", "{" + own.ID + "}", "BAD_USER_INPUT"},
+				{"UUID URN", "urn:uuid:" + own.ID, "BAD_USER_INPUT"},
+				{"UUID with a trailing newline", own.ID + "\n", "BAD_USER_INPUT"},
+				{"unknown UUID", "0190c7a4-6b1e-7c3d-9f00-1a2b3c4d5e6f", "NOT_FOUND"},
+				{"other project", otherProject.ID, "NOT_FOUND"},
+				{"other organization", otherOrg.ID, "NOT_FOUND"},
+			}
+			for _, tt := range tests {
+				t.Run(tt.name, func(t *testing.T) {
+					res := a.post(t, tok, q, map[string]any{"id": tt.id})
+					wantError(t, res, http.StatusOK, tt.code)
+					if res.Data == nil || res.Data[form.field] != nil {
+						t.Errorf("data = %v, want {%s: null}", res.Data, form.field)
+					}
+					if len(res.Errors) == 1 && len(res.Errors[0].Message) > 300 {
+						t.Errorf("error message of %d bytes echoes the input", len(res.Errors[0].Message))
+					}
+				})
 			}
 		})
 	}
