@@ -186,6 +186,7 @@ type gqlResponse struct {
 		Path       []any          `json:"path"`
 		Extensions map[string]any `json:"extensions"`
 	} `json:"errors"`
+	Extensions map[string]any `json:"extensions"`
 }
 
 // codes lists the extensions.code of every top-level error.

@@ -108,6 +108,18 @@ func (l *rateLimiter) forgetFull(now time.Duration) {
 	}
 }
 
+// available is how many tokens key's bucket holds now, of burst, taking none.
+func (l *rateLimiter) available(key string, burst int) int {
+	now := l.now().Sub(l.epoch)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, ok := l.buckets.Peek(key)
+	if !ok || b.full <= now {
+		return burst
+	}
+	return max(0, int((l.capacity-(b.full-now))/l.interval))
+}
+
 // len is the number of buckets kept.
 func (l *rateLimiter) len() int {
 	l.mu.Lock()
@@ -125,10 +137,11 @@ func (l *rateLimiter) len() int {
 // (or the socket operation) took one token; the fields after the first take the rest when the
 // operation has been parsed, before any of it runs.
 type rateLimit struct {
-	limiter *rateLimiter
-	burst   int
-	rate    string // for the message, e.g. "50 requests per second with bursts of 100"
-	refused prometheus.Counter
+	limiter   *rateLimiter
+	burst     int
+	perSecond float64
+	rate      string // for the message, e.g. "50 requests per second with bursts of 100"
+	refused   prometheus.Counter
 }
 
 var _ interface {
@@ -150,10 +163,11 @@ func newRateLimit(rate float64, burst int, now func() time.Time, reg prometheus.
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	return &rateLimit{
-		limiter: l,
-		burst:   burst,
-		rate:    strconv.FormatFloat(rate, 'g', -1, 64) + " requests per second with bursts of " + strconv.Itoa(burst),
-		refused: refused,
+		limiter:   l,
+		burst:     burst,
+		perSecond: rate,
+		rate:      strconv.FormatFloat(rate, 'g', -1, 64) + " requests per second with bursts of " + strconv.Itoa(burst),
+		refused:   refused,
 	}, nil
 }
 

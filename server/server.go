@@ -226,9 +226,9 @@ func New(opts Options) (http.Handler, error) {
 	gql.Use(subscriptionLimit{limits})
 	// The rate limit is the first extension, so that a refused operation costs nothing else.
 	rateLimited := func(h http.Handler) http.Handler { return h }
+	var rl *rateLimit
 	if opts.RateLimit >= 0 {
-		rl, err := newRateLimit(opts.RateLimit, opts.RateBurst, opts.now, opts.Registry)
-		if err != nil {
+		if rl, err = newRateLimit(opts.RateLimit, opts.RateBurst, opts.now, opts.Registry); err != nil {
 			return nil, fmt.Errorf("server: %w", err)
 		}
 		gql.Use(rl)
@@ -240,6 +240,7 @@ func New(opts Options) (http.Handler, error) {
 	gql.Use(extension.AutomaticPersistedQuery{Cache: lru.New[string](1000)})
 	gql.Use(depthLimit{max: opts.MaxDepth})
 	gql.Use(extension.FixedComplexityLimit(opts.MaxComplexity))
+	gql.Use(queryCost{rl})
 	gql.Use(storeCallLimit{opts.MaxStoreCallsPerRequest})
 	metrics, err := newOpMetrics(opts.Registry)
 	if err != nil {
