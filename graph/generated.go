@@ -40,6 +40,7 @@ type ResolverRoot interface {
 	Network() NetworkResolver
 	Networking() NetworkingResolver
 	Query() QueryResolver
+	QuotaChange() QuotaChangeResolver
 	QuotaLimit() QuotaLimitResolver
 	Subscription() SubscriptionResolver
 }
@@ -48,6 +49,13 @@ type DirectiveRoot struct {
 }
 
 type ComplexityRoot struct {
+	ChangePlan struct {
+		ChangedFields func(childComplexity int) int
+		QuotaChanges  func(childComplexity int) int
+		Rebuild       func(childComplexity int) int
+		Restart       func(childComplexity int) int
+	}
+
 	Condition struct {
 		LastTransitionTime func(childComplexity int) int
 		Message            func(childComplexity int) int
@@ -68,6 +76,7 @@ type ComplexityRoot struct {
 
 	CreateInstancePayload struct {
 		Instance   func(childComplexity int) int
+		Plan       func(childComplexity int) int
 		UserErrors func(childComplexity int) int
 	}
 
@@ -261,6 +270,11 @@ type ComplexityRoot struct {
 		OrganizationID func(childComplexity int) int
 	}
 
+	QuotaChange struct {
+		Delta func(childComplexity int) int
+		Kind  func(childComplexity int) int
+	}
+
 	QuotaLimit struct {
 		Kind  func(childComplexity int) int
 		Limit func(childComplexity int) int
@@ -324,6 +338,7 @@ type ComplexityRoot struct {
 
 	UpdateInstancePayload struct {
 		Instance   func(childComplexity int) int
+		Plan       func(childComplexity int) int
 		UserErrors func(childComplexity int) int
 	}
 
@@ -404,6 +419,9 @@ type QueryResolver interface {
 	InstanceSSHKey(ctx context.Context, id string) (*model.SSHKey, error)
 	InstanceEvents(ctx context.Context, id string, first *int, after *string) (*model.InstanceEventConnection, error)
 }
+type QuotaChangeResolver interface {
+	Kind(ctx context.Context, obj *instance.QuotaChange) (string, error)
+}
 type QuotaLimitResolver interface {
 	Kind(ctx context.Context, obj *instance.QuotaLimit) (string, error)
 }
@@ -428,6 +446,31 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 	ec := newExecutionContext(nil, e, nil)
 	_ = ec
 	switch typeName + "." + field {
+
+	case "ChangePlan.changedFields":
+		if e.ComplexityRoot.ChangePlan.ChangedFields == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ChangePlan.ChangedFields(childComplexity), true
+	case "ChangePlan.quotaChanges":
+		if e.ComplexityRoot.ChangePlan.QuotaChanges == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ChangePlan.QuotaChanges(childComplexity), true
+	case "ChangePlan.rebuild":
+		if e.ComplexityRoot.ChangePlan.Rebuild == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ChangePlan.Rebuild(childComplexity), true
+	case "ChangePlan.restart":
+		if e.ComplexityRoot.ChangePlan.Restart == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ChangePlan.Restart(childComplexity), true
 
 	case "Condition.lastTransitionTime":
 		if e.ComplexityRoot.Condition.LastTransitionTime == nil {
@@ -492,6 +535,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.CreateInstancePayload.Instance(childComplexity), true
+	case "CreateInstancePayload.plan":
+		if e.ComplexityRoot.CreateInstancePayload.Plan == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CreateInstancePayload.Plan(childComplexity), true
 	case "CreateInstancePayload.userErrors":
 		if e.ComplexityRoot.CreateInstancePayload.UserErrors == nil {
 			break
@@ -1383,6 +1432,19 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Quota.OrganizationID(childComplexity), true
 
+	case "QuotaChange.delta":
+		if e.ComplexityRoot.QuotaChange.Delta == nil {
+			break
+		}
+
+		return e.ComplexityRoot.QuotaChange.Delta(childComplexity), true
+	case "QuotaChange.kind":
+		if e.ComplexityRoot.QuotaChange.Kind == nil {
+			break
+		}
+
+		return e.ComplexityRoot.QuotaChange.Kind(childComplexity), true
+
 	case "QuotaLimit.kind":
 		if e.ComplexityRoot.QuotaLimit.Kind == nil {
 			break
@@ -1573,6 +1635,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.UpdateInstancePayload.Instance(childComplexity), true
+	case "UpdateInstancePayload.plan":
+		if e.ComplexityRoot.UpdateInstancePayload.Plan == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UpdateInstancePayload.Plan(childComplexity), true
 	case "UpdateInstancePayload.userErrors":
 		if e.ComplexityRoot.UpdateInstancePayload.UserErrors == nil {
 			break
@@ -2163,6 +2231,8 @@ input CreateInstanceInput {
   userData: String
   "Refuse deleteInstance until an update clears it. Defaults to false."
   deletionProtection: Boolean
+  "Check everything and answer with the plan (and any userErrors) instead of creating: nothing is written."
+  dryRun: Boolean
 }
 
 input UpdateInstanceInput {
@@ -2188,6 +2258,8 @@ input UpdateInstanceInput {
   allowRebuild: Boolean
   "When given, the update is refused with CONFLICT unless the instance is still at this generation."
   expectedGeneration: Int
+  "Check everything and answer with the plan (and any userErrors) instead of updating: nothing is written."
+  dryRun: Boolean
 }
 
 input DeleteInstanceInput {
@@ -2195,13 +2267,38 @@ input DeleteInstanceInput {
 }
 
 type CreateInstancePayload {
+  "Null for a dry run."
   instance: Instance
   userErrors: [UserError!]!
+  "What a dry run found the change would do; null otherwise, and when userErrors is not empty."
+  plan: ChangePlan
 }
 
 type UpdateInstancePayload {
+  "Null for a dry run."
   instance: Instance
   userErrors: [UserError!]!
+  "What a dry run found the change would do; null otherwise, and when userErrors is not empty."
+  plan: ChangePlan
+}
+
+"What a create or an update would do, as a dry run reports it instead of doing it."
+type ChangePlan {
+  "The server would be destroyed and recreated: its disk, IP addresses and MAC address are lost."
+  rebuild: Boolean!
+  "The server would be stopped and started again."
+  restart: Boolean!
+  "The instance's fields that would change (none for a create)."
+  changedFields: [String!]!
+  "How the organization's quota usage would change, per kind that changes."
+  quotaChanges: [QuotaChange!]!
+}
+
+type QuotaChange {
+  "One of servers, gpus, publicIPs, cpus, memoryGiB."
+  kind: String!
+  "Positive: taken; negative: given back."
+  delta: Int!
 }
 
 type DeleteInstancePayload {
@@ -2372,6 +2469,20 @@ var parsedSchema = gqlparser.MustLoadSchema(sources...)
 // Each function is generated once per unique object type, deduplicating the
 // switch statements that were previously inlined in every fieldContext_* function.
 
+func (ec *executionContext) childFields_ChangePlan(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "rebuild":
+		return ec.fieldContext_ChangePlan_rebuild(ctx, field)
+	case "restart":
+		return ec.fieldContext_ChangePlan_restart(ctx, field)
+	case "changedFields":
+		return ec.fieldContext_ChangePlan_changedFields(ctx, field)
+	case "quotaChanges":
+		return ec.fieldContext_ChangePlan_quotaChanges(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ChangePlan", field.Name)
+}
+
 func (ec *executionContext) childFields_Condition(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "type":
@@ -2414,6 +2525,8 @@ func (ec *executionContext) childFields_CreateInstancePayload(ctx context.Contex
 		return ec.fieldContext_CreateInstancePayload_instance(ctx, field)
 	case "userErrors":
 		return ec.fieldContext_CreateInstancePayload_userErrors(ctx, field)
+	case "plan":
+		return ec.fieldContext_CreateInstancePayload_plan(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type CreateInstancePayload", field.Name)
 }
@@ -2740,6 +2853,16 @@ func (ec *executionContext) childFields_Quota(ctx context.Context, field graphql
 	return nil, fmt.Errorf("no field named %q was found under type Quota", field.Name)
 }
 
+func (ec *executionContext) childFields_QuotaChange(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "kind":
+		return ec.fieldContext_QuotaChange_kind(ctx, field)
+	case "delta":
+		return ec.fieldContext_QuotaChange_delta(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type QuotaChange", field.Name)
+}
+
 func (ec *executionContext) childFields_QuotaLimit(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "kind":
@@ -2860,6 +2983,8 @@ func (ec *executionContext) childFields_UpdateInstancePayload(ctx context.Contex
 		return ec.fieldContext_UpdateInstancePayload_instance(ctx, field)
 	case "userErrors":
 		return ec.fieldContext_UpdateInstancePayload_userErrors(ctx, field)
+	case "plan":
+		return ec.fieldContext_UpdateInstancePayload_plan(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type UpdateInstancePayload", field.Name)
 }
@@ -3448,6 +3573,107 @@ func (ec *executionContext) field___Type_fields_args(ctx context.Context, rawArg
 
 // region    **************************** field.gotpl *****************************
 
+func (ec *executionContext) _ChangePlan_rebuild(ctx context.Context, field graphql.CollectedField, obj *instance.Plan) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ChangePlan_rebuild(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Rebuild, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ChangePlan_rebuild(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ChangePlan", field, false, false, errors.New("field of type Boolean does not have child fields"))
+}
+
+func (ec *executionContext) _ChangePlan_restart(ctx context.Context, field graphql.CollectedField, obj *instance.Plan) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ChangePlan_restart(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Restart, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ChangePlan_restart(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ChangePlan", field, false, false, errors.New("field of type Boolean does not have child fields"))
+}
+
+func (ec *executionContext) _ChangePlan_changedFields(ctx context.Context, field graphql.CollectedField, obj *instance.Plan) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ChangePlan_changedFields(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ChangedFields, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []string) graphql.Marshaler {
+			return ec.marshalNString2ᚕstringᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ChangePlan_changedFields(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ChangePlan", field, false, false, errors.New("field of type String does not have child fields"))
+}
+
+func (ec *executionContext) _ChangePlan_quotaChanges(ctx context.Context, field graphql.CollectedField, obj *instance.Plan) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ChangePlan_quotaChanges(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.QuotaChanges, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []instance.QuotaChange) graphql.Marshaler {
+			return ec.marshalNQuotaChange2ᚕgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐQuotaChangeᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ChangePlan_quotaChanges(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ChangePlan",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_QuotaChange(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Condition_type(ctx context.Context, field graphql.CollectedField, obj *instance.Condition) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -3732,6 +3958,38 @@ func (ec *executionContext) fieldContext_CreateInstancePayload_userErrors(_ cont
 		IsResolver: false,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 			return ec.childFields_UserError(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _CreateInstancePayload_plan(ctx context.Context, field graphql.CollectedField, obj *model.CreateInstancePayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CreateInstancePayload_plan(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Plan, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *instance.Plan) graphql.Marshaler {
+			return ec.marshalOChangePlan2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐPlan(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_CreateInstancePayload_plan(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "CreateInstancePayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ChangePlan(ctx, field)
 		},
 	}
 	return fc, nil
@@ -7415,6 +7673,52 @@ func (ec *executionContext) fieldContext_Quota_limits(_ context.Context, field g
 	return fc, nil
 }
 
+func (ec *executionContext) _QuotaChange_kind(ctx context.Context, field graphql.CollectedField, obj *instance.QuotaChange) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_QuotaChange_kind(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.QuotaChange().Kind(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_QuotaChange_kind(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("QuotaChange", field, true, true, errors.New("field of type String does not have child fields"))
+}
+
+func (ec *executionContext) _QuotaChange_delta(ctx context.Context, field graphql.CollectedField, obj *instance.QuotaChange) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_QuotaChange_delta(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Delta, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt2int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_QuotaChange_delta(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("QuotaChange", field, false, false, errors.New("field of type Int does not have child fields"))
+}
+
 func (ec *executionContext) _QuotaLimit_kind(ctx context.Context, field graphql.CollectedField, obj *instance.QuotaLimit) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -8184,6 +8488,38 @@ func (ec *executionContext) fieldContext_UpdateInstancePayload_userErrors(_ cont
 		IsResolver: false,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 			return ec.childFields_UserError(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _UpdateInstancePayload_plan(ctx context.Context, field graphql.CollectedField, obj *model.UpdateInstancePayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UpdateInstancePayload_plan(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Plan, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *instance.Plan) graphql.Marshaler {
+			return ec.marshalOChangePlan2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐPlan(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_UpdateInstancePayload_plan(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "UpdateInstancePayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ChangePlan(ctx, field)
 		},
 	}
 	return fc, nil
@@ -9358,7 +9694,7 @@ func (ec *executionContext) unmarshalInputCreateInstanceInput(ctx context.Contex
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"organizationId", "projectId", "networkId", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "deletionProtection"}
+	fieldsInOrder := [...]string{"organizationId", "projectId", "networkId", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "deletionProtection", "dryRun"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -9449,6 +9785,13 @@ func (ec *executionContext) unmarshalInputCreateInstanceInput(ctx context.Contex
 				return it, err
 			}
 			it.DeletionProtection = data
+		case "dryRun":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("dryRun"))
+			data, err := ec.unmarshalOBoolean2ᚖbool(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.DryRun = data
 		}
 	}
 	return it, nil
@@ -9870,7 +10213,7 @@ func (ec *executionContext) unmarshalInputUpdateInstanceInput(ctx context.Contex
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"id", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "deletionProtection", "allowRebuild", "expectedGeneration"}
+	fieldsInOrder := [...]string{"id", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "deletionProtection", "allowRebuild", "expectedGeneration", "dryRun"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -9961,6 +10304,13 @@ func (ec *executionContext) unmarshalInputUpdateInstanceInput(ctx context.Contex
 				return it, err
 			}
 			it.ExpectedGeneration = data
+		case "dryRun":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("dryRun"))
+			data, err := ec.unmarshalOBoolean2ᚖbool(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.DryRun = data
 		}
 	}
 	return it, nil
@@ -9993,6 +10343,59 @@ func (ec *executionContext) _Node(ctx context.Context, sel ast.SelectionSet, obj
 // endregion ************************** interface.gotpl ***************************
 
 // region    **************************** object.gotpl ****************************
+
+var changePlanImplementors = []string{"ChangePlan"}
+
+func (ec *executionContext) _ChangePlan(ctx context.Context, sel ast.SelectionSet, obj *instance.Plan) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, changePlanImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferredFieldSet := graphql.NewFieldSet(nil)
+	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ChangePlan")
+		case "rebuild":
+			out.Values[i] = ec._ChangePlan_rebuild(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "restart":
+			out.Values[i] = ec._ChangePlan_restart(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "changedFields":
+			out.Values[i] = ec._ChangePlan_changedFields(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "quotaChanges":
+			out.Values[i] = ec._ChangePlan_quotaChanges(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
+
+	ec.ProcessDeferredGroup(graphql.DeferredGroup{
+		Defers:   deferLabelToView,
+		Path:     graphql.GetPath(ctx),
+		FieldSet: deferredFieldSet,
+		Context:  ctx,
+	})
+
+	return out
+}
 
 var conditionImplementors = []string{"Condition"}
 
@@ -10158,6 +10561,11 @@ func (ec *executionContext) _CreateInstancePayload(ctx context.Context, sel ast.
 		case "userErrors":
 			out.Values[i] = ec._CreateInstancePayload_userErrors(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "plan":
+			out.Values[i] = ec._CreateInstancePayload_plan(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		default:
@@ -12440,6 +12848,82 @@ func (ec *executionContext) _Quota(ctx context.Context, sel ast.SelectionSet, ob
 	return out
 }
 
+var quotaChangeImplementors = []string{"QuotaChange"}
+
+func (ec *executionContext) _QuotaChange(ctx context.Context, sel ast.SelectionSet, obj *instance.QuotaChange) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, quotaChangeImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferredFieldSet := graphql.NewFieldSet(nil)
+	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("QuotaChange")
+		case "kind":
+			field := field
+
+			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
+				defer func() {
+					if r := recover(); r != nil {
+						ec.Error(ctx, ec.Recover(ctx, r))
+					}
+				}()
+				res = ec._QuotaChange_kind(ctx, field, obj)
+				if res == graphql.Null {
+					atomic.AddUint32(&fs.Invalids, 1)
+				}
+				return res
+			}
+
+			if field.IsDeferred() {
+				deferredFieldSet.AddField(field)
+				fieldIndex := len(deferredFieldSet.Values) - 1
+				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
+					return innerFunc(ctx, deferredFieldSet)
+				})
+
+				for _, deferrable := range field.Deferrables {
+					view, ok := deferLabelToView[deferrable.Label]
+					if !ok {
+						view = deferredFieldSet.NewView()
+						deferLabelToView[deferrable.Label] = view
+					}
+					view.AddIndices(fieldIndex)
+				}
+
+				// don't run the out.Concurrently() call below
+				out.Values[i] = graphql.Null
+				continue
+			}
+
+			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
+		case "delta":
+			out.Values[i] = ec._QuotaChange_delta(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
+
+	ec.ProcessDeferredGroup(graphql.DeferredGroup{
+		Defers:   deferLabelToView,
+		Path:     graphql.GetPath(ctx),
+		FieldSet: deferredFieldSet,
+		Context:  ctx,
+	})
+
+	return out
+}
+
 var quotaLimitImplementors = []string{"QuotaLimit"}
 
 func (ec *executionContext) _QuotaLimit(ctx context.Context, sel ast.SelectionSet, obj *instance.QuotaLimit) graphql.Marshaler {
@@ -12978,6 +13462,11 @@ func (ec *executionContext) _UpdateInstancePayload(ctx context.Context, sel ast.
 		case "userErrors":
 			out.Values[i] = ec._UpdateInstancePayload_userErrors(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "plan":
+			out.Values[i] = ec._UpdateInstancePayload_plan(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		default:
@@ -14121,6 +14610,26 @@ func (ec *executionContext) marshalNQuota2ᚖgithubᚗcomᚋcomputeqlᚋcomputeq
 	return ec._Quota(ctx, sel, v)
 }
 
+func (ec *executionContext) marshalNQuotaChange2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐQuotaChange(ctx context.Context, sel ast.SelectionSet, v instance.QuotaChange) graphql.Marshaler {
+	return ec._QuotaChange(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNQuotaChange2ᚕgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐQuotaChangeᚄ(ctx context.Context, sel ast.SelectionSet, v []instance.QuotaChange) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNQuotaChange2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐQuotaChange(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
 func (ec *executionContext) marshalNQuotaLimit2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐQuotaLimit(ctx context.Context, sel ast.SelectionSet, v instance.QuotaLimit) graphql.Marshaler {
 	return ec._QuotaLimit(ctx, sel, &v)
 }
@@ -14716,6 +15225,13 @@ func (ec *executionContext) marshalOBoolean2ᚖbool(ctx context.Context, sel ast
 	_ = ctx
 	res := graphql.MarshalBoolean(*v)
 	return res
+}
+
+func (ec *executionContext) marshalOChangePlan2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐPlan(ctx context.Context, sel ast.SelectionSet, v *instance.Plan) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._ChangePlan(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalOConsoleSession2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐConsoleSession(ctx context.Context, sel ast.SelectionSet, v *model.ConsoleSession) graphql.Marshaler {

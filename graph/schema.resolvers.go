@@ -121,6 +121,14 @@ func (r *instanceStatusResolver) MacAddress(ctx context.Context, obj *instance.S
 
 // CreateInstance is the resolver for the createInstance field.
 func (r *mutationResolver) CreateInstance(ctx context.Context, input instance.CreateRequest) (*model.CreateInstancePayload, error) {
+	if input.DryRun != nil && *input.DryRun {
+		plan, err := r.Service.DryRunCreate(ctx, input)
+		problems, err := splitUserErrors(err)
+		if err != nil {
+			return nil, err
+		}
+		return &model.CreateInstancePayload{Plan: plan, UserErrors: problems}, nil
+	}
 	inst, err := r.Service.Create(ctx, input)
 	problems, err := splitUserErrors(err)
 	if err != nil {
@@ -145,6 +153,14 @@ func (r *mutationResolver) UpdateInstance(ctx context.Context, input model.Updat
 		DeletionProtection:        input.DeletionProtection,
 		AllowRebuild:              input.AllowRebuild != nil && *input.AllowRebuild,
 		ExpectedGeneration:        int64Ptr(input.ExpectedGeneration),
+	}
+	if input.DryRun != nil && *input.DryRun {
+		plan, err := r.Service.DryRunUpdate(ctx, req)
+		problems, err := splitUserErrors(err)
+		if err != nil {
+			return nil, err
+		}
+		return &model.UpdateInstancePayload{Plan: plan, UserErrors: problems}, nil
 	}
 	inst, err := r.Service.Update(ctx, req)
 	problems, err := splitUserErrors(err)
@@ -348,6 +364,11 @@ func (r *queryResolver) InstanceEvents(ctx context.Context, id string, first *in
 }
 
 // Kind is the resolver for the kind field.
+func (r *quotaChangeResolver) Kind(ctx context.Context, obj *instance.QuotaChange) (string, error) {
+	return string(obj.Kind), nil
+}
+
+// Kind is the resolver for the kind field.
 func (r *quotaLimitResolver) Kind(ctx context.Context, obj *instance.QuotaLimit) (string, error) {
 	return string(obj.Kind), nil
 }
@@ -381,6 +402,9 @@ func (r *Resolver) Networking() NetworkingResolver { return &networkingResolver{
 // Query returns QueryResolver implementation.
 func (r *Resolver) Query() QueryResolver { return &queryResolver{r} }
 
+// QuotaChange returns QuotaChangeResolver implementation.
+func (r *Resolver) QuotaChange() QuotaChangeResolver { return &quotaChangeResolver{r} }
+
 // QuotaLimit returns QuotaLimitResolver implementation.
 func (r *Resolver) QuotaLimit() QuotaLimitResolver { return &quotaLimitResolver{r} }
 
@@ -396,6 +420,7 @@ type (
 	networkResolver        struct{ *Resolver }
 	networkingResolver     struct{ *Resolver }
 	queryResolver          struct{ *Resolver }
+	quotaChangeResolver    struct{ *Resolver }
 	quotaLimitResolver     struct{ *Resolver }
 	subscriptionResolver   struct{ *Resolver }
 )

@@ -29,6 +29,8 @@ type CreateRequest struct {
 	UserData *string
 	// DeletionProtection refuses deleteInstance until an update clears it.
 	DeletionProtection *bool
+	// DryRun asks what the create would do (Service.DryRunCreate) instead of doing it.
+	DryRun *bool
 }
 
 // NetworkingRequest is requested networking; on update, fields left nil stay as they are.
@@ -57,18 +59,80 @@ func (r *NetworkingRequest) apply(n Networking) Networking {
 // Create validates the request (DOMAIN.md §3, every failure at once), then stores the
 // instance, claims its name and charges its quota in one atomic step, and queues it.
 func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, error) {
-	pr, err := Principal(ctx)
+	inst, network, p, err := s.prepareCreate(ctx, req)
 	if err != nil {
 		return nil, err
+	}
+	if p.any() {
+		return nil, s.refuseCreate(ctx, p, inst, network, req.Name)
+	}
+	refusal, err := s.store.Create(ctx, inst, NameClaim(network.ID, req.Name), s.limits(inst.OrganizationID))
+	if err != nil {
+		return nil, internal("create instance", err)
+	}
+	if refusal != nil {
+		if refusal.NameTaken {
+			// The claim was taken when the store refused; its holder is read to name it, and
+			// if it has gone meanwhile the refusal stands all the same.
+			if taken, err := s.checkNameFree(ctx, &p, inst.OrganizationID, network.ID, req.Name); err != nil || !taken {
+				addNameTaken(&p, req.Name, network.ID)
+			}
+		}
+		addQuotaProblems(&p, refusal.Exceeded)
+		return nil, p.err()
+	}
+	inst.Generation, inst.StatusVersion = 1, 1
+	s.enqueue(ctx, inst)
+	return inst, nil
+}
+
+// DryRunCreate validates a create as Create does, the taken name and the quota included, and
+// says what it would do, writing nothing.
+func (s *Service) DryRunCreate(ctx context.Context, req CreateRequest) (*Plan, error) {
+	inst, network, p, err := s.prepareCreate(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.refuseCreate(ctx, p, inst, network, req.Name); err != nil {
+		return nil, err
+	}
+	return &Plan{ChangedFields: []string{}, QuotaChanges: quotaChanges(inst.Charge)}, nil
+}
+
+// refuseCreate adds a taken name and a lack of quota to the create's problems, so that every
+// problem comes at once, and returns them (nil when there are none). The authoritative checks
+// are the store's atomic ones.
+func (s *Service) refuseCreate(ctx context.Context, p problems, inst *Instance, network *region.Network, name string) error {
+	if network != nil && namePattern.MatchString(name) {
+		if _, err := s.checkNameFree(ctx, &p, inst.OrganizationID, network.ID, name); err != nil {
+			return internal("create instance", err)
+		}
+	}
+	if err := s.precheckQuota(ctx, &p, inst.OrganizationID, inst.Charge); err != nil {
+		return internal("create instance", err)
+	}
+	if p.any() {
+		return p.err()
+	}
+	return nil
+}
+
+// prepareCreate checks a create and builds the instance it would make, returning the
+// problems found; the network is nil when it is not the caller's. An error is a refusal of the
+// whole request (an unknown project, a caller without the role).
+func (s *Service) prepareCreate(ctx context.Context, req CreateRequest) (*Instance, *region.Network, problems, error) {
+	pr, err := Principal(ctx)
+	if err != nil {
+		return nil, nil, problems{}, err
 	}
 	org, project := req.OrganizationID, req.ProjectID
 	// A project the caller may not see answers as one that does not exist, word for word:
 	// the answer must not tell which organizations and projects exist.
 	if !s.cat.HasProject(org, project) || !pr.RoleIn(org, project).Includes(auth.RoleViewer) {
-		return nil, Errorf(CodeNotFound, "project %q of organization %q not found", project, org)
+		return nil, nil, problems{}, Errorf(CodeNotFound, "project %q of organization %q not found", project, org)
 	}
 	if err := authorize(pr, org, project, auth.RoleMember, "project "+strconv.Quote(project)); err != nil {
-		return nil, err
+		return nil, nil, problems{}, err
 	}
 
 	var p problems
@@ -107,23 +171,13 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, err
 		cost = charge(flavor, networking.PublicIP)
 	}
 	if p.any() {
-		// Refused anyway: also report a taken name and quota, so every problem comes at once.
-		// The authoritative checks are the store's atomic ones.
-		if network != nil && namePattern.MatchString(req.Name) {
-			if _, err := s.checkNameFree(ctx, &p, org, network.ID, req.Name); err != nil {
-				return nil, internal("create instance", err)
-			}
-		}
-		if err := s.precheckQuota(ctx, &p, org, cost); err != nil {
-			return nil, internal("create instance", err)
-		}
-		return nil, p.err()
+		return &Instance{OrganizationID: org, Spec: Spec{Charge: cost}}, network, p, nil
 	}
 
 	now := s.now().UTC()
 	id, err := uuid.NewV7()
 	if err != nil {
-		return nil, internal("create instance: new id", err)
+		return nil, nil, p, internal("create instance: new id", err)
 	}
 	inst := &Instance{
 		ID:             id.String(),
@@ -157,24 +211,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, err
 			}},
 		},
 	}
-	refusal, err := s.store.Create(ctx, inst, NameClaim(network.ID, req.Name), s.limits(org))
-	if err != nil {
-		return nil, internal("create instance", err)
-	}
-	if refusal != nil {
-		if refusal.NameTaken {
-			// The claim was taken when the store refused; its holder is read to name it, and
-			// if it has gone meanwhile the refusal stands all the same.
-			if taken, err := s.checkNameFree(ctx, &p, org, network.ID, req.Name); err != nil || !taken {
-				addNameTaken(&p, req.Name, network.ID)
-			}
-		}
-		addQuotaProblems(&p, refusal.Exceeded)
-		return nil, p.err()
-	}
-	inst.Generation, inst.StatusVersion = 1, 1
-	s.enqueue(ctx, inst)
-	return inst, nil
+	return inst, network, p, nil
 }
 
 // checkNameFree adds a CONFLICT when an instance holds the name on the network, quoting its
@@ -272,6 +309,63 @@ type UpdateRequest struct {
 // realised by rebuilding the server need AllowRebuild; the write is compare-and-set on the
 // generation the change was validated against.
 func (s *Service) Update(ctx context.Context, req UpdateRequest) (*Instance, error) {
+	u, err := s.prepareUpdate(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	cur := u.cur
+	if u.p.any() {
+		if err := s.precheckQuota(ctx, &u.p, cur.OrganizationID, u.delta); err != nil {
+			return nil, internal("update instance", err)
+		}
+		return nil, u.p.err()
+	}
+	inst := *cur
+	inst.Spec = u.next
+	refusal, err := s.store.UpdateSpec(ctx, &inst, u.delta, s.limits(cur.OrganizationID), nil, SpecChanges(cur.Spec, u.next))
+	if err != nil {
+		return nil, internal("update instance", err)
+	}
+	if refusal != nil {
+		return nil, s.updateRefused(refusal, req.ID, req.ExpectedGeneration != nil)
+	}
+	inst.Generation++
+	s.enqueue(ctx, &inst)
+	return &inst, nil
+}
+
+// DryRunUpdate validates an update as Update does, the quota included, and says what it would
+// do, writing nothing.
+func (s *Service) DryRunUpdate(ctx context.Context, req UpdateRequest) (*Plan, error) {
+	u, err := s.prepareUpdate(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.precheckQuota(ctx, &u.p, u.cur.OrganizationID, u.delta); err != nil {
+		return nil, internal("update instance", err)
+	}
+	if u.p.any() {
+		return nil, u.p.err()
+	}
+	changed := SpecChanges(u.cur.Spec, u.next)
+	if changed == nil {
+		changed = []string{}
+	}
+	return &Plan{Rebuild: u.next.RebuildGeneration > u.cur.RebuildGeneration, ChangedFields: changed, QuotaChanges: quotaChanges(u.delta)}, nil
+}
+
+// preparedUpdate is an update checked: the instance, its spec as the update leaves it, the
+// quota it takes or gives back, and the problems found.
+type preparedUpdate struct {
+	cur   *Instance
+	next  Spec
+	delta quota.Amounts
+	p     problems
+}
+
+// prepareUpdate checks an update against the instance. An error is a refusal of the whole
+// request (not found, not allowed, being deleted).
+func (s *Service) prepareUpdate(ctx context.Context, req UpdateRequest) (*preparedUpdate, error) {
 	pr, err := Principal(ctx)
 	if err != nil {
 		return nil, err
@@ -365,31 +459,42 @@ func (s *Service) Update(ctx context.Context, req UpdateRequest) (*Instance, err
 		checkRegionOffers(&p, s.cat, next.RegionID, nil, next.Networking.PublicIP)
 	}
 	delta := cost.Sub(cur.Charge)
-	if p.any() {
-		if err := s.precheckQuota(ctx, &p, cur.OrganizationID, delta); err != nil {
-			return nil, internal("update instance", err)
-		}
-		return nil, p.err()
-	}
 	if len(rebuild) > 0 {
 		next.RebuildGeneration = cur.Generation + 1
 	}
 	next.Charge = cost
 	next.UpdatedAt = s.now().UTC()
 	next.UpdatedBy = pr.Subject
+	return &preparedUpdate{cur: cur, next: next, delta: delta, p: p}, nil
+}
 
-	inst := *cur
-	inst.Spec = next
-	refusal, err := s.store.UpdateSpec(ctx, &inst, delta, s.limits(cur.OrganizationID), nil, SpecChanges(cur.Spec, next))
-	if err != nil {
-		return nil, internal("update instance", err)
+// Plan is what a create or an update would do, as a dry run reports it instead of doing it.
+type Plan struct {
+	// Rebuild: the server would be destroyed and recreated (its disk, IPs and MAC lost).
+	Rebuild bool
+	// Restart: the server would be stopped and started again. No change does so today.
+	Restart bool
+	// ChangedFields are the instance's fields that would change (none for a create).
+	ChangedFields []string
+	// QuotaChanges is the change of the organization's usage, per kind that changes.
+	QuotaChanges []QuotaChange
+}
+
+// QuotaChange is how much of one kind of quota a change takes (positive) or gives back.
+type QuotaChange struct {
+	Kind  quota.Kind
+	Delta int64
+}
+
+// quotaChanges lists the kinds a delta changes, in the order of quota.Kinds.
+func quotaChanges(delta quota.Amounts) []QuotaChange {
+	out := []QuotaChange{}
+	for _, k := range quota.Kinds {
+		if d := delta[k]; d != 0 {
+			out = append(out, QuotaChange{Kind: k, Delta: d})
+		}
 	}
-	if refusal != nil {
-		return nil, s.updateRefused(refusal, req.ID, req.ExpectedGeneration != nil)
-	}
-	inst.Generation++
-	s.enqueue(ctx, &inst)
-	return &inst, nil
+	return out
 }
 
 func withPublicIP(a quota.Amounts, on bool) quota.Amounts {

@@ -25,8 +25,11 @@ type CreateConsoleSessionPayload struct {
 }
 
 type CreateInstancePayload struct {
+	// Null for a dry run.
 	Instance   *instance.Instance    `json:"instance,omitempty"`
 	UserErrors []instance.FieldError `json:"userErrors"`
+	// What a dry run found the change would do; null otherwise, and when userErrors is not empty.
+	Plan *instance.Plan `json:"plan,omitempty"`
 }
 
 type DeleteInstanceInput struct {
@@ -167,9 +170,14 @@ type UpdateInstanceInput struct {
 	AllowRebuild *bool `json:"allowRebuild,omitempty"`
 	// When given, the update is refused with CONFLICT unless the instance is still at this generation.
 	ExpectedGeneration *int `json:"expectedGeneration,omitempty"`
+	// Check everything and answer with the plan (and any userErrors) instead of updating: nothing is written.
+	DryRun *bool `json:"dryRun,omitempty"`
 }
 
 type UpdateInstancePayload struct {
+	// Null for a dry run.
 	Instance   *instance.Instance    `json:"instance,omitempty"`
 	UserErrors []instance.FieldError `json:"userErrors"`
+	// What a dry run found the change would do; null otherwise, and when userErrors is not empty.
+	Plan *instance.Plan `json:"plan,omitempty"`
 }
