@@ -1,15 +1,13 @@
 package instance_test
 
 import (
-	"context"
 	"maps"
 	"net/netip"
 	"slices"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/computeql/computeql/instance"
+	"github.com/computeql/computeql/redistest"
 	"github.com/computeql/computeql/region"
 )
 
@@ -52,26 +50,6 @@ func labCreate() instance.CreateRequest {
 		OrganizationID: "acme", ProjectID: "web", NetworkID: "net-acme-web-lab",
 		Name: "lab-1", FlavorID: "lv.small", ImageID: "lab-linux",
 	}
-}
-
-// redisDump is every key of the database with its serialized value: two dumps are equal only
-// if nothing was written in between.
-func redisDump(t *testing.T, rdb *redis.Client) map[string]string {
-	t.Helper()
-	ctx := context.Background()
-	out := map[string]string{}
-	iter := rdb.Scan(ctx, 0, "*", 1000).Iterator()
-	for iter.Next(ctx) {
-		v, err := rdb.Dump(ctx, iter.Val()).Result()
-		if err != nil {
-			t.Fatalf("DUMP %s: %v", iter.Val(), err)
-		}
-		out[iter.Val()] = v
-	}
-	if err := iter.Err(); err != nil {
-		t.Fatalf("SCAN: %v", err)
-	}
-	return out
 }
 
 func wantUnchanged(t *testing.T, before, after map[string]string) {
@@ -141,7 +119,7 @@ func TestCreateInALibvirtRegion(t *testing.T) {
 			if tc.edit != nil {
 				tc.edit(&req)
 			}
-			before := redisDump(t, e.rdb)
+			before := redistest.State(t, e.rdb)
 			inst, err := e.svc.Create(acmeMember, req)
 			if tc.want == nil {
 				if err != nil {
@@ -157,7 +135,7 @@ func TestCreateInALibvirtRegion(t *testing.T) {
 			if inst != nil {
 				t.Errorf("refused create returned an instance: %+v", inst)
 			}
-			wantUnchanged(t, before, redisDump(t, e.rdb))
+			wantUnchanged(t, before, redistest.State(t, e.rdb))
 		})
 	}
 }
@@ -188,7 +166,7 @@ func TestUpdateInALibvirtRegion(t *testing.T) {
 			inst := e.create(t, acmeMember, labCreate())
 			req := tc.req
 			req.ID = inst.ID
-			before := redisDump(t, e.rdb)
+			before := redistest.State(t, e.rdb)
 			got, err := e.svc.Update(acmeMember, req)
 			if tc.want == nil {
 				if err != nil {
@@ -201,7 +179,7 @@ func TestUpdateInALibvirtRegion(t *testing.T) {
 			}
 			inv := wantProblems(t, err, tc.want...)
 			wantMessage(t, inv, tc.msg)
-			wantUnchanged(t, before, redisDump(t, e.rdb))
+			wantUnchanged(t, before, redistest.State(t, e.rdb))
 			if stored := e.get(t, acmeMember, inst.ID); stored.Generation != 1 || stored.Networking.PublicIP || stored.FlavorID != "lv.small" {
 				t.Errorf("refused update was written: generation %d, public IP %t, flavor %s", stored.Generation, stored.Networking.PublicIP, stored.FlavorID)
 			}

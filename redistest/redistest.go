@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -68,4 +69,50 @@ func UsedMemory(tb testing.TB, c redis.UniversalClient) int64 {
 		tb.Fatal(err)
 	}
 	return n
+}
+
+// State returns every key of the database with its content, to show that a refusal wrote
+// nothing. Content is read by type (a hash's fields and values, a sorted set's members and
+// scores, a stream's entries…), not with DUMP, whose bytes follow a hash's internal order,
+// which even a read may change while Redis rehashes it.
+func State(tb testing.TB, c *redis.Client) map[string]string {
+	tb.Helper()
+	ctx := context.Background()
+	keys, err := c.Keys(ctx, "*").Result()
+	if err != nil {
+		tb.Fatalf("redistest: KEYS: %v", err)
+	}
+	out := make(map[string]string, len(keys))
+	for _, k := range keys {
+		typ, err := c.Type(ctx, k).Result()
+		if err != nil {
+			tb.Fatalf("redistest: TYPE %s: %v", k, err)
+		}
+		var v any
+		switch typ {
+		case "string":
+			v, err = c.Get(ctx, k).Result()
+		case "hash":
+			v, err = c.HGetAll(ctx, k).Result()
+		case "zset":
+			v, err = c.ZRangeWithScores(ctx, k, 0, -1).Result()
+		case "set":
+			var m []string
+			if m, err = c.SMembers(ctx, k).Result(); err == nil {
+				slices.Sort(m)
+				v = m
+			}
+		case "list":
+			v, err = c.LRange(ctx, k, 0, -1).Result()
+		case "stream":
+			v, err = c.XRange(ctx, k, "-", "+").Result()
+		default:
+			v, err = c.Dump(ctx, k).Result()
+		}
+		if err != nil {
+			tb.Fatalf("redistest: read %s (%s): %v", k, typ, err)
+		}
+		out[k] = typ + " " + fmt.Sprint(v)
+	}
+	return out
 }

@@ -4,6 +4,8 @@ import (
 	"maps"
 	"reflect"
 	"testing"
+
+	"github.com/computeql/computeql/redistest"
 )
 
 const createDryRun = `mutation($input: CreateInstanceInput!) {
@@ -30,7 +32,7 @@ type gqlPlan struct {
 func (a *api) dryRun(t *testing.T, token, doc, field string, input map[string]any) (*gqlPlan, []userError) {
 	t.Helper()
 	input["dryRun"] = true
-	before := redisState(t, a.rdb)
+	before := redistest.State(t, a.rdb)
 	res := a.post(t, token, doc, map[string]any{"input": input})
 	if res.Status != 200 || len(res.Errors) > 0 {
 		t.Fatalf("dry run: %s", res.Raw)
@@ -47,7 +49,7 @@ func (a *api) dryRun(t *testing.T, token, doc, field string, input map[string]an
 	if (p.Plan == nil) == (len(p.UserErrors) == 0) {
 		t.Errorf("a dry run answers a plan or user errors, one of them: %s", res.Raw)
 	}
-	if after := redisState(t, a.rdb); !maps.Equal(before, after) {
+	if after := redistest.State(t, a.rdb); !maps.Equal(before, after) {
 		t.Errorf("a dry run changed Redis: %s", res.Raw)
 	}
 	return p.Plan, p.UserErrors

@@ -1,33 +1,12 @@
 package server
 
 import (
-	"context"
 	"maps"
 	"strings"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/computeql/computeql/redistest"
 )
-
-// redisState is every key of the database with its serialised value, to show that a refusal
-// wrote nothing.
-func redisState(tb testing.TB, rdb *redis.Client) map[string]string {
-	tb.Helper()
-	ctx := context.Background()
-	keys, err := rdb.Keys(ctx, "*").Result()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	out := make(map[string]string, len(keys))
-	for _, k := range keys {
-		v, err := rdb.Dump(ctx, k).Result()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		out[k] = v
-	}
-	return out
-}
 
 // TestDeletionProtection: an instance created or updated with deletionProtection refuses
 // deleteInstance (UNPROCESSABLE on input.id, saying how to clear it, Redis unchanged) until an
@@ -37,7 +16,7 @@ func TestDeletionProtection(t *testing.T) {
 	tok := a.admin(t)
 	refused := func(t *testing.T, id string) {
 		t.Helper()
-		before := redisState(t, a.rdb)
+		before := redistest.State(t, a.rdb)
 		res, p := a.remove(t, tok, id)
 		wantUserErrors(t, res, p, fc("UNPROCESSABLE", "input", "id"))
 		if p.Instance != nil {
@@ -46,7 +25,7 @@ func TestDeletionProtection(t *testing.T) {
 		if len(p.UserErrors) == 1 && !strings.Contains(p.UserErrors[0].Message, "deletionProtection: false") {
 			t.Errorf("message %q does not say how to clear the protection", p.UserErrors[0].Message)
 		}
-		if after := redisState(t, a.rdb); !maps.Equal(before, after) {
+		if after := redistest.State(t, a.rdb); !maps.Equal(before, after) {
 			t.Errorf("a refused delete changed Redis")
 		}
 	}
