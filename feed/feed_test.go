@@ -57,7 +57,7 @@ func createIn(tb testing.TB, st *store.Store, org, project string, n int) *insta
 	now := time.Now()
 	inst := &instance.Instance{ID: id.String(), OrganizationID: org, ProjectID: project,
 		Spec: instance.Spec{Name: fmt.Sprint("b", n), NetworkID: "net", CreatedAt: now, UpdatedAt: now, Charge: quota.Amounts{}}}
-	if r, err := st.Create(context.Background(), inst, inst.Name, quota.Amounts{quota.Servers: 1 << 40}); err != nil || r != nil {
+	if r, err := st.Create(context.Background(), inst, inst.Name, quota.Amounts{quota.Servers: 1 << 40}, instance.Idempotency{}); err != nil || r != nil {
 		tb.Fatal(err, r)
 	}
 	inst.Generation, inst.StatusVersion = 1, 1
@@ -73,7 +73,7 @@ func (e *env) commit(t *testing.T, project string) string {
 	inst := &instance.Instance{ID: id.String(), OrganizationID: "acme", ProjectID: project,
 		Spec: instance.Spec{Name: fmt.Sprint("n", e.n), NetworkID: "net", CreatedAt: now, UpdatedAt: now, Charge: quota.Amounts{}}}
 	big := quota.Amounts{quota.Servers: 1 << 40}
-	if r, err := e.st.Create(context.Background(), inst, inst.Name, big); err != nil || r != nil {
+	if r, err := e.st.Create(context.Background(), inst, inst.Name, big, instance.Idempotency{}); err != nil || r != nil {
 		t.Fatal(err, r)
 	}
 	return inst.ID

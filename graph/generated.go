@@ -2233,6 +2233,12 @@ input CreateInstanceInput {
   deletionProtection: Boolean
   "Check everything and answer with the plan (and any userErrors) instead of creating: nothing is written."
   dryRun: Boolean
+  """
+  Makes a retry safe: the same caller sending the same key within 24 hours gets the first call's
+  answer (the instance, as it is now) with no second effect; the same key with a different
+  request is refused with CONFLICT. 1 to 64 printable ASCII characters.
+  """
+  idempotencyKey: String
 }
 
 input UpdateInstanceInput {
@@ -2260,10 +2266,14 @@ input UpdateInstanceInput {
   expectedGeneration: Int
   "Check everything and answer with the plan (and any userErrors) instead of updating: nothing is written."
   dryRun: Boolean
+  "Makes a retry safe, as on createInstance."
+  idempotencyKey: String
 }
 
 input DeleteInstanceInput {
   id: ID!
+  "Makes a retry safe, as on createInstance; a retry after the instance is gone answers a null instance and no error."
+  idempotencyKey: String
 }
 
 type CreateInstancePayload {
@@ -9694,7 +9704,7 @@ func (ec *executionContext) unmarshalInputCreateInstanceInput(ctx context.Contex
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"organizationId", "projectId", "networkId", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "deletionProtection", "dryRun"}
+	fieldsInOrder := [...]string{"organizationId", "projectId", "networkId", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "deletionProtection", "dryRun", "idempotencyKey"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -9792,6 +9802,13 @@ func (ec *executionContext) unmarshalInputCreateInstanceInput(ctx context.Contex
 				return it, err
 			}
 			it.DryRun = data
+		case "idempotencyKey":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("idempotencyKey"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.IdempotencyKey = data
 		}
 	}
 	return it, nil
@@ -9808,7 +9825,7 @@ func (ec *executionContext) unmarshalInputDeleteInstanceInput(ctx context.Contex
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"id"}
+	fieldsInOrder := [...]string{"id", "idempotencyKey"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -9822,6 +9839,13 @@ func (ec *executionContext) unmarshalInputDeleteInstanceInput(ctx context.Contex
 				return it, err
 			}
 			it.ID = data
+		case "idempotencyKey":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("idempotencyKey"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.IdempotencyKey = data
 		}
 	}
 	return it, nil
@@ -10213,7 +10237,7 @@ func (ec *executionContext) unmarshalInputUpdateInstanceInput(ctx context.Contex
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"id", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "deletionProtection", "allowRebuild", "expectedGeneration", "dryRun"}
+	fieldsInOrder := [...]string{"id", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "deletionProtection", "allowRebuild", "expectedGeneration", "dryRun", "idempotencyKey"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -10311,6 +10335,13 @@ func (ec *executionContext) unmarshalInputUpdateInstanceInput(ctx context.Contex
 				return it, err
 			}
 			it.DryRun = data
+		case "idempotencyKey":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("idempotencyKey"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.IdempotencyKey = data
 		}
 	}
 	return it, nil

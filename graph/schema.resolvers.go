@@ -151,6 +151,7 @@ func (r *mutationResolver) UpdateInstance(ctx context.Context, input model.Updat
 		Networking:                input.Networking,
 		UserData:                  change(input.UserData),
 		DeletionProtection:        input.DeletionProtection,
+		IdempotencyKey:            input.IdempotencyKey,
 		AllowRebuild:              input.AllowRebuild != nil && *input.AllowRebuild,
 		ExpectedGeneration:        int64Ptr(input.ExpectedGeneration),
 	}
@@ -172,7 +173,7 @@ func (r *mutationResolver) UpdateInstance(ctx context.Context, input model.Updat
 
 // DeleteInstance is the resolver for the deleteInstance field.
 func (r *mutationResolver) DeleteInstance(ctx context.Context, input model.DeleteInstanceInput) (*model.DeleteInstancePayload, error) {
-	inst, err := r.Service.Delete(ctx, input.ID)
+	inst, err := r.Service.Delete(ctx, input.ID, input.IdempotencyKey)
 	problems, err := splitUserErrors(err)
 	if err != nil {
 		return nil, err

@@ -596,7 +596,7 @@ func TestCreateNameClaims(t *testing.T) {
 	wantProblems(t, err, p(BadInput, "tags", "1", "name"), p(Conflict, "name"))
 
 	// A deleted instance keeps its name until workers forget it.
-	if _, err := e.svc.Delete(acmeMember, first.ID); err != nil {
+	if _, err := e.svc.Delete(acmeMember, first.ID, nil); err != nil {
 		t.Fatal(err)
 	}
 	_, err = e.svc.Create(acmeMember, validCreate())

@@ -21,7 +21,7 @@ func TestDelete(t *testing.T) {
 	e.now = e.now.Add(time.Hour)
 	deletedAt := e.now
 
-	got, err := e.svc.Delete(as("bob", "acme", "web", auth.RoleMember), inst.ID)
+	got, err := e.svc.Delete(as("bob", "acme", "web", auth.RoleMember), inst.ID, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestDelete(t *testing.T) {
 
 	// Deleting again changes nothing and returns the instance as it is.
 	e.now = e.now.Add(time.Hour)
-	again, err := e.svc.Delete(acmeMember, inst.ID)
+	again, err := e.svc.Delete(acmeMember, inst.ID, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestDeleteAccess(t *testing.T) {
 			if tc.id != nil {
 				id = tc.id(inst)
 			}
-			_, err := e.svc.Delete(tc.ctx, id)
+			_, err := e.svc.Delete(tc.ctx, id, nil)
 			deleting := e.get(t, acmeMember, inst.ID).Deleting()
 			if tc.want == "" {
 				if err != nil || !deleting {
@@ -126,7 +126,7 @@ func TestDeleteRetriesAfterAConcurrentUpdate(t *testing.T) {
 	svc := e.interfered(t, func() {
 		e.update(t, acmeMember, instance.UpdateRequest{ID: inst.ID, Description: ptr("updated meanwhile")})
 	})
-	got, err := svc.Delete(acmeMember, inst.ID)
+	got, err := svc.Delete(acmeMember, inst.ID, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,11 +148,11 @@ func TestDeleteRacingAnotherDelete(t *testing.T) {
 	first := start.Add(time.Minute)
 	svc := e.interfered(t, func() {
 		e.now = first
-		if _, err := e.svc.Delete(acmeMember, inst.ID); err != nil {
+		if _, err := e.svc.Delete(acmeMember, inst.ID, nil); err != nil {
 			t.Error(err)
 		}
 	})
-	got, err := svc.Delete(acmeMember, inst.ID)
+	got, err := svc.Delete(acmeMember, inst.ID, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -359,7 +359,7 @@ type interfering struct {
 	before func()
 }
 
-func (s *interfering) UpdateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status, changed []string) (*instance.Refusal, error) {
+func (s *interfering) UpdateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status, changed []string, idem instance.Idempotency) (*instance.Refusal, error) {
 	s.mu.Lock()
 	f := s.before
 	s.before = nil
@@ -367,7 +367,7 @@ func (s *interfering) UpdateSpec(ctx context.Context, inst *instance.Instance, d
 	if f != nil {
 		f()
 	}
-	return s.Store.UpdateSpec(ctx, inst, delta, limits, status, changed)
+	return s.Store.UpdateSpec(ctx, inst, delta, limits, status, changed, idem)
 }
 
 // interfered returns a service over the same Redis and catalogue whose first spec write is

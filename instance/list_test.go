@@ -140,7 +140,7 @@ func TestListFilters(t *testing.T) {
 	api := mk(acmeMember, "web", "net-acme-web-us", "API-Server", tag("env", "prod"))
 	db := mk(dataMember, "data", "net-acme-data-eu", "db-1", tag("team", "a"), tag("env", "prod"))
 	mk(globexMember, "prod", "net-globex-prod-eu", "web-1", tag("env", "prod")) // never listed for acme
-	if _, err := e.svc.Delete(acmeMember, web2.ID); err != nil {
+	if _, err := e.svc.Delete(acmeMember, web2.ID, nil); err != nil {
 		t.Fatal(err)
 	}
 	orgWide := as("v", "acme", "", auth.RoleViewer)

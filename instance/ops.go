@@ -31,6 +31,14 @@ type CreateRequest struct {
 	DeletionProtection *bool
 	// DryRun asks what the create would do (Service.DryRunCreate) instead of doing it.
 	DryRun *bool
+	// IdempotencyKey makes a retry safe (see idempotency.go).
+	IdempotencyKey *string
+}
+
+// fingerprinted is the request as its idempotency key's fingerprint covers it: without the key.
+func (r CreateRequest) fingerprinted() CreateRequest {
+	r.IdempotencyKey, r.DryRun = nil, nil
+	return r
 }
 
 // NetworkingRequest is requested networking; on update, fields left nil stay as they are.
@@ -63,12 +71,30 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, err
 	if err != nil {
 		return nil, err
 	}
+	pr, _ := Principal(ctx) // prepareCreate has it
+	var kp problems
+	idem := newIdempotency(&kp, pr, req.IdempotencyKey, "createInstance", req.fingerprinted())
+	if kp.any() {
+		return nil, kp.err()
+	}
+	// A retry is answered from its key before anything is checked again: the catalogue may
+	// have changed since, and the name is its own instance's now.
+	if prior, err := s.recorded(ctx, req.OrganizationID, idem); err != nil || prior != "" {
+		if err != nil {
+			return nil, err
+		}
+		return s.replay(ctx, pr, idem, prior)
+	}
 	if p.any() {
 		return nil, s.refuseCreate(ctx, p, inst, network, req.Name)
 	}
-	refusal, err := s.store.Create(ctx, inst, NameClaim(network.ID, req.Name), s.limits(inst.OrganizationID))
+	refusal, err := s.store.Create(ctx, inst, NameClaim(network.ID, req.Name), s.limits(inst.OrganizationID), idem.record(inst.ID))
 	if err != nil {
 		return nil, internal("create instance", err)
+	}
+	if refusal != nil && refusal.Replayed != "" {
+		// A retry sent while the first call was still running, which won.
+		return s.replay(ctx, pr, idem, refusal.Replayed)
 	}
 	if refusal != nil {
 		if refusal.NameTaken {
@@ -303,6 +329,14 @@ type UpdateRequest struct {
 	DeletionProtection *bool
 	AllowRebuild       bool
 	ExpectedGeneration *int64
+	// IdempotencyKey makes a retry safe (see idempotency.go).
+	IdempotencyKey *string
+}
+
+// fingerprinted is the request as its idempotency key's fingerprint covers it: without the key.
+func (r UpdateRequest) fingerprinted() UpdateRequest {
+	r.IdempotencyKey = nil
+	return r
 }
 
 // Update changes an instance's desired state (DOMAIN.md §4). Changes that can only be
@@ -314,6 +348,20 @@ func (s *Service) Update(ctx context.Context, req UpdateRequest) (*Instance, err
 		return nil, err
 	}
 	cur := u.cur
+	pr, _ := Principal(ctx) // prepareUpdate has it
+	var kp problems
+	idem := newIdempotency(&kp, pr, req.IdempotencyKey, "updateInstance", req.fingerprinted())
+	if kp.any() {
+		return nil, kp.err()
+	}
+	// A retry is answered from its key before the update is checked again: its
+	// expectedGeneration, for one, is the first call's.
+	if prior, err := s.recorded(ctx, cur.OrganizationID, idem); err != nil || prior != "" {
+		if err != nil {
+			return nil, err
+		}
+		return s.replay(ctx, pr, idem, prior)
+	}
 	if u.p.any() {
 		if err := s.precheckQuota(ctx, &u.p, cur.OrganizationID, u.delta); err != nil {
 			return nil, internal("update instance", err)
@@ -322,9 +370,12 @@ func (s *Service) Update(ctx context.Context, req UpdateRequest) (*Instance, err
 	}
 	inst := *cur
 	inst.Spec = u.next
-	refusal, err := s.store.UpdateSpec(ctx, &inst, u.delta, s.limits(cur.OrganizationID), nil, SpecChanges(cur.Spec, u.next))
+	refusal, err := s.store.UpdateSpec(ctx, &inst, u.delta, s.limits(cur.OrganizationID), nil, SpecChanges(cur.Spec, u.next), idem.record(cur.ID))
 	if err != nil {
 		return nil, internal("update instance", err)
+	}
+	if refusal != nil && refusal.Replayed != "" {
+		return s.replay(ctx, pr, idem, refusal.Replayed)
 	}
 	if refusal != nil {
 		return nil, s.updateRefused(refusal, req.ID, req.ExpectedGeneration != nil)
@@ -534,15 +585,38 @@ const maxStatusRetries = 5
 // Delete marks an instance for deletion and shows it deprovisioning at once; workers then
 // delete the server, release the quota and forget the instance. Deleting an instance that is
 // already being deleted changes nothing.
-func (s *Service) Delete(ctx context.Context, id string) (*Instance, error) {
+func (s *Service) Delete(ctx context.Context, id string, idempotencyKey *string) (*Instance, error) {
 	pr, err := Principal(ctx)
 	if err != nil {
 		return nil, err
 	}
+	var kp problems
+	idem := newIdempotency(&kp, pr, idempotencyKey, "deleteInstance", id)
+	if kp.any() {
+		return nil, kp.err()
+	}
 	for range maxStatusRetries {
 		cur, err := s.get(ctx, pr, id, auth.RoleMember)
+		if CodeOf(err) == CodeNotFound && idem.key != "" && checkID(id) == nil {
+			// Gone since the first call, perhaps: its key says so in one of the caller's
+			// organizations.
+			for _, org := range pr.Organizations() {
+				if prior, rerr := s.recorded(ctx, org, idem); rerr != nil || prior != "" {
+					if rerr != nil {
+						return nil, rerr
+					}
+					return s.replay(ctx, pr, idem, prior)
+				}
+			}
+		}
 		if err != nil {
 			return nil, err
+		}
+		if prior, err := s.recorded(ctx, cur.OrganizationID, idem); err != nil || prior != "" {
+			if err != nil {
+				return nil, err
+			}
+			return s.replay(ctx, pr, idem, prior)
 		}
 		if cur.Deleting() {
 			return cur, nil
@@ -553,11 +627,13 @@ func (s *Service) Delete(ctx context.Context, id string) (*Instance, error) {
 			return nil, p.err()
 		}
 		inst, status, changed := cur.MarkDeleting(s.now().UTC(), pr.Subject, "The instance's server is being deleted.")
-		refusal, err := s.store.UpdateSpec(ctx, &inst, nil, nil, &status, changed)
+		refusal, err := s.store.UpdateSpec(ctx, &inst, nil, nil, &status, changed, idem.record(cur.ID))
 		if err != nil {
 			return nil, internal("delete instance", err)
 		}
 		switch {
+		case refusal != nil && refusal.Replayed != "":
+			return s.replay(ctx, pr, idem, refusal.Replayed)
 		case refusal == nil:
 			inst.Generation++
 			inst.StatusVersion++

@@ -50,7 +50,7 @@ func TestStoreOutageIsUnavailable(t *testing.T) {
 			_, err := e.svc.Update(acmeMember, instance.UpdateRequest{ID: inst.ID, Description: &desc})
 			return err
 		}},
-		{"delete", func() error { _, err := e.svc.Delete(acmeMember, inst.ID); return err }},
+		{"delete", func() error { _, err := e.svc.Delete(acmeMember, inst.ID, nil); return err }},
 		{"quota", func() error { _, err := e.svc.Quota(acmeMember, "acme"); return err }},
 	}
 	for _, tt := range tests {

@@ -14,7 +14,12 @@ type Store interface {
 	// Create stores a new instance (generation 1), claims its name and charges inst.Charge
 	// against the organization's quota, all or nothing. limits are the organization's limits
 	// for kinds that have no limit set with SetLimits. A refusal says why nothing was written.
-	Create(ctx context.Context, inst *Instance, claim string, limits quota.Amounts) (*Refusal, error)
+	//
+	// With an idempotency key (idem.Key not ""), a key already recorded refuses the create
+	// with Refusal.Replayed; otherwise the key is recorded with the instance, in the same step.
+	Create(ctx context.Context, inst *Instance, claim string, limits quota.Amounts, idem Idempotency) (*Refusal, error)
+	// Idempotent returns what the idempotency key of the organization records, "" for none.
+	Idempotent(ctx context.Context, org, key string) (string, error)
 	// ClaimOwner returns the id of the instance that holds the name claim, "" when it is free.
 	ClaimOwner(ctx context.Context, org, claim string) (string, error)
 	// Get returns the instance with the id in the first of orgs that has it, or ErrNotFound.
@@ -26,8 +31,9 @@ type Store interface {
 	// UpdateSpec writes inst's spec if the stored generation is still inst.Generation, and
 	// then increases it; charges delta against quota (negative amounts release). When status
 	// is not nil it is written too, if the stored status version is still inst.StatusVersion.
-	// The same step appends an UPDATED event naming the changed fields.
-	UpdateSpec(ctx context.Context, inst *Instance, delta, limits quota.Amounts, status *Status, changed []string) (*Refusal, error)
+	// The same step appends an UPDATED event naming the changed fields, and records an
+	// idempotency key as Create does (Refusal.Replayed when it was recorded already).
+	UpdateSpec(ctx context.Context, inst *Instance, delta, limits quota.Amounts, status *Status, changed []string, idem Idempotency) (*Refusal, error)
 	// Act records an operational verb as an ACTION event. With changed fields (the verb
 	// changed the desired state, e.g. the power), inst's spec is written in the same step,
 	// compare-and-set on inst.Generation like UpdateSpec, and the event names the fields.
@@ -69,6 +75,15 @@ type Refusal struct {
 	Gone bool
 	// Exceeded lists every kind whose limit the charge would exceed.
 	Exceeded []Excess
+	// Replayed is what the idempotency key already records: nothing was written.
+	Replayed string
+}
+
+// Idempotency is what a write records under a mutation's idempotency key, in the same step
+// as the change: Key (the hash of the caller's subject and key, "" for none) and Value (what
+// a retry is answered from).
+type Idempotency struct {
+	Key, Value string
 }
 
 // Excess is one quota kind a charge would take over its limit.

@@ -354,7 +354,7 @@ func TestUpdateWithExpectedGenerationLosesToAConcurrentWrite(t *testing.T) {
 func TestUpdateDeletingInstance(t *testing.T) {
 	e := newEnv(t)
 	inst := e.create(t, acmeMember, validCreate())
-	if _, err := e.svc.Delete(acmeMember, inst.ID); err != nil {
+	if _, err := e.svc.Delete(acmeMember, inst.ID, nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, req := range []instance.UpdateRequest{

@@ -52,7 +52,7 @@ func TestEventsOfAMaximalInstanceStaySmall(t *testing.T) {
 	before := redistest.UsedMemory(t, rdb)
 	for i := range updates {
 		inst.Description = strconv.Itoa(i) + inst.Description[len(strconv.Itoa(i)):]
-		if r, err := s.UpdateSpec(ctx, inst, nil, roomy, nil, []string{"description"}); err != nil || r != nil {
+		if r, err := s.UpdateSpec(ctx, inst, nil, roomy, nil, []string{"description"}, instance.Idempotency{}); err != nil || r != nil {
 			t.Fatal(err, r)
 		}
 		inst.Generation++
@@ -87,7 +87,7 @@ func TestEventInstancesReadTheirLargeFieldsFromTheInstance(t *testing.T) {
 	s := New(rdb)
 	inst := create(t, s, newInstance("acme", "web", "a"))
 	inst.Description, inst.Tags, inst.UserData = "now", []instance.Tag{{Name: "k", Value: "v"}}, []byte("#cloud-config")
-	if r, err := s.UpdateSpec(ctx, inst, nil, roomy, nil, []string{"description", "tags", "userData"}); err != nil || r != nil {
+	if r, err := s.UpdateSpec(ctx, inst, nil, roomy, nil, []string{"description", "tags", "userData"}, instance.Idempotency{}); err != nil || r != nil {
 		t.Fatal(err, r)
 	}
 	inst.Generation++

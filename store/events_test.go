@@ -53,7 +53,7 @@ func TestEveryCommitAppendsItsEvent(t *testing.T) {
 
 	inst.Description = "changed"
 	inst.UpdatedAt = inst.UpdatedAt.Add(time.Minute)
-	if r, err := s.UpdateSpec(ctx, inst, nil, roomy, nil, []string{"description"}); err != nil || r != nil {
+	if r, err := s.UpdateSpec(ctx, inst, nil, roomy, nil, []string{"description"}, instance.Idempotency{}); err != nil || r != nil {
 		t.Fatal(err, r)
 	}
 	updated := want(2, "UPDATED", "description")
@@ -112,7 +112,7 @@ func TestHistoryPicksOneInstanceOutOfTheLog(t *testing.T) {
 	for i := range 3 {
 		for _, inst := range []*instance.Instance{a, b} {
 			inst.Description = strconv.Itoa(i)
-			if r, err := s.UpdateSpec(ctx, inst, nil, roomy, nil, []string{"description"}); err != nil || r != nil {
+			if r, err := s.UpdateSpec(ctx, inst, nil, roomy, nil, []string{"description"}, instance.Idempotency{}); err != nil || r != nil {
 				t.Fatal(err, r)
 			}
 			inst.Generation++

@@ -56,6 +56,15 @@ func ticketKey(ticket string) string {
 // quotaKey is a hash of limit:<kind> (only kinds set with setQuota) and used:<kind>.
 func quotaKey(org string) string { return prefix + orgTag(org) + ":quota" }
 
+// idemKey holds what a mutation's idempotency key (hashed with its caller's subject) records
+// for a day; "-" names the key a write without one passes, never written.
+func idemKey(org, key string) string {
+	if key == "" {
+		key = "-"
+	}
+	return prefix + orgTag(org) + ":idem:" + key
+}
+
 // schemaKey holds the schema version every instance record of the organization has reached;
 // absent before the first upgrade.
 func schemaKey(org string) string { return prefix + orgTag(org) + ":schema" }

@@ -103,16 +103,35 @@ local function appendEvent(eventsKey, bytesKey, histKey, instKey, id, kind, chan
 end
 `
 
+// idemLua records a mutation's idempotency key with the change it made, in the script that
+// makes it: there is never a key without its change, nor a change without its key.
+const idemLua = `
+local function recordIdem(key, value, ttl)
+  if value ~= '' then
+    redis.call('SET', key, value, 'EX', ttl)
+  end
+end
+`
+
 // createScript stores a new instance, claims its name and charges its quota, all or nothing.
 //
 // KEYS[1] claim, KEYS[2] instance, KEYS[3] org index, KEYS[4] project index, KEYS[5] quota,
 // KEYS[6] events, KEYS[7] event bytes, KEYS[8] history index
 // ARGV[1] id, ARGV[2] spec JSON, ARGV[3] status JSON, ARGV[4] project, ARGV[5] now (Unix ms),
-// ARGV[6..8] description, tags and user data, ARGV[9..] the charge
-// Returns an empty array on success (a CREATED event appended), else the refusals: "name"
-// when the claim is taken, and the quota refusals of overQuota.
-var createScript = redis.NewScript(quotaLua + eventLua + `
-local refusals = overQuota(KEYS[5], 9)
+// KEYS[9] idempotency key
+// ARGV[6..8] description, tags and user data, ARGV[9] what the idempotency key records (""
+// for none), ARGV[10] its time to live in seconds, ARGV[11..] the charge
+// Returns an empty array on success (a CREATED event appended), {"replay", value} when the
+// idempotency key records a write already, else the refusals: "name" when the claim is
+// taken, and the quota refusals of overQuota.
+var createScript = redis.NewScript(quotaLua + eventLua + idemLua + `
+if ARGV[9] ~= '' then
+  local prior = redis.call('GET', KEYS[9])
+  if prior then
+    return {'replay', prior}
+  end
+end
+local refusals = overQuota(KEYS[5], 11)
 if redis.call('EXISTS', KEYS[1]) == 1 then
   table.insert(refusals, 1, 'name')
 end
@@ -124,8 +143,9 @@ redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', ARGV[3], 'gen', 1, 'sv', 
   'description', ARGV[6], 'tags', ARGV[7], 'userData', ARGV[8], 'v', ` + strconv.Itoa(SchemaVersion) + `)
 redis.call('ZADD', KEYS[3], 0, ARGV[1])
 redis.call('ZADD', KEYS[4], 0, ARGV[1])
-applyCharge(KEYS[5], 9)
+applyCharge(KEYS[5], 11)
 appendEvent(KEYS[6], KEYS[7], KEYS[8], KEYS[2], ARGV[1], 'CREATED', '', ARGV[5], '')
+recordIdem(KEYS[9], ARGV[9], ARGV[10])
 return refusals
 `)
 
@@ -133,17 +153,25 @@ return refusals
 // delta; with an expected status version it also writes the status if that is unchanged.
 // All or nothing.
 //
-// KEYS[1] instance, KEYS[2] quota, KEYS[3] events, KEYS[4] event bytes, KEYS[5] history index
+// KEYS[1] instance, KEYS[2] quota, KEYS[3] events, KEYS[4] event bytes, KEYS[5] history index,
+// KEYS[6] idempotency key
 // ARGV[1] expected generation, ARGV[2] spec JSON,
 // ARGV[3] expected status version ("" leaves the status alone), ARGV[4] status JSON,
 // ARGV[5] id, ARGV[6] changed fields (comma-separated), ARGV[7] now (Unix ms),
 // ARGV[8] event kind (UPDATED, or ACTION for a verb that changed the desired power),
 // ARGV[9] actor, ARGV[10] action, ARGV[11] outcome, ARGV[12] event message,
-// ARGV[13..15] description, tags and user data, ARGV[16..] the quota delta (negative amounts
-// release)
-// Returns {"ok"} (the event appended), {"gone"}, {"stale"}, {"statusstale"}, or the quota
-// refusals of overQuota.
-var updateSpecScript = redis.NewScript(quotaLua + eventLua + `
+// ARGV[13..15] description, tags and user data, ARGV[16] what the idempotency key records (""
+// for none), ARGV[17] its time to live in seconds, ARGV[18..] the quota delta (negative
+// amounts release)
+// Returns {"ok"} (the event appended), {"replay", value}, {"gone"}, {"stale"},
+// {"statusstale"}, or the quota refusals of overQuota.
+var updateSpecScript = redis.NewScript(quotaLua + eventLua + idemLua + `
+if ARGV[16] ~= '' then
+  local prior = redis.call('GET', KEYS[6])
+  if prior then
+    return {'replay', prior}
+  end
+end
 local cur = redis.call('HMGET', KEYS[1], 'gen', 'sv')
 if not cur[1] then
   return {'gone'}
@@ -154,7 +182,7 @@ end
 if ARGV[3] ~= '' and cur[2] ~= ARGV[3] then
   return {'statusstale'}
 end
-local refusals = overQuota(KEYS[2], 16)
+local refusals = overQuota(KEYS[2], 18)
 if #refusals > 0 then
   return refusals
 end
@@ -164,8 +192,9 @@ if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[1], 'status', ARGV[4])
   redis.call('HINCRBY', KEYS[1], 'sv', 1)
 end
-applyCharge(KEYS[2], 16)
+applyCharge(KEYS[2], 18)
 appendEvent(KEYS[3], KEYS[4], KEYS[5], KEYS[1], ARGV[5], ARGV[8], ARGV[6], ARGV[7], ARGV[12], ARGV[9], ARGV[10], ARGV[11])
+recordIdem(KEYS[6], ARGV[16], ARGV[17])
 return {'ok'}
 `)
 

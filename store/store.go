@@ -109,7 +109,7 @@ func eventKeys(org, id string) []string {
 }
 
 // Create implements instance.Store with createScript.
-func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim string, limits quota.Amounts) (*instance.Refusal, error) {
+func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim string, limits quota.Amounts, idem instance.Idempotency) (*instance.Refusal, error) {
 	spec, large, err := encodeSpec(&inst.Spec)
 	if err != nil {
 		return nil, fmt.Errorf("create: encode spec: %w", err)
@@ -123,7 +123,9 @@ func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim strin
 		claimKey(org, claim), instanceKey(org, inst.ID), orgIndexKey(org),
 		projectIndexKey(org, inst.ProjectID), quotaKey(org),
 	}, eventKeys(org, inst.ID)...)
-	args := chargeArgs([]any{inst.ID, spec, status, inst.ProjectID, inst.CreatedAt.UnixMilli(), large[0], large[1], large[2]}, inst.Charge, limits)
+	keys = append(keys, idemKey(org, idem.Key))
+	args := chargeArgs([]any{inst.ID, spec, status, inst.ProjectID, inst.CreatedAt.UnixMilli(), large[0], large[1], large[2],
+		idem.Value, idemTTLSeconds}, inst.Charge, limits)
 	reply, err := createScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return nil, failed("create", err)
@@ -132,15 +134,30 @@ func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim strin
 }
 
 // UpdateSpec implements instance.Store with updateSpecScript.
-func (s *Store) UpdateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status, changed []string) (*instance.Refusal, error) {
-	return s.updateSpec(ctx, inst, delta, limits, status, changed, instance.EventUpdated, instance.ActionEvent{})
+func (s *Store) UpdateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status, changed []string, idem instance.Idempotency) (*instance.Refusal, error) {
+	return s.updateSpec(ctx, inst, delta, limits, status, changed, instance.EventUpdated, instance.ActionEvent{}, idem)
+}
+
+// idemTTLSeconds is how long an idempotency key is remembered: a day, as the API promises.
+const idemTTLSeconds = 24 * 60 * 60
+
+// Idempotent implements instance.Store.
+func (s *Store) Idempotent(ctx context.Context, org, key string) (string, error) {
+	v, err := s.rdb.Get(ctx, idemKey(org, key)).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", failed("idempotency key", err)
+	}
+	return v, nil
 }
 
 // Act implements instance.Store: with changed fields it writes the spec like UpdateSpec, with
 // an ACTION event instead of UPDATED; without, it only records the event.
 func (s *Store) Act(ctx context.Context, inst *instance.Instance, changed []string, ev instance.ActionEvent) (*instance.Refusal, error) {
 	if len(changed) > 0 {
-		return s.updateSpec(ctx, inst, nil, nil, nil, changed, instance.EventAction, ev)
+		return s.updateSpec(ctx, inst, nil, nil, nil, changed, instance.EventAction, ev, instance.Idempotency{})
 	}
 	ok, err := s.note(ctx, inst, instance.EventAction, ev)
 	if err != nil || ok {
@@ -149,7 +166,7 @@ func (s *Store) Act(ctx context.Context, inst *instance.Instance, changed []stri
 	return &instance.Refusal{Gone: true}, nil
 }
 
-func (s *Store) updateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status, changed []string, kind instance.EventKind, ev instance.ActionEvent) (*instance.Refusal, error) {
+func (s *Store) updateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status, changed []string, kind instance.EventKind, ev instance.ActionEvent, idem instance.Idempotency) (*instance.Refusal, error) {
 	spec, large, err := encodeSpec(&inst.Spec)
 	if err != nil {
 		return nil, fmt.Errorf("update spec: encode spec: %w", err)
@@ -167,11 +184,16 @@ func (s *Store) updateSpec(ctx context.Context, inst *instance.Instance, delta, 
 	}
 	org := inst.OrganizationID
 	keys := append([]string{instanceKey(org, inst.ID), quotaKey(org)}, eventKeys(org, inst.ID)...)
+	keys = append(keys, idemKey(org, idem.Key))
 	args := chargeArgs([]any{inst.Generation, spec, expectSV, statusJSON, inst.ID, strings.Join(changed, ","), at.UnixMilli(),
-		string(kind), ev.Actor, string(ev.Action), string(ev.Outcome), instance.BoundMessage(ev.Message), large[0], large[1], large[2]}, delta, limits)
+		string(kind), ev.Actor, string(ev.Action), string(ev.Outcome), instance.BoundMessage(ev.Message), large[0], large[1], large[2],
+		idem.Value, idemTTLSeconds}, delta, limits)
 	reply, err := updateSpecScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return nil, failed("update spec", err)
+	}
+	if len(reply) == 2 && reply[0] == "replay" {
+		return &instance.Refusal{Replayed: reply[1]}, nil
 	}
 	if len(reply) == 1 {
 		switch reply[0] {
@@ -232,6 +254,9 @@ func (s *Store) Forget(ctx context.Context, inst *instance.Instance, at time.Tim
 func parseRefusals(reply []string) (*instance.Refusal, error) {
 	if len(reply) == 0 {
 		return nil, nil
+	}
+	if len(reply) == 2 && reply[0] == "replay" {
+		return &instance.Refusal{Replayed: reply[1]}, nil
 	}
 	r := &instance.Refusal{}
 	for i := 0; i < len(reply); {

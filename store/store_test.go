@@ -51,7 +51,7 @@ func TestCreateWritesEverythingAtomically(t *testing.T) {
 	rdb := redisServer.Client(t)
 	s := New(rdb)
 	inst := newInstance("acme", "web", "a")
-	refusal, err := s.Create(ctx, inst, "claim-a", roomy)
+	refusal, err := s.Create(ctx, inst, "claim-a", roomy, instance.Idempotency{})
 	if err != nil || refusal != nil {
 		t.Fatalf("create: %v %+v", err, refusal)
 	}
@@ -107,7 +107,7 @@ func TestCreateRefusalsWriteNothing(t *testing.T) {
 			before := rdb.Keys(ctx, "*").Val()
 			quotaBefore := hgetall(t, rdb, quotaKey("acme"))
 			inst := newInstance("acme", "web", "a")
-			refusal, err := New(rdb).Create(ctx, inst, "c", tt.limits)
+			refusal, err := New(rdb).Create(ctx, inst, "c", tt.limits, instance.Idempotency{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -150,12 +150,12 @@ func TestUpdateSpec(t *testing.T) {
 			rdb := redisServer.Client(t)
 			s := New(rdb)
 			inst := newInstance("acme", "web", "a")
-			if r, err := s.Create(ctx, inst, "c", roomy); err != nil || r != nil {
+			if r, err := s.Create(ctx, inst, "c", roomy, instance.Idempotency{}); err != nil || r != nil {
 				t.Fatal(err, r)
 			}
 			inst.Generation, inst.StatusVersion = tt.gen, tt.sv
 			inst.Description = "changed"
-			refusal, err := s.UpdateSpec(ctx, inst, tt.delta, roomy, tt.status, []string{"description"})
+			refusal, err := s.UpdateSpec(ctx, inst, tt.delta, roomy, tt.status, []string{"description"}, instance.Idempotency{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -187,7 +187,7 @@ func TestUpdateSpecOfForgottenInstance(t *testing.T) {
 	rdb := redisServer.Client(t)
 	inst := newInstance("acme", "web", "a")
 	inst.Generation = 1
-	refusal, err := New(rdb).UpdateSpec(ctx, inst, nil, roomy, nil, nil)
+	refusal, err := New(rdb).UpdateSpec(ctx, inst, nil, roomy, nil, nil, instance.Idempotency{})
 	if err != nil || refusal == nil || !refusal.Gone {
 		t.Fatalf("refusal = %+v, %v", refusal, err)
 	}
@@ -200,7 +200,7 @@ func TestGetLooksOnlyInTheGivenOrganizations(t *testing.T) {
 	rdb := redisServer.Client(t)
 	s := New(rdb)
 	inst := newInstance("globex", "prod", "a")
-	if r, err := s.Create(ctx, inst, "c", roomy); err != nil || r != nil {
+	if r, err := s.Create(ctx, inst, "c", roomy, instance.Idempotency{}); err != nil || r != nil {
 		t.Fatal(err, r)
 	}
 	if _, err := s.Get(ctx, []string{"acme"}, inst.ID); err != instance.ErrNotFound {
@@ -222,7 +222,7 @@ func TestListPagesInCreationOrder(t *testing.T) {
 			project = "data"
 		}
 		inst := newInstance("acme", project, fmt.Sprint("n", i))
-		if r, err := s.Create(ctx, inst, inst.Name, roomy); err != nil || r != nil {
+		if r, err := s.Create(ctx, inst, inst.Name, roomy, instance.Idempotency{}); err != nil || r != nil {
 			t.Fatal(err, r)
 		}
 		if project == "web" {
@@ -278,7 +278,7 @@ func TestScriptsSurviveScriptFlush(t *testing.T) {
 	}
 	// A restarted Redis forgets loaded scripts; calls must still work.
 	rdb.ScriptFlush(ctx)
-	if r, err := s.Create(ctx, newInstance("acme", "web", "a"), "c", roomy); err != nil || r != nil {
+	if r, err := s.Create(ctx, newInstance("acme", "web", "a"), "c", roomy, instance.Idempotency{}); err != nil || r != nil {
 		t.Fatalf("create after SCRIPT FLUSH: %v %+v", err, r)
 	}
 }
@@ -316,7 +316,7 @@ func BenchmarkCreate(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		inst := newInstance("acme", "web", fmt.Sprint("n", i))
-		if r, err := s.Create(ctx, inst, inst.Name, big); err != nil || r != nil {
+		if r, err := s.Create(ctx, inst, inst.Name, big, instance.Idempotency{}); err != nil || r != nil {
 			b.Fatal(err, r)
 		}
 		i++
@@ -327,12 +327,12 @@ func BenchmarkUpdateSpec(b *testing.B) {
 	rdb := redisServer.Client(b)
 	s := New(rdb)
 	inst := newInstance("acme", "web", "a")
-	if r, err := s.Create(ctx, inst, "c", roomy); err != nil || r != nil {
+	if r, err := s.Create(ctx, inst, "c", roomy, instance.Idempotency{}); err != nil || r != nil {
 		b.Fatal(err, r)
 	}
 	inst.Generation = 1
 	for b.Loop() {
-		if r, err := s.UpdateSpec(ctx, inst, nil, roomy, nil, nil); err != nil || r != nil {
+		if r, err := s.UpdateSpec(ctx, inst, nil, roomy, nil, nil, instance.Idempotency{}); err != nil || r != nil {
 			b.Fatal(err, r)
 		}
 		inst.Generation++
@@ -343,7 +343,7 @@ func BenchmarkGet(b *testing.B) {
 	rdb := redisServer.Client(b)
 	s := New(rdb)
 	inst := newInstance("acme", "web", "a")
-	if r, err := s.Create(ctx, inst, "c", roomy); err != nil || r != nil {
+	if r, err := s.Create(ctx, inst, "c", roomy, instance.Idempotency{}); err != nil || r != nil {
 		b.Fatal(err, r)
 	}
 	for b.Loop() {
@@ -360,7 +360,7 @@ func TestExists(t *testing.T) {
 	if ok, err := s.Exists(ctx, "acme", inst.ID); err != nil || ok {
 		t.Fatalf("before create: %v %v", ok, err)
 	}
-	if r, err := s.Create(ctx, inst, "c", roomy); err != nil || r != nil {
+	if r, err := s.Create(ctx, inst, "c", roomy, instance.Idempotency{}); err != nil || r != nil {
 		t.Fatal(err, r)
 	}
 	if ok, err := s.Exists(ctx, "acme", inst.ID); err != nil || !ok {

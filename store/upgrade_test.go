@@ -111,7 +111,7 @@ func TestUpgradeMigratesOldRecordsOnce(t *testing.T) {
 	}
 
 	inst := newInstance("acme", "web", "new-1")
-	if _, err := st.Create(ctx, inst, "net-1/new-1", roomy); err != nil {
+	if _, err := st.Create(ctx, inst, "net-1/new-1", roomy, instance.Idempotency{}); err != nil {
 		t.Fatal(err)
 	}
 	if v := hgetall(t, rdb, instanceKey("acme", inst.ID))["v"]; v != strconv.Itoa(SchemaVersion) {

@@ -38,7 +38,7 @@ func snapshot(t *testing.T, rdb *redis.Client) map[string]string {
 // create stores inst with Create under its real name claim and returns it as stored.
 func create(t testing.TB, s *Store, inst *instance.Instance) *instance.Instance {
 	t.Helper()
-	if r, err := s.Create(ctx, inst, instance.NameClaim(inst.NetworkID, inst.Name), roomy); err != nil || r != nil {
+	if r, err := s.Create(ctx, inst, instance.NameClaim(inst.NetworkID, inst.Name), roomy, instance.Idempotency{}); err != nil || r != nil {
 		t.Fatal(err, r)
 	}
 	got, err := s.Get(ctx, []string{inst.OrganizationID}, inst.ID)
@@ -172,7 +172,7 @@ func TestForgetRefusalsChangeNothing(t *testing.T) {
 		{name: "generation moved on", gen: 1, modify: func(t *testing.T, s *Store, inst *instance.Instance) {
 			changed := *inst
 			changed.Description = "changed"
-			if r, err := s.UpdateSpec(ctx, &changed, nil, roomy, nil, nil); err != nil || r != nil {
+			if r, err := s.UpdateSpec(ctx, &changed, nil, roomy, nil, nil, instance.Idempotency{}); err != nil || r != nil {
 				t.Fatal(err, r)
 			}
 		}},

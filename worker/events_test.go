@@ -89,7 +89,7 @@ func TestHistoryOfARebuildAndADeletion(t *testing.T) {
 		t.Errorf("history %v: want the UPDATED (flavor) before REBUILD_STARTED", k)
 	}
 
-	if _, err := e.svc.Delete(admin, inst.ID); err != nil {
+	if _, err := e.svc.Delete(admin, inst.ID, nil); err != nil {
 		t.Fatal(err)
 	}
 	e.waitGone(t, inst.ID)

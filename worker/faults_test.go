@@ -133,7 +133,7 @@ func TestConvergesDespiteRegionErrors(t *testing.T) {
 	}
 
 	for _, inst := range insts {
-		if _, err := e.svc.Delete(admin, inst.ID); err != nil {
+		if _, err := e.svc.Delete(admin, inst.ID, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

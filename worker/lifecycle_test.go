@@ -187,7 +187,7 @@ func TestDeleteIsOrdered(t *testing.T) {
 	}
 	e.wantUsed(t, charge)
 
-	if _, err := e.svc.Delete(admin, created.ID); err != nil {
+	if _, err := e.svc.Delete(admin, created.ID, nil); err != nil {
 		t.Fatal(err)
 	}
 	// Read the usage and the instance, then the servers: whenever a server is still there

@@ -35,7 +35,7 @@ type Store interface {
 	Warn(ctx context.Context, inst *instance.Instance, at time.Time, message string) (bool, error)
 	// UpdateSpec writes a spec (and status) change; workers use it only to delete an instance
 	// whose network was deleted.
-	UpdateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status, changed []string) (*instance.Refusal, error)
+	UpdateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status, changed []string, idem instance.Idempotency) (*instance.Refusal, error)
 }
 
 // Reconciler reconciles one instance per call; it is the work queue's handler. It is
@@ -258,7 +258,7 @@ func (r *Reconciler) rebuild(ctx context.Context, inst *instance.Instance, srv *
 // next reconcile deprovisions it like any other.
 func (r *Reconciler) networkDeleted(ctx context.Context, inst *instance.Instance) (time.Duration, error) {
 	next, st, changed := inst.MarkDeleting(r.Now().UTC(), "region", "The instance's network was deleted, and the instance is deleted with it.")
-	refusal, err := r.Store.UpdateSpec(ctx, &next, nil, nil, &st, changed)
+	refusal, err := r.Store.UpdateSpec(ctx, &next, nil, nil, &st, changed, instance.Idempotency{})
 	if err != nil {
 		return 0, fmt.Errorf("delete instance of a deleted network: %w", err)
 	}

@@ -31,7 +31,7 @@ func TestUnreachableRegionIsWaitedOut(t *testing.T) {
 	if _, err := e.svc.Stop(operator, running.ID); instance.CodeOf(err) != instance.CodeUnavailable {
 		t.Fatalf("stop while the host is unreachable: %v, want UNAVAILABLE", err)
 	}
-	if _, err := e.svc.Delete(admin, leaving.ID); err != nil {
+	if _, err := e.svc.Delete(admin, leaving.ID, nil); err != nil {
 		t.Fatal(err)
 	}
 	waiting := e.create(t, "web-3")

@@ -34,6 +34,8 @@ type CreateInstancePayload struct {
 
 type DeleteInstanceInput struct {
 	ID string `json:"id"`
+	// Makes a retry safe, as on createInstance; a retry after the instance is gone answers a null instance and no error.
+	IdempotencyKey *string `json:"idempotencyKey,omitempty"`
 }
 
 type DeleteInstancePayload struct {
@@ -172,6 +174,8 @@ type UpdateInstanceInput struct {
 	ExpectedGeneration *int `json:"expectedGeneration,omitempty"`
 	// Check everything and answer with the plan (and any userErrors) instead of updating: nothing is written.
 	DryRun *bool `json:"dryRun,omitempty"`
+	// Makes a retry safe, as on createInstance.
+	IdempotencyKey *string `json:"idempotencyKey,omitempty"`
 }
 
 type UpdateInstancePayload struct {

@@ -1,0 +1,149 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/redistest"
+	"github.com/computeql/computeql/store"
+)
+
+// historyLen is how many events the instance's history holds.
+func (a *api) historyLen(t *testing.T, token, id string) int {
+	t.Helper()
+	res := a.mustPost(t, token, `query($id: ID!) { instanceEvents(id: $id, first: 100) { edges { cursor } } }`, map[string]any{"id": id})
+	return len(res.Data["instanceEvents"].(map[string]any)["edges"].([]any))
+}
+
+// TestIdempotencyKeys: a create, an update or a delete sent again with its idempotency key is
+// answered as the first was, with no second effect (no second instance, event or charge); the
+// same key with another request is CONFLICT on input.idempotencyKey and writes nothing; keys
+// are the caller's own; a malformed key is BAD_USER_INPUT.
+func TestIdempotencyKeys(t *testing.T) {
+	a := newAPI(t)
+	tok := a.admin(t)
+
+	in := with("web-1", map[string]any{"idempotencyKey": "create-web-1"})
+	first := a.mustCreate(t, tok, in)
+	quotaAfterFirst := a.mustPost(t, tok, `{ quota(organizationId: "acme") { limits { kind used } } }`, nil).Data
+	again := a.mustCreate(t, tok, in)
+	if again.ID != first.ID {
+		t.Fatalf("a retried create made %s, the first %s", again.ID, first.ID)
+	}
+	if got := a.mustPost(t, tok, `{ quota(organizationId: "acme") { limits { kind used } } }`, nil).Data; !reflect.DeepEqual(got, quotaAfterFirst) {
+		t.Errorf("a retried create charged quota again: %s, was %s", got, quotaAfterFirst)
+	}
+	if n := a.historyLen(t, tok, first.ID); n != 1 {
+		t.Errorf("%d events after a create and its retry, want 1 (CREATED)", n)
+	}
+
+	// The same key for another request: CONFLICT, nothing written.
+	before := redistest.State(t, a.rdb)
+	res, p := a.create(t, tok, with("web-2", map[string]any{"idempotencyKey": "create-web-1"}))
+	wantUserErrors(t, res, p, fc("CONFLICT", "input", "idempotencyKey"))
+	if !maps.Equal(before, redistest.State(t, a.rdb)) {
+		t.Error("a key reused for another request changed Redis")
+	}
+
+	// Keys are the caller's: another principal's same key is a key of its own.
+	other := a.token(t, "olga", auth.Grant{OrganizationID: "acme", Role: auth.RoleAdmin})
+	if own := a.mustCreate(t, other, with("web-3", map[string]any{"idempotencyKey": "create-web-1"})); own.ID == first.ID {
+		t.Error("another caller's key answered with the first caller's instance")
+	}
+
+	// Update: a retry after the first applied (its expectedGeneration is stale by then) is
+	// answered with the instance, and records nothing more.
+	upd := map[string]any{"id": first.ID, "description": "first", "expectedGeneration": 1, "idempotencyKey": "describe-1"}
+	for range 2 {
+		if res, p := a.update(t, tok, upd); len(p.UserErrors) > 0 || p.Instance == nil || p.Instance.Generation != 2 || p.Instance.Description != "first" {
+			t.Fatalf("update or its retry: %s", res.Raw)
+		}
+	}
+	if n := a.historyLen(t, tok, first.ID); n != 2 {
+		t.Errorf("%d events after an update and its retry, want 2", n)
+	}
+	res, p = a.update(t, tok, map[string]any{"id": first.ID, "description": "second", "idempotencyKey": "describe-1"})
+	wantUserErrors(t, res, p, fc("CONFLICT", "input", "idempotencyKey"))
+
+	// Delete: retried while deleting, then once the instance is gone: no error either time.
+	const del = `mutation($id: ID!, $key: String) { deleteInstance(input: {id: $id, idempotencyKey: $key}) {
+	  instance { id status { provisioningStatus } } userErrors { field code message } } }`
+	vars := map[string]any{"id": first.ID, "key": "delete-1"}
+	for range 2 {
+		res := a.mustPost(t, tok, del, vars)
+		if got := fmt.Sprint(res.Data["deleteInstance"]); !strings.Contains(got, "DEPROVISIONING") || !strings.Contains(got, "userErrors:[]") {
+			t.Fatalf("delete or its retry: %s", res.Raw)
+		}
+	}
+	st := store.New(a.rdb)
+	stored, err := st.Get(context.Background(), []string{"acme"}, first.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := st.Forget(context.Background(), stored, time.Now()); err != nil || !ok {
+		t.Fatal(err, ok)
+	}
+	if res := a.mustPost(t, tok, del, vars); fmt.Sprint(res.Data["deleteInstance"]) != "map[instance:<nil> userErrors:[]]" {
+		t.Errorf("a retried delete of an instance gone since: %s, want no instance and no error", res.Raw)
+	}
+	if res := a.post(t, tok, del, map[string]any{"id": first.ID}); !slices.Equal(res.codes(), []string{"NOT_FOUND"}) {
+		t.Errorf("a delete of the gone instance without the key: %s, want NOT_FOUND", res.Raw)
+	}
+
+	for _, tt := range []struct {
+		name, key, code string
+	}{
+		{"empty", "", "BAD_USER_INPUT"},
+		{"65 characters", strings.Repeat("k", 65), "BAD_USER_INPUT"},
+		{"a space", "two words", "BAD_USER_INPUT"},
+		{"not ASCII", "clé", "BAD_USER_INPUT"},
+		{"64 characters", strings.Repeat("k", 64), ""},
+		{"punctuation", "a-b_c.d:e/f~1", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			res, p := a.create(t, tok, with("k-"+strings.ReplaceAll(tt.name, " ", "-"), map[string]any{"idempotencyKey": tt.key}))
+			if tt.code == "" {
+				if len(p.UserErrors) > 0 || p.Instance == nil {
+					t.Errorf("key %q refused: %s", tt.key, res.Raw)
+				}
+				return
+			}
+			wantUserErrors(t, res, p, fc(tt.code, "input", "idempotencyKey"))
+		})
+	}
+}
+
+// TestIdempotencyKeyRace: retries sent at once, while none has finished, make one instance:
+// the script that makes it records the key, and the others are answered from it.
+func TestIdempotencyKeyRace(t *testing.T) {
+	a := newAPI(t, func(o *Options) { o.RateLimit = -1 })
+	tok := a.admin(t)
+	in := with("raced", map[string]any{"idempotencyKey": "race-1"})
+	ids := make([]string, 8)
+	var wg sync.WaitGroup
+	for i := range ids {
+		wg.Go(func() {
+			if _, p := a.create(t, tok, in); p.Instance != nil {
+				ids[i] = p.Instance.ID
+			}
+		})
+	}
+	wg.Wait()
+	for _, id := range ids[1:] {
+		if id != ids[0] || id == "" {
+			t.Fatalf("concurrent retries answered %v, want one instance", ids)
+		}
+	}
+	res := a.mustPost(t, tok, `{ instances(organizationId: "acme") { totalCount } }`, nil)
+	if got := res.Data["instances"]; !reflect.DeepEqual(got, map[string]any{"totalCount": float64(1)}) {
+		t.Errorf("instances after concurrent retries: %v, want 1", got)
+	}
+}
