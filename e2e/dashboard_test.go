@@ -249,3 +249,40 @@ func TestDashboardFirstLook(t *testing.T) {
 	}
 	b.screenshot(t, "dashboard-narrow")
 }
+
+// TestDashboardDeletionProtection: Protect turns deletion protection on, after which the row's
+// Delete is disabled, the detail says so and the API refuses a delete; Unprotect turns it off,
+// and Delete deletes again.
+func TestDashboardDeletionProtection(t *testing.T) {
+	sys := startSystem(t)
+	b := newBrowser(t, sys.URL)
+	tok := sys.token(t, "alice", auth.Grant{OrganizationID: "acme", ProjectID: "web", Role: auth.RoleMember})
+	id := sys.createInstance(t, tok, "keep-1", "g1.small")
+	signIn(t, b, sys, tok)
+	// The refusal is read under an alias: the helper fails on any userErrors.
+	const del = `mutation($id: ID!) { deleteInstance(input: {id: $id}) { instance { id } refusals: userErrors { code } } }`
+
+	b.do(t, "protect keep-1",
+		click(row("keep-1")+` button[data-action="protect"]`),
+		present(row("keep-1")+` button[data-action="unprotect"]`),
+		present(row("keep-1")+` button[data-action="delete"][disabled]`),
+		click(row("keep-1")+` td[data-col="name"] a`),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#detail dd[data-key="Deletion protection"]')?.textContent === 'on'`),
+	)
+	data := sys.graphql(t, tok, del, map[string]any{"id": id})
+	if got := fmt.Sprint(data["deleteInstance"]); got != "map[instance:<nil> refusals:[map[code:UNPROCESSABLE]]]" {
+		t.Fatalf("delete of the protected instance: %s, want UNPROCESSABLE", got)
+	}
+
+	b.do(t, "unprotect keep-1",
+		click(row("keep-1")+` button[data-action="unprotect"]`),
+		present(row("keep-1")+` button[data-action="protect"]`),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#detail dd[data-key="Deletion protection"]')?.textContent === 'off'`),
+	)
+	b.do(t, "delete keep-1",
+		click(row("keep-1")+` button[data-action="delete"]:not([disabled])`),
+		click(row("keep-1")+` button[data-action="confirm-delete"]`),
+		// Deleting, or already gone from the list.
+		chromedp.Poll[chromedp.Void](`(() => { const r = document.querySelector('#instances tr[data-name="keep-1"]'); return !r || r.classList.contains('deleting'); })()`),
+	)
+}

@@ -17,7 +17,7 @@
     'fragment I on Instance { id name description organizationId projectId networkId flavorId imageId ' +
     'sshCertificateAuthorityId region { id } flavor { id cpus memoryGiB } image { id name } ' +
     'networking { securityGroupIds publicIP allowedSourceAddresses } desiredPowerState generation ' +
-    'observedGeneration status { provisioningStatus healthStatus powerState privateIP publicIP macAddress ' +
+    'observedGeneration deletionProtection status { provisioningStatus healthStatus powerState privateIP publicIP macAddress ' +
     'conditions { type status reason message lastTransitionTime } } createdAt createdBy updatedAt updatedBy deletedAt }';
   var EVENT_FIELDS = 'cursor kind changedFields occurredAt message actor action outcome instance { ...I }';
 
@@ -447,6 +447,8 @@
     stop: 'mutation($id: ID!) { r: stopInstance(input: {id: $id}) { userErrors { field code message } } }',
     reboot: 'mutation($id: ID!) { r: rebootInstance(input: {id: $id}) { userErrors { field code message } } }',
     delete: 'mutation($id: ID!) { r: deleteInstance(input: {id: $id}) { userErrors { field code message } } }',
+    protect: 'mutation($id: ID!) { r: updateInstance(input: {id: $id, deletionProtection: true}) { userErrors { field code message } } }',
+    unprotect: 'mutation($id: ID!) { r: updateInstance(input: {id: $id, deletionProtection: false}) { userErrors { field code message } } }',
   };
 
   function runVerb(verb, inst) {
@@ -481,6 +483,13 @@
     button('start', 'Start', inst.desiredPowerState === 'RUNNING');
     button('stop', 'Stop', inst.desiredPowerState === 'STOPPED');
     button('reboot', 'Reboot', inst.status.powerState !== 'RUNNING');
+    // A protected instance cannot be deleted until the protection is lifted: its Delete is
+    // disabled, and the switch beside it says which way it goes.
+    if (inst.deletionProtection) {
+      button('unprotect', 'Unprotect');
+    } else {
+      button('protect', 'Protect');
+    }
     // Deleting takes two clicks, the second on a button that says what it will do, instead of
     // a browser dialog that blocks the page (and the live updates behind it). The armed state
     // is kept by instance, not on the button, because every event redraws the row.
@@ -490,7 +499,8 @@
         type: 'button',
         'data-action': armed ? 'confirm-delete' : 'delete',
         class: 'danger',
-        disabled: gone,
+        disabled: gone || inst.deletionProtection,
+        title: inst.deletionProtection ? 'Deletion protection is on: unprotect the instance first' : null,
         text: armed ? 'Confirm delete' : 'Delete',
         onclick: function () {
           if (state.armed[inst.id]) {
@@ -919,6 +929,7 @@
           ['Created', when(inst.createdAt) + ' UTC by ' + inst.createdBy],
           ['Updated', when(inst.updatedAt) + ' UTC by ' + inst.updatedBy],
           ['Deletion requested', inst.deletedAt && when(inst.deletedAt) + ' UTC'],
+          ['Deletion protection', inst.deletionProtection ? 'on' : 'off'],
         ])
       )
     );
