@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 
@@ -285,4 +286,26 @@ func TestDashboardDeletionProtection(t *testing.T) {
 		// Deleting, or already gone from the list.
 		chromedp.Poll[chromedp.Void](`(() => { const r = document.querySelector('#instances tr[data-name="keep-1"]'); return !r || r.classList.contains('deleting'); })()`),
 	)
+}
+
+// TestDashboardShowsTheLease: an instance's detail shows its lease: the action, when it ends
+// and the time left.
+func TestDashboardShowsTheLease(t *testing.T) {
+	sys := startSystem(t)
+	b := newBrowser(t, sys.URL)
+	tok := sys.token(t, "alice", auth.Grant{OrganizationID: "acme", ProjectID: "web", Role: auth.RoleMember})
+	id := sys.createInstance(t, tok, "leased-1", "g1.small")
+	end := time.Now().Add(2*time.Hour + 30*time.Minute).UTC().Truncate(time.Second)
+	sys.graphql(t, tok, `mutation($id: ID!, $at: Time) { updateInstance(input: {id: $id, expiresAt: $at, expiryAction: DELETE}) { userErrors { code } } }`,
+		map[string]any{"id": id, "at": end.Format(time.RFC3339)})
+	signIn(t, b, sys, tok)
+	b.do(t, "open leased-1",
+		click(row("leased-1")+` td[data-col="name"] a`),
+		chromedp.Poll[chromedp.Void](`(document.querySelector('#detail dd[data-key="Lease"]')?.textContent || '').includes('DELETE')`),
+	)
+	got := b.text(t, `#detail dd[data-key="Lease"]`)
+	want := "DELETE at " + end.Format("2006-01-02 15:04:05") + ".000 UTC, 2 h 2"
+	if !strings.HasPrefix(got, want) || !strings.HasSuffix(got, "min left") {
+		t.Errorf("lease shown as %q, want %q… min left", got, want)
+	}
 }

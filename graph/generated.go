@@ -131,6 +131,8 @@ type ComplexityRoot struct {
 		DeletionProtection        func(childComplexity int) int
 		Description               func(childComplexity int) int
 		DesiredPowerState         func(childComplexity int) int
+		ExpiresAt                 func(childComplexity int) int
+		ExpiryAction              func(childComplexity int) int
 		Flavor                    func(childComplexity int) int
 		FlavorID                  func(childComplexity int) int
 		Generation                func(childComplexity int) int
@@ -377,6 +379,7 @@ type InstanceResolver interface {
 
 	UserData(ctx context.Context, obj *instance.Instance) (*string, error)
 
+	ExpiryAction(ctx context.Context, obj *instance.Instance) (*instance.ExpiryAction, error)
 	DesiredPowerState(ctx context.Context, obj *instance.Instance) (instance.PowerIntent, error)
 
 	ObservedGeneration(ctx context.Context, obj *instance.Instance) (int, error)
@@ -763,6 +766,18 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Instance.DesiredPowerState(childComplexity), true
+	case "Instance.expiresAt":
+		if e.ComplexityRoot.Instance.ExpiresAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Instance.ExpiresAt(childComplexity), true
+	case "Instance.expiryAction":
+		if e.ComplexityRoot.Instance.ExpiryAction == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Instance.ExpiryAction(childComplexity), true
 	case "Instance.flavor":
 		if e.ComplexityRoot.Instance.Flavor == nil {
 			break
@@ -2150,6 +2165,10 @@ type Instance implements Node {
   userData: String
   "While true, deleteInstance is refused (UNPROCESSABLE) until an update sets it to false."
   deletionProtection: Boolean!
+  "When the instance's lease ends (the workers then carry out expiryAction within seconds); null for none."
+  expiresAt: Time
+  "What the end of the lease does; null without a lease."
+  expiryAction: ExpiryAction
   """
   The power state asked for with startInstance and stopInstance. It outlives the server: a
   server rebuilt or recreated for a STOPPED instance is stopped as soon as it is built, and a
@@ -2231,6 +2250,10 @@ input CreateInstanceInput {
   userData: String
   "Refuse deleteInstance until an update clears it. Defaults to false."
   deletionProtection: Boolean
+  "Start a lease that ends then (in the future, at most ten years ahead)."
+  expiresAt: Time
+  "What the end of the lease does; defaults to STOP. Needs expiresAt."
+  expiryAction: ExpiryAction
   "Check everything and answer with the plan (and any userErrors) instead of creating: nothing is written."
   dryRun: Boolean
   """
@@ -2260,6 +2283,10 @@ input UpdateInstanceInput {
   userData: String @goField(omittable: true)
   "Sets or clears deletion protection; applied at once, without touching the server."
   deletionProtection: Boolean
+  "Starts, extends or moves the lease (a time in the future), or ends it (null)."
+  expiresAt: Time @goField(omittable: true)
+  "Changes what the end of the lease does. Needs a lease."
+  expiryAction: ExpiryAction
   "Consent to destroy and recreate the server (its disk, IPs and MAC are lost) when the change needs it."
   allowRebuild: Boolean
   "When given, the update is refused with CONFLICT unless the instance is still at this generation."
@@ -2427,6 +2454,16 @@ enum InstanceAction {
   CONSOLE
   SSH_KEY
   SNAPSHOT
+  "The end of a lease, carried out by the workers (actor: system)."
+  EXPIRE
+}
+
+"What the end of an instance's lease does."
+enum ExpiryAction {
+  "Stop the instance."
+  STOP
+  "Delete the instance. One with deletion protection is stopped instead, and the ACTION says so (outcome UNPROCESSABLE)."
+  DELETE
 }
 
 type InstanceEvent {
@@ -2667,6 +2704,10 @@ func (ec *executionContext) childFields_Instance(ctx context.Context, field grap
 		return ec.fieldContext_Instance_userData(ctx, field)
 	case "deletionProtection":
 		return ec.fieldContext_Instance_deletionProtection(ctx, field)
+	case "expiresAt":
+		return ec.fieldContext_Instance_expiresAt(ctx, field)
+	case "expiryAction":
+		return ec.fieldContext_Instance_expiryAction(ctx, field)
 	case "desiredPowerState":
 		return ec.fieldContext_Instance_desiredPowerState(ctx, field)
 	case "generation":
@@ -5192,6 +5233,52 @@ func (ec *executionContext) _Instance_deletionProtection(ctx context.Context, fi
 }
 func (ec *executionContext) fieldContext_Instance_deletionProtection(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type Boolean does not have child fields"))
+}
+
+func (ec *executionContext) _Instance_expiresAt(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Instance_expiresAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ExpiresAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Instance_expiresAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type Time does not have child fields"))
+}
+
+func (ec *executionContext) _Instance_expiryAction(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Instance_expiryAction(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Instance().ExpiryAction(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *instance.ExpiryAction) graphql.Marshaler {
+			return ec.marshalOExpiryAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐExpiryAction(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Instance_expiryAction(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Instance", field, true, true, errors.New("field of type ExpiryAction does not have child fields"))
 }
 
 func (ec *executionContext) _Instance_desiredPowerState(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -9704,7 +9791,7 @@ func (ec *executionContext) unmarshalInputCreateInstanceInput(ctx context.Contex
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"organizationId", "projectId", "networkId", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "deletionProtection", "dryRun", "idempotencyKey"}
+	fieldsInOrder := [...]string{"organizationId", "projectId", "networkId", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "deletionProtection", "expiresAt", "expiryAction", "dryRun", "idempotencyKey"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -9795,6 +9882,20 @@ func (ec *executionContext) unmarshalInputCreateInstanceInput(ctx context.Contex
 				return it, err
 			}
 			it.DeletionProtection = data
+		case "expiresAt":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("expiresAt"))
+			data, err := ec.unmarshalOTime2ᚖtimeᚐTime(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.ExpiresAt = data
+		case "expiryAction":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("expiryAction"))
+			data, err := ec.unmarshalOExpiryAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐExpiryAction(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.ExpiryAction = data
 		case "dryRun":
 			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("dryRun"))
 			data, err := ec.unmarshalOBoolean2ᚖbool(ctx, v)
@@ -10237,7 +10338,7 @@ func (ec *executionContext) unmarshalInputUpdateInstanceInput(ctx context.Contex
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"id", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "deletionProtection", "allowRebuild", "expectedGeneration", "dryRun", "idempotencyKey"}
+	fieldsInOrder := [...]string{"id", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "deletionProtection", "expiresAt", "expiryAction", "allowRebuild", "expectedGeneration", "dryRun", "idempotencyKey"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -10314,6 +10415,20 @@ func (ec *executionContext) unmarshalInputUpdateInstanceInput(ctx context.Contex
 				return it, err
 			}
 			it.DeletionProtection = data
+		case "expiresAt":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("expiresAt"))
+			data, err := ec.unmarshalOTime2ᚖtimeᚐTime(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.ExpiresAt = graphql.OmittableOf(data)
+		case "expiryAction":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("expiryAction"))
+			data, err := ec.unmarshalOExpiryAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐExpiryAction(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.ExpiryAction = data
 		case "allowRebuild":
 			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("allowRebuild"))
 			data, err := ec.unmarshalOBoolean2ᚖbool(ctx, v)
@@ -11461,6 +11576,49 @@ func (ec *executionContext) _Instance(ctx context.Context, sel ast.SelectionSet,
 			if out.Values[i] == graphql.Null {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
+		case "expiresAt":
+			out.Values[i] = ec._Instance_expiresAt(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "expiryAction":
+			field := field
+
+			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
+				defer func() {
+					if r := recover(); r != nil {
+						ec.Error(ctx, ec.Recover(ctx, r))
+					}
+				}()
+				res = ec._Instance_expiryAction(ctx, field, obj)
+				if res == graphql.RequiredNull {
+					atomic.AddUint32(&fs.Invalids, 1)
+				}
+				return res
+			}
+
+			if field.IsDeferred() {
+				deferredFieldSet.AddField(field)
+				fieldIndex := len(deferredFieldSet.Values) - 1
+				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
+					return innerFunc(ctx, deferredFieldSet)
+				})
+
+				for _, deferrable := range field.Deferrables {
+					view, ok := deferLabelToView[deferrable.Label]
+					if !ok {
+						view = deferredFieldSet.NewView()
+						deferLabelToView[deferrable.Label] = view
+					}
+					view.AddIndices(fieldIndex)
+				}
+
+				// don't run the out.Concurrently() call below
+				out.Values[i] = graphql.Null
+				continue
+			}
+
+			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "desiredPowerState":
 			field := field
 
@@ -15322,6 +15480,36 @@ var (
 	}
 )
 
+func (ec *executionContext) unmarshalOExpiryAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐExpiryAction(ctx context.Context, v any) (*instance.ExpiryAction, error) {
+	if v == nil {
+		return nil, nil
+	}
+	tmp, err := graphql.UnmarshalString(v)
+	res := unmarshalOExpiryAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐExpiryAction[tmp]
+	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOExpiryAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐExpiryAction(ctx context.Context, sel ast.SelectionSet, v *instance.ExpiryAction) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	_ = sel
+	_ = ctx
+	res := graphql.MarshalString(marshalOExpiryAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐExpiryAction[*v])
+	return res
+}
+
+var (
+	unmarshalOExpiryAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐExpiryAction = map[string]instance.ExpiryAction{
+		"STOP":   instance.ExpireStop,
+		"DELETE": instance.ExpireDelete,
+	}
+	marshalOExpiryAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐExpiryAction = map[instance.ExpiryAction]string{
+		instance.ExpireStop:   "STOP",
+		instance.ExpireDelete: "DELETE",
+	}
+)
+
 func (ec *executionContext) marshalOFlavor2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐFlavor(ctx context.Context, sel ast.SelectionSet, v *region.Flavor) graphql.Marshaler {
 	if v == nil {
 		return graphql.Null
@@ -15431,6 +15619,7 @@ var (
 		"CONSOLE":     instance.ActionConsole,
 		"SSH_KEY":     instance.ActionSSHKey,
 		"SNAPSHOT":    instance.ActionSnapshot,
+		"EXPIRE":      instance.ActionExpire,
 	}
 	marshalOInstanceAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐAction = map[instance.Action]string{
 		instance.ActionStart:      "START",
@@ -15440,6 +15629,7 @@ var (
 		instance.ActionConsole:    "CONSOLE",
 		instance.ActionSSHKey:     "SSH_KEY",
 		instance.ActionSnapshot:   "SNAPSHOT",
+		instance.ActionExpire:     "EXPIRE",
 	}
 )
 

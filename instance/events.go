@@ -44,6 +44,8 @@ const (
 	ActionConsole    Action = "CONSOLE"
 	ActionSSHKey     Action = "SSH_KEY"
 	ActionSnapshot   Action = "SNAPSHOT"
+	// ActionExpire is the end of a lease, carried out by the workers (actor "system").
+	ActionExpire Action = "EXPIRE"
 )
 
 // Record is one event of an instance's history, as stored.
@@ -120,6 +122,8 @@ func SpecChanges(a, b Spec) []string {
 	add("networking", !reflect.DeepEqual(a.Networking, b.Networking))
 	add("userData", string(a.UserData) != string(b.UserData))
 	add("deletionProtection", a.DeletionProtection != b.DeletionProtection)
+	add("expiresAt", !equalTimes(a.ExpiresAt, b.ExpiresAt))
+	add("expiryAction", a.ExpiryAction != b.ExpiryAction)
 	add("deletedAt", (a.DeletedAt == nil) != (b.DeletedAt == nil))
 	return out
 }
@@ -147,4 +151,12 @@ func StatusChanges(a, b Status) []string {
 		out = append(out, "observedGeneration")
 	}
 	return out
+}
+
+// equalTimes reports whether two optional instants are both absent or equal.
+func equalTimes(a, b *time.Time) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Equal(*b)
 }

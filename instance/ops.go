@@ -1,9 +1,11 @@
 package instance
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"strconv"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -33,6 +35,9 @@ type CreateRequest struct {
 	DryRun *bool
 	// IdempotencyKey makes a retry safe (see idempotency.go).
 	IdempotencyKey *string
+	// ExpiresAt starts a lease, ending with ExpiryAction (STOP when not given).
+	ExpiresAt    *time.Time
+	ExpiryAction *ExpiryAction
 }
 
 // fingerprinted is the request as its idempotency key's fingerprint covers it: without the key.
@@ -192,6 +197,7 @@ func (s *Service) prepareCreate(ctx context.Context, req CreateRequest) (*Instan
 	if req.UserData != nil {
 		userData = decodeUserData(&p, *req.UserData, caID != "")
 	}
+	expiresAt, expiryAction := checkLease(&p, s.now(), req.ExpiresAt, req.ExpiryAction, nil, "")
 	var cost quota.Amounts
 	if flavor != nil {
 		cost = charge(flavor, networking.PublicIP)
@@ -221,6 +227,8 @@ func (s *Service) prepareCreate(ctx context.Context, req CreateRequest) (*Instan
 			Networking:                networking,
 			UserData:                  userData,
 			DeletionProtection:        req.DeletionProtection != nil && *req.DeletionProtection,
+			ExpiresAt:                 expiresAt,
+			ExpiryAction:              expiryAction,
 			Charge:                    cost,
 			CreatedAt:                 now,
 			CreatedBy:                 pr.Subject,
@@ -331,6 +339,11 @@ type UpdateRequest struct {
 	ExpectedGeneration *int64
 	// IdempotencyKey makes a retry safe (see idempotency.go).
 	IdempotencyKey *string
+	// ExpiresAtSet says the request names expiresAt: ExpiresAt then starts, moves or (nil)
+	// ends the lease. ExpiryAction, when given, changes what its end does.
+	ExpiresAtSet bool
+	ExpiresAt    *time.Time
+	ExpiryAction *ExpiryAction
 }
 
 // fingerprinted is the request as its idempotency key's fingerprint covers it: without the key.
@@ -448,6 +461,13 @@ func (s *Service) prepareUpdate(ctx context.Context, req UpdateRequest) (*prepar
 	}
 	if req.DeletionProtection != nil {
 		next.DeletionProtection = *req.DeletionProtection
+	}
+	if req.ExpiresAtSet || req.ExpiryAction != nil {
+		lease := cur.ExpiresAt
+		if req.ExpiresAtSet {
+			lease = req.ExpiresAt
+		}
+		next.ExpiresAt, next.ExpiryAction = checkLease(&p, s.now(), lease, req.ExpiryAction, cur.ExpiresAt, cur.ExpiryAction)
 	}
 	network, ok := s.cat.Network(cur.NetworkID)
 	if !ok {
@@ -670,3 +690,37 @@ func truncate(s string, n int) string {
 
 // EncodeUserData returns user data as the API shows it.
 func EncodeUserData(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
+
+// maxLease bounds how far ahead a lease may end: a decade, far beyond any use, near enough
+// that a typo of a year is caught.
+const maxLease = 10 * 365 * 24 * time.Hour
+
+// checkLease checks a lease as a create or an update leaves it: expiresAt (nil: none) must
+// be in the future, unless it is the current one (cur), which may have passed while the
+// workers carry it out; action (nil: keep curAction, STOP for a new lease) needs a lease. It
+// returns the lease to store.
+func checkLease(p *problems, now time.Time, expiresAt *time.Time, action *ExpiryAction, cur *time.Time, curAction ExpiryAction) (*time.Time, ExpiryAction) {
+	if expiresAt == nil {
+		if action != nil {
+			p.add(CodeUnprocessable, path("expiryAction"), "an expiry action needs a lease: set expiresAt too")
+		}
+		return nil, ""
+	}
+	at := expiresAt.UTC()
+	if !equalTimes(&at, cur) {
+		switch {
+		case !at.After(now):
+			p.add(CodeUnprocessable, path("expiresAt"), "the lease must end in the future, not at %s", at.Format(time.RFC3339))
+		case at.Sub(now) > maxLease:
+			p.add(CodeBadUserInput, path("expiresAt"), "a lease ends at most ten years ahead")
+		}
+	}
+	a := cmp.Or(curAction, ExpireStop)
+	if action != nil {
+		a = *action
+	}
+	if a != ExpireStop && a != ExpireDelete {
+		p.add(CodeBadUserInput, path("expiryAction"), "the expiry action is STOP or DELETE")
+	}
+	return &at, a
+}

@@ -68,6 +68,15 @@ func (s PowerState) Valid() bool {
 // PowerIntent is the power state a user asked for with the start and stop verbs.
 type PowerIntent string
 
+// ExpiryAction is what the end of an instance's lease does.
+type ExpiryAction string
+
+// The expiry actions.
+const (
+	ExpireStop   ExpiryAction = "STOP"
+	ExpireDelete ExpiryAction = "DELETE"
+)
+
 // Power intents. A spec stored before intents existed has none, which means running.
 const (
 	IntentRunning PowerIntent = "RUNNING"
@@ -144,6 +153,10 @@ type Spec struct {
 	RebuildGeneration int64 `json:"rebuildGeneration,omitempty"`
 	// DeletionProtection refuses deleteInstance while set.
 	DeletionProtection bool `json:"deletionProtection,omitempty"`
+	// ExpiresAt is the end of the instance's lease, nil for none: then the workers carry out
+	// ExpiryAction (STOP when empty) and clear the lease.
+	ExpiresAt    *time.Time   `json:"expiresAt,omitempty"`
+	ExpiryAction ExpiryAction `json:"expiryAction,omitempty"`
 	// Power is the power state the user asked for; "" is running. It outlives the server:
 	// workers stop a server that finished building for an instance meant to be stopped.
 	Power PowerIntent `json:"power,omitempty"`

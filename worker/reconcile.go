@@ -36,6 +36,8 @@ type Store interface {
 	// UpdateSpec writes a spec (and status) change; workers use it only to delete an instance
 	// whose network was deleted.
 	UpdateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status, changed []string, idem instance.Idempotency) (*instance.Refusal, error)
+	// Act records an ACTION, with the spec change it makes (the end of a lease).
+	Act(ctx context.Context, inst *instance.Instance, changed []string, ev instance.ActionEvent) (*instance.Refusal, error)
 }
 
 // Reconciler reconciles one instance per call; it is the work queue's handler. It is
@@ -106,6 +108,12 @@ func (r *Reconciler) Handle(ctx context.Context, t queue.Task) (time.Duration, e
 		}
 		return again, err
 	}
+	// A lease wakes its instance when it ends, however settled the instance is by then.
+	if inst.ExpiresAt != nil && !inst.Deleting() {
+		if until := inst.ExpiresAt.Sub(r.Now()); until > 0 && (again == 0 || until < again) {
+			again = until
+		}
+	}
 	r.Logger.InfoContext(ctx, "reconcile", "instance", inst.ID, "org", org, "attempt", t.Attempt, "duration", took,
 		"provisioning", inst.Status.ProvisioningStatus, "power", inst.Status.PowerState, "again", again)
 	return again, nil
@@ -147,11 +155,14 @@ func (r *Reconciler) reconcile(ctx context.Context, inst *instance.Instance) (ti
 	if inst.Deleting() {
 		return r.deprovision(ctx, inst, servers)
 	}
+	now := r.Now()
+	if inst.ExpiresAt != nil && !now.Before(*inst.ExpiresAt) {
+		return r.expire(ctx, inst)
+	}
 	servers, err = r.unique(ctx, inst, servers)
 	if err != nil {
 		return 0, err
 	}
-	now := r.Now()
 	if len(servers) == 0 {
 		switch _, err := r.Region.CreateServer(ctx, inst.ServerSpec()); {
 		case errors.Is(err, region.ErrNoCapacity):
@@ -208,6 +219,43 @@ func (r *Reconciler) reconcile(ctx context.Context, inst *instance.Instance) (ti
 		return r.Yield, nil
 	}
 	return 0, nil
+}
+
+// expire carries out the end of the instance's lease, recording it as an ACTION EXPIRE by
+// "system" before the change it causes. DELETE marks the instance for deletion (and the lease
+// stays, a deleting instance has no other future); STOP, and DELETE of an instance with
+// deletion protection (the ACTION says so, with outcome UNPROCESSABLE), ends the lease and
+// asks for the instance stopped, which the next pass does.
+func (r *Reconciler) expire(ctx context.Context, inst *instance.Instance) (time.Duration, error) {
+	now := r.Now().UTC()
+	ev := instance.ActionEvent{Actor: "system", Action: instance.ActionExpire, At: now}
+	if inst.ExpiryAction == instance.ExpireDelete && !inst.DeletionProtection {
+		ev.Message = "The lease ended: the instance is deleted."
+		if _, err := r.Store.Act(ctx, inst, nil, ev); err != nil {
+			return 0, fmt.Errorf("record the end of the lease: %w", err)
+		}
+		next, st, changed := inst.MarkDeleting(now, "system", "The instance's lease ended, and the instance is being deleted.")
+		if _, err := r.Store.UpdateSpec(ctx, &next, nil, nil, &st, changed, instance.Idempotency{}); err != nil {
+			return 0, fmt.Errorf("delete the instance whose lease ended: %w", err)
+		}
+		return r.Yield, nil // changed meanwhile or not, the next pass looks again
+	}
+	next := *inst
+	next.ExpiresAt, next.ExpiryAction, next.Power = nil, "", instance.IntentStopped
+	next.UpdatedAt, next.UpdatedBy = now, "system"
+	ev.Message = "The lease ended: the instance is stopped."
+	if inst.ExpiryAction == instance.ExpireDelete {
+		ev.Outcome = instance.CodeUnprocessable
+		ev.Message = "The lease ended, but the instance has deletion protection: it is stopped instead of deleted."
+	}
+	changed := instance.SpecChanges(inst.Spec, next.Spec)
+	if inst.DesiredPower() != instance.IntentStopped {
+		changed = append(changed, "desiredPowerState")
+	}
+	if _, err := r.Store.Act(ctx, &next, changed, ev); err != nil {
+		return 0, fmt.Errorf("stop the instance whose lease ended: %w", err)
+	}
+	return r.Yield, nil
 }
 
 // unique enforces one server per instance: the oldest is kept and the others deleted.

@@ -168,6 +168,10 @@ type UpdateInstanceInput struct {
 	UserData graphql.Omittable[*string] `json:"userData,omitempty"`
 	// Sets or clears deletion protection; applied at once, without touching the server.
 	DeletionProtection *bool `json:"deletionProtection,omitempty"`
+	// Starts, extends or moves the lease (a time in the future), or ends it (null).
+	ExpiresAt graphql.Omittable[*time.Time] `json:"expiresAt,omitempty"`
+	// Changes what the end of the lease does. Needs a lease.
+	ExpiryAction *instance.ExpiryAction `json:"expiryAction,omitempty"`
 	// Consent to destroy and recreate the server (its disk, IPs and MAC are lost) when the change needs it.
 	AllowRebuild *bool `json:"allowRebuild,omitempty"`
 	// When given, the update is refused with CONFLICT unless the instance is still at this generation.

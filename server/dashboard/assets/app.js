@@ -17,7 +17,7 @@
     'fragment I on Instance { id name description organizationId projectId networkId flavorId imageId ' +
     'sshCertificateAuthorityId region { id } flavor { id cpus memoryGiB } image { id name } ' +
     'networking { securityGroupIds publicIP allowedSourceAddresses } desiredPowerState generation ' +
-    'observedGeneration deletionProtection status { provisioningStatus healthStatus powerState privateIP publicIP macAddress ' +
+    'observedGeneration deletionProtection expiresAt expiryAction status { provisioningStatus healthStatus powerState privateIP publicIP macAddress ' +
     'conditions { type status reason message lastTransitionTime } } createdAt createdBy updatedAt updatedBy deletedAt }';
   var EVENT_FIELDS = 'cursor kind changedFields occurredAt message actor action outcome instance { ...I }';
 
@@ -930,6 +930,7 @@
           ['Updated', when(inst.updatedAt) + ' UTC by ' + inst.updatedBy],
           ['Deletion requested', inst.deletedAt && when(inst.deletedAt) + ' UTC'],
           ['Deletion protection', inst.deletionProtection ? 'on' : 'off'],
+          ['Lease', inst.expiresAt && inst.expiryAction + ' at ' + when(inst.expiresAt) + ' UTC, ' + timeLeft(inst.expiresAt)],
         ])
       )
     );
@@ -975,6 +976,16 @@
   }
 
   // when shows an RFC 3339 time to the millisecond, in UTC like every time the API returns.
+  // timeLeft says how long until t, as of the page's last redraw (every event redraws it).
+  function timeLeft(t) {
+    var s = Math.round((new Date(t) - Date.now()) / 1000);
+    if (isNaN(s) || s <= 0) {
+      return 'ending now';
+    }
+    var d = Math.floor(s / 86400), h = Math.floor((s % 86400) / 3600), m = Math.floor((s % 3600) / 60);
+    return (d ? d + ' d ' : '') + (d || h ? h + ' h ' : '') + (d ? '' : m + ' min ') + 'left';
+  }
+
   function when(t) {
     var d = new Date(t);
     return isNaN(d) ? t : d.toISOString().replace('T', ' ').replace('Z', '');
