@@ -204,6 +204,10 @@ type wsConn struct {
 	opCtx            context.Context
 	releasePrincipal func()
 	ops              map[string]*wsOp
+	// started and settled count operations started and those first answered: the reader
+	// waits on inFlight (made with the first operation) while maxInFlight are in between.
+	started, settled uint64
+	inFlight         *sync.Cond
 	closing          bool
 	// closed mirrors closing for the reader's checks, which must not wait for mu.
 	closed atomic.Bool
@@ -292,8 +296,21 @@ func (m clientMessage) idOf() (string, error) {
 	if err := json.Unmarshal(m.id, &id); err != nil || id == "" {
 		return "", fmt.Errorf(`Invalid message received: %q requires a non-empty string "id"`, m.typ)
 	}
+	if len(id) > maxOperationID {
+		return "", fmt.Errorf(`Invalid message received: an "id" is at most %d bytes`, maxOperationID)
+	}
 	return id, nil
 }
+
+// maxOperationID bounds an operation's id, which the server keeps while the operation runs
+// and repeats in every message of it.
+const maxOperationID = 128
+
+// maxInFlight bounds the operations of one socket being started or answered at once; the
+// reader waits for a place before it reads on, so a client that floods a socket with
+// operations (and perhaps reads none of their answers) is held back by its own socket rather
+// than costing the server a goroutine per message. An idle subscription holds no place.
+const maxInFlight = 16
 
 // isAbsent reports whether a raw field is missing or null.
 func isAbsent(raw json.RawMessage) bool { return len(raw) == 0 || string(raw) == "null" }
@@ -360,7 +377,11 @@ func (c *wsConn) handle(data []byte) {
 			return
 		}
 		c.mu.Lock()
-		opCtx, exists := c.opCtx, c.ops[id] != nil
+		opCtx, cur := c.opCtx, c.ops[id]
+		exists := cur != nil && !cur.finishing
+		if cur != nil && cur.finishing {
+			cur.silent.Store(true) // ending anyway: its last word must not reach the new one
+		}
 		c.mu.Unlock()
 		switch {
 		case opCtx == nil:
@@ -577,6 +598,10 @@ func (c *wsConn) startKeepAlive() {
 func (c *wsConn) extendLiveness() {
 	if c.t.keepAlive > 0 && !c.closed.Load() {
 		c.ws.SetReadDeadline(time.Now().Add(2 * c.t.keepAlive))
+		if c.closed.Load() {
+			// closeWith ran meanwhile, on another goroutine: its grace stands.
+			c.ws.SetReadDeadline(time.Now().Add(closeGrace))
+		}
 	}
 }
 
@@ -636,6 +661,9 @@ func (c *wsConn) closeWith(code int, reason string) {
 	if c.timer != nil {
 		c.timer.Stop()
 	}
+	if c.inFlight != nil {
+		c.inFlight.Broadcast()
+	}
 	c.mu.Unlock()
 	// The close frame goes first: after it no message can be written, so an operation that
 	// ends with the socket never sends its complete ahead of the close.
@@ -681,6 +709,9 @@ func (c *wsConn) shutdown() {
 		if c.timer != nil {
 			c.timer.Stop()
 		}
+		if c.inFlight != nil {
+			c.inFlight.Broadcast()
+		}
 		release := c.releasePrincipal
 		c.mu.Unlock()
 		c.cancel()
@@ -707,8 +738,11 @@ type wsOp struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	// silent: the client stopped the operation (or another took its id): nothing more is sent
-	// for it.
-	silent atomic.Bool
+	// for it. lastSent: the message that ends it went out (or is going).
+	silent, lastSent atomic.Bool
+	// finishing: the operation is ending; its id is taken until its last message is out.
+	// Guarded by c.mu.
+	finishing bool
 
 	handler      graphql.ResponseHandler
 	delivery     *graph.Delivery
@@ -725,11 +759,18 @@ func (c *wsConn) start(opCtx context.Context, id string, params *graphql.RawPara
 	op := &wsOp{c: c, id: id, ctx: ctx, cancel: cancel}
 	op.running.Store(true) // the goroutine below answers first; wakes meanwhile are noted
 	c.mu.Lock()
+	if c.inFlight == nil {
+		c.inFlight = sync.NewCond(&c.mu)
+	}
+	for c.started-c.settled >= maxInFlight && !c.closing {
+		c.inFlight.Wait()
+	}
 	if c.closing {
 		c.mu.Unlock()
 		cancel()
 		return
 	}
+	c.started++
 	c.ops[id] = op
 	c.mu.Unlock()
 	params.ReadTime = graphql.TraceTiming{Start: graphql.Now(), End: graphql.Now()}
@@ -737,8 +778,17 @@ func (c *wsConn) start(opCtx context.Context, id string, params *graphql.RawPara
 	go op.run(params)
 }
 
+// settle gives back the place an operation held while it was started and first answered.
+func (c *wsConn) settle() {
+	c.mu.Lock()
+	c.settled++
+	c.mu.Unlock()
+	c.inFlight.Signal()
+}
+
 func (op *wsOp) run(params *graphql.RawParams) {
 	c := op.c
+	defer c.settle()
 	ctx := graphql.StartOperationTrace(op.ctx)
 	rc, errs := c.exec.CreateOperationContext(ctx, params)
 	if errs != nil {
@@ -837,54 +887,70 @@ type wsErrors struct {
 func (op *wsOp) fail(resp *graphql.Response) {
 	if op.c.legacy {
 		op.answered = true
-		if op.c.writeUnless(&op.silent, wsResult{ID: op.id, Type: "data", Payload: resp}) {
-			op.finish(true)
-		}
+		op.c.writeUnless(&op.silent, wsResult{ID: op.id, Type: "data", Payload: resp})
+		op.finish(true)
 		return
 	}
-	op.forget()
-	op.c.writeUnless(&op.silent, wsErrors{ID: op.id, Type: "error", Payload: resp.Errors})
+	op.end(wsErrors{ID: op.id, Type: "error", Payload: resp.Errors}, true)
 }
 
-// finish ends the operation; with complete, it tells the client so, unless on
-// graphql-transport-ws the client completed it first.
+// finish ends the operation; with complete, it tells the client so: on graphql-ws always
+// once (after a stop too), on graphql-transport-ws unless the client completed it first.
 func (op *wsOp) finish(complete bool) {
-	op.forget()
-	if complete {
-		op.c.writeUnless(&op.silent, map[string]any{"type": "complete", "id": op.id})
+	if !complete {
+		op.end(nil, false)
+		return
 	}
+	op.end(map[string]any{"type": "complete", "id": op.id}, !op.c.legacy)
 }
 
-// forget removes the operation from its socket, before the client hears it ended: the client
-// may reuse the id as soon as it does.
-func (op *wsOp) forget() {
+// end ends the operation with its last message (nil: none), sent once, and unless gated
+// while the client stopped it. The operation stays in the socket's table, marked finishing,
+// until that message is out: a stop of its id meanwhile finds it and silences it, so the
+// client never hears of it after it let the id go (and perhaps reused it).
+func (op *wsOp) end(last any, gated bool) {
 	c := op.c
 	c.mu.Lock()
-	if c.ops[op.id] == op {
-		delete(c.ops, op.id)
-	}
+	op.finishing = true
 	c.mu.Unlock()
 	op.cancel()
 	if op.delivery != nil {
 		op.delivery.Stop()
 	}
+	if last != nil && op.lastSent.CompareAndSwap(false, true) {
+		if gated {
+			c.writeUnless(&op.silent, last)
+		} else {
+			c.write(last)
+		}
+	}
+	c.mu.Lock()
+	if c.ops[op.id] == op {
+		delete(c.ops, op.id)
+	}
+	c.mu.Unlock()
 }
 
 // stop ends the operation the client completed (stopped), or replaced with a start of the same
-// id. Its id is free at once, as the client may reuse it as soon as it has sent the message;
-// with complete (a graphql-ws stop) the complete that protocol answers with goes out here,
-// before anything of a later operation of the same id. Nothing more of this one follows.
+// id. Its id is free at once, as the client may reuse it as soon as it has sent the message,
+// and nothing more of the operation is sent, but for a graphql-ws stop (complete) the
+// complete that protocol answers with, once.
 func (c *wsConn) stop(id string, complete bool) {
 	c.mu.Lock()
 	op := c.ops[id]
-	delete(c.ops, id)
+	if op != nil {
+		op.silent.Store(true) // under c.mu: end either sees it or has not yet looked
+		delete(c.ops, id)
+	}
 	c.mu.Unlock()
 	if op == nil {
 		return
 	}
-	op.silent.Store(true)
 	op.cancel()
-	if complete {
+	switch {
+	case !complete:
+		op.lastSent.Store(true) // replaced, or completed by the client: no last word at all
+	case op.lastSent.CompareAndSwap(false, true):
 		c.write(map[string]any{"type": "complete", "id": id})
 	}
 	// An idle subscription has no goroutine to notice its end: wake it. (An operation still

@@ -3,7 +3,11 @@ package server
 import (
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http/httptest"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -61,6 +65,8 @@ func TestTransportWSClosesPerProtocol(t *testing.T) {
 			reason: `Invalid message received: "payload.query" must be a string`},
 		{name: "subscribe with variables not an object", ack: true, frames: []string{`{"type":"subscribe","id":"1","payload":{"query":"{ me { subject } }","variables":[1]}}`},
 			code: CloseBadRequest, reason: `Invalid message received: "payload.variables" must be an object`},
+		{name: "an id over 128 bytes", ack: true, frames: []string{`{"type":"subscribe","id":"` + strings.Repeat("i", 129) + `","payload":{"query":"{ me { subject } }"}}`},
+			code: CloseBadRequest, reason: `Invalid message received: an "id" is at most 128 bytes`},
 		{name: "complete without id", ack: true, frames: []string{`{"type":"complete"}`}, code: CloseBadRequest,
 			reason: `Invalid message received: "complete" requires a non-empty string "id"`},
 		{name: "ping with a payload not an object", frames: []string{`{"type":"ping","payload":"x"}`}, code: CloseBadRequest,
@@ -258,4 +264,53 @@ func TestIdleSubscriptionsLeaveTheFeedWithTheirSocket(t *testing.T) {
 		"%v subscriptions still in the feed after their sockets went", eventually.Lazy(func() string {
 			return fmt.Sprint(metrictest.Value(t, reg, "computeql_subscriptions_active"))
 		}))
+}
+
+// TestOperationFloodIsHeldBack: a client that sends operation after operation and reads none
+// of the answers holds at most a few goroutines on the server: the socket's reader waits for
+// a place among the operations in flight, and the client's own socket fills up behind it.
+func TestOperationFloodIsHeldBack(t *testing.T) {
+	a := newAPI(t, func(o *Options) { o.RateLimit = -1 })
+	s := httptest.NewUnstartedServer(a.handler)
+	s.Listener = smallBufferListener{s.Listener} // the server's writes block after a few KB
+	s.Start()
+	t.Cleanup(s.Close)
+	tok := a.admin(t)
+	base := runtime.NumGoroutine()
+	d := websocket.Dialer{Subprotocols: []string{protoTransportWS}, HandshakeTimeout: 5 * time.Second,
+		NetDial: func(network, addr string) (net.Conn, error) {
+			c, err := net.Dial(network, addr)
+			if tc, ok := c.(*net.TCPConn); ok {
+				tc.SetReadBuffer(4096) // the client reads nothing: the server's writes block soon
+			}
+			return c, err
+		}}
+	conn, _, err := d.Dial(wsURL(s), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.WriteJSON(map[string]any{"type": "connection_init", "payload": map[string]any{"Authorization": "Bearer " + tok}}); err != nil {
+		t.Fatal(err)
+	}
+	// Writes stop being taken once the server stops reading; the flood runs until then.
+	var sent atomic.Int32
+	flooded := make(chan struct{})
+	go func() {
+		defer close(flooded)
+		for i := 0; i < 20_000; i++ {
+			conn.SetWriteDeadline(time.Now().Add(2 * time.Second))
+			if conn.WriteJSON(map[string]any{"type": "subscribe", "id": fmt.Sprint("q", i), "payload": map[string]any{"query": "{ me { subject } }"}}) != nil {
+				return
+			}
+			sent.Add(1)
+		}
+	}()
+	<-flooded
+	if sent.Load() < 100 {
+		t.Fatalf("only %d operations went out: the test measures nothing", sent.Load())
+	}
+	if g := runtime.NumGoroutine() - base; g > maxInFlight+20 {
+		t.Errorf("%d goroutines more than before, after %d operations sent and none read; want at most about %d", g, sent.Load(), maxInFlight)
+	}
 }
