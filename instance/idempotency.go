@@ -72,6 +72,17 @@ func (i idempotency) replayOf(recorded string) (string, error) {
 	return id, nil
 }
 
+// replayIn answers a retried call from what its key records in the organization: done is
+// false when the key records nothing (or there is no key), and the call goes on.
+func (s *Service) replayIn(ctx context.Context, pr auth.Principal, org string, i idempotency) (inst *Instance, done bool, err error) {
+	prior, err := s.recorded(ctx, org, i)
+	if err != nil || prior == "" {
+		return nil, err != nil, err
+	}
+	inst, err = s.replay(ctx, pr, i, prior)
+	return inst, true, err
+}
+
 // recorded returns what the key records in the organization, "" for nothing (or no key).
 func (s *Service) recorded(ctx context.Context, org string, i idempotency) (string, error) {
 	if i.key == "" {

@@ -84,11 +84,8 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, err
 	}
 	// A retry is answered from its key before anything is checked again: the catalogue may
 	// have changed since, and the name is its own instance's now.
-	if prior, err := s.recorded(ctx, req.OrganizationID, idem); err != nil || prior != "" {
-		if err != nil {
-			return nil, err
-		}
-		return s.replay(ctx, pr, idem, prior)
+	if inst, done, err := s.replayIn(ctx, pr, req.OrganizationID, idem); done {
+		return inst, err
 	}
 	if p.any() {
 		return nil, s.refuseCreate(ctx, p, inst, network, req.Name)
@@ -369,11 +366,8 @@ func (s *Service) Update(ctx context.Context, req UpdateRequest) (*Instance, err
 	}
 	// A retry is answered from its key before the update is checked again: its
 	// expectedGeneration, for one, is the first call's.
-	if prior, err := s.recorded(ctx, cur.OrganizationID, idem); err != nil || prior != "" {
-		if err != nil {
-			return nil, err
-		}
-		return s.replay(ctx, pr, idem, prior)
+	if inst, done, err := s.replayIn(ctx, pr, cur.OrganizationID, idem); done {
+		return inst, err
 	}
 	if u.p.any() {
 		if err := s.precheckQuota(ctx, &u.p, cur.OrganizationID, u.delta); err != nil {
@@ -621,22 +615,16 @@ func (s *Service) Delete(ctx context.Context, id string, idempotencyKey *string)
 			// Gone since the first call, perhaps: its key says so in one of the caller's
 			// organizations.
 			for _, org := range pr.Organizations() {
-				if prior, rerr := s.recorded(ctx, org, idem); rerr != nil || prior != "" {
-					if rerr != nil {
-						return nil, rerr
-					}
-					return s.replay(ctx, pr, idem, prior)
+				if inst, done, err := s.replayIn(ctx, pr, org, idem); done {
+					return inst, err
 				}
 			}
 		}
 		if err != nil {
 			return nil, err
 		}
-		if prior, err := s.recorded(ctx, cur.OrganizationID, idem); err != nil || prior != "" {
-			if err != nil {
-				return nil, err
-			}
-			return s.replay(ctx, pr, idem, prior)
+		if inst, done, err := s.replayIn(ctx, pr, cur.OrganizationID, idem); done {
+			return inst, err
 		}
 		if cur.Deleting() {
 			return cur, nil

@@ -656,14 +656,7 @@ func (c *wsConn) closeWith(code int, reason string) {
 		c.mu.Unlock()
 		return
 	}
-	c.closing = true
-	c.closed.Store(true)
-	if c.timer != nil {
-		c.timer.Stop()
-	}
-	if c.inFlight != nil {
-		c.inFlight.Broadcast()
-	}
+	c.markClosingLocked()
 	c.mu.Unlock()
 	// The close frame goes first: after it no message can be written, so an operation that
 	// ends with the socket never sends its complete ahead of the close.
@@ -677,6 +670,19 @@ func (c *wsConn) closeWith(code int, reason string) {
 	default:
 		c.countClose(code)
 		c.ws.SetReadDeadline(time.Now().Add(closeGrace))
+	}
+}
+
+// markClosingLocked notes that the socket is closing: no timer fires any more, and a reader
+// waiting for a place among the operations in flight stops waiting. c.mu must be held.
+func (c *wsConn) markClosingLocked() {
+	c.closing = true
+	c.closed.Store(true)
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	if c.inFlight != nil {
+		c.inFlight.Broadcast()
 	}
 }
 
@@ -704,14 +710,7 @@ func (c *wsConn) endOps() {
 func (c *wsConn) shutdown() {
 	c.shutdownOnce.Do(func() {
 		c.mu.Lock()
-		c.closing = true
-		c.closed.Store(true)
-		if c.timer != nil {
-			c.timer.Stop()
-		}
-		if c.inFlight != nil {
-			c.inFlight.Broadcast()
-		}
+		c.markClosingLocked()
 		release := c.releasePrincipal
 		c.mu.Unlock()
 		c.cancel()

@@ -104,8 +104,16 @@ end
 `
 
 // idemLua records a mutation's idempotency key with the change it made, in the script that
-// makes it: there is never a key without its change, nor a change without its key.
+// makes it: there is never a key without its change, nor a change without its key. priorIdem
+// returns what a key records already (false for none, or no key).
 const idemLua = `
+local function priorIdem(key, value)
+  if value == '' then
+    return false
+  end
+  return redis.call('GET', key)
+end
+
 local function recordIdem(key, value, ttl)
   if value ~= '' then
     redis.call('SET', key, value, 'EX', ttl)
@@ -125,11 +133,9 @@ end
 // idempotency key records a write already, else the refusals: "name" when the claim is
 // taken, and the quota refusals of overQuota.
 var createScript = redis.NewScript(quotaLua + eventLua + idemLua + `
-if ARGV[9] ~= '' then
-  local prior = redis.call('GET', KEYS[9])
-  if prior then
-    return {'replay', prior}
-  end
+local prior = priorIdem(KEYS[9], ARGV[9])
+if prior then
+  return {'replay', prior}
 end
 local refusals = overQuota(KEYS[5], 11)
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -166,11 +172,9 @@ return refusals
 // Returns {"ok"} (the event appended), {"replay", value}, {"gone"}, {"stale"},
 // {"statusstale"}, or the quota refusals of overQuota.
 var updateSpecScript = redis.NewScript(quotaLua + eventLua + idemLua + `
-if ARGV[16] ~= '' then
-  local prior = redis.call('GET', KEYS[6])
-  if prior then
-    return {'replay', prior}
-  end
+local prior = priorIdem(KEYS[6], ARGV[16])
+if prior then
+  return {'replay', prior}
 end
 local cur = redis.call('HMGET', KEYS[1], 'gen', 'sv')
 if not cur[1] then

@@ -192,9 +192,6 @@ func (s *Store) updateSpec(ctx context.Context, inst *instance.Instance, delta, 
 	if err != nil {
 		return nil, failed("update spec", err)
 	}
-	if len(reply) == 2 && reply[0] == "replay" {
-		return &instance.Refusal{Replayed: reply[1]}, nil
-	}
 	if len(reply) == 1 {
 		switch reply[0] {
 		case "ok":

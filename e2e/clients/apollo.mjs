@@ -8,10 +8,7 @@ import { GraphQLWsLink } from '@apollo/client/link/subscriptions';
 import { getMainDefinition } from '@apollo/client/utilities';
 import { createClient } from 'graphql-ws';
 
-import {
-  config, run, within, Waiter, meQuery, createMutation, eventsSubscription, createVariables,
-  eventsVariables, summary, errorSummary, closeSummary,
-} from './lib.mjs';
+import { config, run, within, Waiter, meQuery, createMutation, eventsSubscription, createVariables, eventsVariables, errorSummary, closeSummary, isKind, streamSummary } from './lib.mjs';
 
 // operationType is the type of the operation a document (as Apollo prints it) holds.
 function operationType(query) {
@@ -53,7 +50,6 @@ function thrown(e) {
   return { combinedGraphQLErrors: CombinedGraphQLErrors.is(e), errors: (e?.errors ?? [e]).map(errorSummary) };
 }
 
-const isKind = (kind, id) => (e) => e.kind === kind && (id === undefined || e.instance?.id === id);
 
 run(async () => {
   const out = {};
@@ -79,11 +75,8 @@ run(async () => {
   // The last subscription gone, the graphql-ws client closes its socket normally.
   await wire.until('the WebSocket to close after unsubscribe', (w) => w.closed);
 
-  const synced = events.values.findIndex(isKind('SYNCED'));
   out.subscription = {
-    beforeSynced: events.values.slice(0, synced).map(summary),
-    synced: summary(events.values[synced]),
-    live: summary(live),
+    ...streamSummary(events.values, live),
     error: subError,
   };
   out.wire = wire.values;

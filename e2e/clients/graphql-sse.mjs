@@ -5,10 +5,7 @@
 // token.
 import { createClient, NetworkError } from 'graphql-sse';
 
-import {
-  config, run, within, Waiter, meQuery, createMutation, eventsSubscription, createVariables,
-  eventsVariables, summary, errorSummary,
-} from './lib.mjs';
+import { config, run, within, Waiter, meQuery, createMutation, eventsSubscription, createVariables, eventsVariables, errorSummary, isKind, streamSummary } from './lib.mjs';
 
 function sseClient(headers) {
   return createClient({ url: config.http, headers, singleConnection: false, retryAttempts: 0 });
@@ -40,7 +37,6 @@ function once(client, payload, what) {
   }), what);
 }
 
-const isKind = (kind, id) => (e) => e.kind === kind && (id === undefined || e.instance?.id === id);
 
 run(async () => {
   const out = {};
@@ -69,11 +65,8 @@ run(async () => {
   const live = await events.until('CREATED', isKind('CREATED', out.mutation.id));
   dispose();
   const clientCompleted = await within(done, 'sink.complete after dispose');
-  const synced = events.values.findIndex(isKind('SYNCED'));
   out.subscription = {
-    beforeSynced: events.values.slice(0, synced).map(summary),
-    synced: summary(events.values[synced]),
-    live: summary(live),
+    ...streamSummary(events.values, live),
     clientCompleted,
     error: subError,
   };

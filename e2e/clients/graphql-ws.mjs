@@ -5,10 +5,7 @@
 import WebSocket from 'ws';
 import { createClient } from 'graphql-ws';
 
-import {
-  config, run, within, Waiter, meQuery, createMutation, updateMutation, eventsSubscription,
-  createVariables, eventsVariables, summary, errorSummary, closeSummary,
-} from './lib.mjs';
+import { config, run, within, Waiter, meQuery, createMutation, updateMutation, eventsSubscription, createVariables, eventsVariables, summary, errorSummary, closeSummary, isKind, streamSummary } from './lib.mjs';
 
 // outcome describes what a sink's error received: the operation's GraphQL errors (an array),
 // or the close event that ended the socket.
@@ -47,7 +44,6 @@ function follow(client, ids) {
   return { events, dispose, done, error, id: ids.at(-1) };
 }
 
-const isKind = (kind, id) => (e) => e.kind === kind && (id === undefined || e.instance?.id === id);
 
 run(async () => {
   const ids = [];
@@ -99,12 +95,9 @@ run(async () => {
   b.dispose();
   const bCompleted = await within(b.done, "the second subscription's sink.complete after dispose");
 
-  const synced = a.events.values.findIndex(isKind('SYNCED'));
   out.subscription = {
     idsDistinct: a.id !== b.id,
-    beforeSynced: a.events.values.slice(0, synced).map(summary),
-    synced: summary(a.events.values[synced]),
-    live: summary(liveA),
+    ...streamSummary(a.events.values, liveA),
     liveOnSecond: summary(liveB),
     clientCompleted: aCompleted,
     afterDispose,

@@ -6,10 +6,7 @@
 import WebSocket from 'ws';
 import pkg from 'subscriptions-transport-ws';
 
-import {
-  config, run, within, Waiter, meQuery, createMutation, eventsSubscription, createVariables,
-  eventsVariables, summary, errorSummary,
-} from './lib.mjs';
+import { config, run, within, Waiter, meQuery, createMutation, eventsSubscription, createVariables, eventsVariables, errorSummary, isKind, streamSummary } from './lib.mjs';
 
 const { SubscriptionClient } = pkg;
 
@@ -53,7 +50,6 @@ function once(client, request, what) {
   }), what);
 }
 
-const isKind = (kind, id) => (e) => e.kind === kind && (id === undefined || e.instance?.id === id);
 
 run(async () => {
   const out = {};
@@ -85,11 +81,8 @@ run(async () => {
   const mark = messages.values.length;
   sub.unsubscribe();
   await messages.until('complete after stop', (msg) => msg.type === 'complete' && msg.id === subID);
-  const synced = events.values.findIndex(isKind('SYNCED'));
   out.subscription = {
-    beforeSynced: events.values.slice(0, synced).map(summary),
-    synced: summary(events.values[synced]),
-    live: summary(live),
+    ...streamSummary(events.values, live),
     error: subError,
     afterStop: messages.values.slice(mark).filter((msg) => msg.id === subID).map((msg) => msg.type),
   };

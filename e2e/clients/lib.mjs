@@ -74,6 +74,16 @@ export function eventsVariables(org = config.organization) {
   return { org, project: config.project };
 }
 
+// isKind matches events of the kind (and, given an id, of that instance).
+export const isKind = (kind, id) => (e) => e.kind === kind && (id === undefined || e.instance?.id === id);
+
+// streamSummary is what the Go test checks of a subscription's events: those before SYNCED,
+// SYNCED, and the live one awaited.
+export function streamSummary(events, live) {
+  const synced = events.findIndex(isKind('SYNCED'));
+  return { beforeSynced: events.slice(0, synced).map(summary), synced: summary(events[synced]), live: summary(live) };
+}
+
 // summary reduces an instanceEvents event to what the Go test checks.
 export function summary(event) {
   return { kind: event.kind, cursor: event.cursor, id: event.instance?.id ?? null, name: event.instance?.name ?? null };

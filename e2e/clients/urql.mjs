@@ -7,10 +7,7 @@ import WebSocket from 'ws';
 import { Client, fetchExchange, subscriptionExchange } from '@urql/core';
 import { createClient } from 'graphql-ws';
 
-import {
-  config, run, within, Waiter, meQuery, createMutation, eventsSubscription, createVariables,
-  eventsVariables, summary, errorSummary, closeSummary,
-} from './lib.mjs';
+import { config, run, within, Waiter, meQuery, createMutation, eventsSubscription, createVariables, eventsVariables, errorSummary, closeSummary, isKind, streamSummary } from './lib.mjs';
 
 // urql is a client with the token (none when token is null) that records which transport
 // carried each operation.
@@ -68,7 +65,6 @@ function failure(error) {
   };
 }
 
-const isKind = (kind, id) => (e) => e.kind === kind && (id === undefined || e.instance?.id === id);
 
 // Were the server to answer urql's queries and mutations with text/event-stream (which urql's
 // Accept lists after the JSON types), urql would abort the stream once it has the result, and
@@ -104,11 +100,8 @@ run(async () => {
   // The last subscription gone, the graphql-ws client closes its socket normally.
   await wire.until('the WebSocket to close after unsubscribe', (w) => w.closed);
 
-  const synced = events.values.findIndex(isKind('SYNCED'));
   out.subscription = {
-    beforeSynced: events.values.slice(0, synced).map(summary),
-    synced: summary(events.values[synced]),
-    live: summary(live),
+    ...streamSummary(events.values, live),
     errors,
   };
   out.wire = wire.values;
