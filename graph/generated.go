@@ -2347,16 +2347,22 @@ type DeleteInstancePayload {
 
 input StartInstanceInput {
   id: ID!
+  "Makes a retry safe, as on createInstance: a retry answers the instance, and asks the region nothing again."
+  idempotencyKey: String
 }
 
 input StopInstanceInput {
   id: ID!
+  "Makes a retry safe, as on createInstance: a retry answers the instance, and asks the region nothing again."
+  idempotencyKey: String
 }
 
 input RebootInstanceInput {
   id: ID!
   "Power-cycle instead of asking the guest to restart."
   hard: Boolean
+  "Makes a retry safe, as on createInstance: a retry answers the instance and never reboots it twice."
+  idempotencyKey: String
 }
 
 type InstancePowerPayload {
@@ -10123,7 +10129,7 @@ func (ec *executionContext) unmarshalInputRebootInstanceInput(ctx context.Contex
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"id", "hard"}
+	fieldsInOrder := [...]string{"id", "hard", "idempotencyKey"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -10144,6 +10150,13 @@ func (ec *executionContext) unmarshalInputRebootInstanceInput(ctx context.Contex
 				return it, err
 			}
 			it.Hard = data
+		case "idempotencyKey":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("idempotencyKey"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.IdempotencyKey = data
 		}
 	}
 	return it, nil
@@ -10241,7 +10254,7 @@ func (ec *executionContext) unmarshalInputStartInstanceInput(ctx context.Context
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"id"}
+	fieldsInOrder := [...]string{"id", "idempotencyKey"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -10255,6 +10268,13 @@ func (ec *executionContext) unmarshalInputStartInstanceInput(ctx context.Context
 				return it, err
 			}
 			it.ID = data
+		case "idempotencyKey":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("idempotencyKey"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.IdempotencyKey = data
 		}
 	}
 	return it, nil
@@ -10271,7 +10291,7 @@ func (ec *executionContext) unmarshalInputStopInstanceInput(ctx context.Context,
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"id"}
+	fieldsInOrder := [...]string{"id", "idempotencyKey"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -10285,6 +10305,13 @@ func (ec *executionContext) unmarshalInputStopInstanceInput(ctx context.Context,
 				return it, err
 			}
 			it.ID = data
+		case "idempotencyKey":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("idempotencyKey"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.IdempotencyKey = data
 		}
 	}
 	return it, nil

@@ -196,17 +196,17 @@ func (r *mutationResolver) DeleteInstance(ctx context.Context, input model.Delet
 
 // StartInstance is the resolver for the startInstance field.
 func (r *mutationResolver) StartInstance(ctx context.Context, input model.StartInstanceInput) (*model.InstancePowerPayload, error) {
-	return powerPayload(r.Service.Start(ctx, input.ID))
+	return powerPayload(r.Service.Start(ctx, input.ID, input.IdempotencyKey))
 }
 
 // StopInstance is the resolver for the stopInstance field.
 func (r *mutationResolver) StopInstance(ctx context.Context, input model.StopInstanceInput) (*model.InstancePowerPayload, error) {
-	return powerPayload(r.Service.Stop(ctx, input.ID))
+	return powerPayload(r.Service.Stop(ctx, input.ID, input.IdempotencyKey))
 }
 
 // RebootInstance is the resolver for the rebootInstance field.
 func (r *mutationResolver) RebootInstance(ctx context.Context, input model.RebootInstanceInput) (*model.InstancePowerPayload, error) {
-	return powerPayload(r.Service.Reboot(ctx, input.ID, input.Hard != nil && *input.Hard))
+	return powerPayload(r.Service.Reboot(ctx, input.ID, input.Hard != nil && *input.Hard, input.IdempotencyKey))
 }
 
 // CreateConsoleSession is the resolver for the createConsoleSession field.

@@ -96,6 +96,9 @@ type ActionEvent struct {
 	Outcome Code
 	Message string
 	At      time.Time
+	// Idem is the idempotency key the verb records with its ACTION (or, with Forget, lets go
+	// of, when the region refused what the key recorded).
+	Idem Idempotency
 }
 
 // Event describes a status change for the history.

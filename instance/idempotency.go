@@ -60,6 +60,25 @@ func (i idempotency) record(id string) Idempotency {
 	return Idempotency{Key: i.key, Value: i.fingerprint + " " + id}
 }
 
+// forget is what a write that undoes the key's change passes: the key goes with it.
+func (i idempotency) forget() Idempotency {
+	if i.key == "" {
+		return Idempotency{}
+	}
+	return Idempotency{Key: i.key, Forget: true}
+}
+
+// verbIdempotency checks an operational verb's key; the request it fingerprints is the verb
+// and the instance.
+func (s *Service) verbIdempotency(pr auth.Principal, key *string, action Action, id string) (idempotency, error) {
+	var p problems
+	i := newIdempotency(&p, pr, key, string(action), id)
+	if p.any() {
+		return idempotency{}, p.err()
+	}
+	return i, nil
+}
+
 // replayOf reads what a recorded key says: the id of the instance the first call made or
 // changed, or CONFLICT when the key was used for another request.
 func (i idempotency) replayOf(recorded string) (string, error) {

@@ -84,6 +84,8 @@ type Refusal struct {
 // a retry is answered from).
 type Idempotency struct {
 	Key, Value string
+	// Forget deletes the key instead: the change it recorded was undone.
+	Forget bool
 }
 
 // Excess is one quota kind a charge would take over its limit.

@@ -24,19 +24,19 @@ import (
 
 // Start powers the instance on. On a server that is still being built it only records the
 // intent: the server runs when the build completes.
-func (s *Service) Start(ctx context.Context, id string) (*Instance, error) {
-	return s.power(ctx, id, ActionStart, IntentRunning, s.region.StartServer)
+func (s *Service) Start(ctx context.Context, id string, idempotencyKey *string) (*Instance, error) {
+	return s.power(ctx, id, idempotencyKey, ActionStart, IntentRunning, s.region.StartServer)
 }
 
 // Stop powers the instance off. On a server that is still being built it records the intent,
 // and the workers stop the server as soon as the build completes. The instance stays stopped
 // across a rebuild or a recreated server.
-func (s *Service) Stop(ctx context.Context, id string) (*Instance, error) {
-	return s.power(ctx, id, ActionStop, IntentStopped, s.region.StopServer)
+func (s *Service) Stop(ctx context.Context, id string, idempotencyKey *string) (*Instance, error) {
+	return s.power(ctx, id, idempotencyKey, ActionStop, IntentStopped, s.region.StopServer)
 }
 
 // Reboot restarts a running instance; hard power-cycles it instead of asking the guest.
-func (s *Service) Reboot(ctx context.Context, id string, hard bool) (*Instance, error) {
+func (s *Service) Reboot(ctx context.Context, id string, hard bool, idempotencyKey *string) (*Instance, error) {
 	action := ActionReboot
 	if hard {
 		action = ActionHardReboot
@@ -44,6 +44,13 @@ func (s *Service) Reboot(ctx context.Context, id string, hard bool) (*Instance, 
 	pr, inst, err := s.operable(ctx, id)
 	if err != nil {
 		return nil, err
+	}
+	idem, err := s.verbIdempotency(pr, idempotencyKey, action, id)
+	if err != nil {
+		return nil, err
+	}
+	if replayed, done, err := s.replayIn(ctx, pr, inst.OrganizationID, idem); done {
+		return replayed, err
 	}
 	var target string
 	msg, err := s.perform(ctx, inst, func(srv *region.Server) (string, error) {
@@ -60,12 +67,24 @@ func (s *Service) Reboot(ctx context.Context, id string, hard bool) (*Instance, 
 		return "The server was asked to reboot.", nil
 	})
 	ev := ActionEvent{Actor: pr.Subject, Action: action, Outcome: outcome(err), Message: msg, At: s.now().UTC()}
-	if err := s.record(ctx, inst, ev, err); err != nil {
-		return nil, err // like Start and Stop: a refused verb returns no instance
+	if err != nil {
+		return nil, s.record(ctx, inst, ev, err) // like Start and Stop: a refused verb returns no instance
+	}
+	// The key is recorded with the ACTION, before the region is asked: a retry meanwhile is
+	// answered from it, and never reboots twice.
+	ev.Idem = idem.record(inst.ID)
+	refusal, err := s.store.Act(ctx, inst, nil, ev)
+	switch {
+	case err != nil:
+		return nil, internal("record "+strings.ToLower(string(action)), err)
+	case refusal != nil && refusal.Replayed != "":
+		return s.replay(ctx, pr, idem, refusal.Replayed)
+	case refusal != nil:
+		return nil, Errorf(CodeNotFound, "instance %q not found", id)
 	}
 	if _, err := s.region.RebootServer(ctx, target, hard); err != nil {
 		err = regionError(err, "instance "+strconv.Quote(inst.ID))
-		ev.Outcome, ev.At = outcome(err), s.now().UTC()
+		ev.Outcome, ev.At, ev.Idem = outcome(err), s.now().UTC(), idem.forget()
 		return nil, s.record(ctx, inst, ev, err)
 	}
 	return inst, nil
@@ -182,10 +201,17 @@ func TagsOf(m map[string]string) []Tag {
 // power the instance already has and wants (a second stop) changes nothing and succeeds,
 // returning the instance, as EC2 and most clouds answer: a retry is harmless and leaves no
 // history.
-func (s *Service) power(ctx context.Context, id string, action Action, want PowerIntent, call func(context.Context, string) (region.Server, error)) (*Instance, error) {
+func (s *Service) power(ctx context.Context, id string, idempotencyKey *string, action Action, want PowerIntent, call func(context.Context, string) (region.Server, error)) (*Instance, error) {
 	pr, cur, err := s.operable(ctx, id)
 	if err != nil {
 		return nil, err
+	}
+	idem, err := s.verbIdempotency(pr, idempotencyKey, action, id)
+	if err != nil {
+		return nil, err
+	}
+	if replayed, done, err := s.replayIn(ctx, pr, cur.OrganizationID, idem); done {
+		return replayed, err
 	}
 	noop, target := false, ""
 	msg, err := s.perform(ctx, cur, func(srv *region.Server) (string, error) {
@@ -215,14 +241,18 @@ func (s *Service) power(ctx context.Context, id string, action Action, want Powe
 		return nil, s.record(ctx, cur, ev, err)
 	}
 	before := cur.Power
-	next, err := s.writePower(ctx, pr, cur, want, ev)
-	if err != nil {
+	ev.Idem = idem.record(cur.ID)
+	next, prior, err := s.writePower(ctx, pr, cur, want, ev)
+	switch {
+	case err != nil:
 		return nil, err
+	case prior != "":
+		return s.replay(ctx, pr, idem, prior) // a retry that raced the first call
 	}
 	if target != "" {
 		if _, err := call(ctx, target); err != nil {
 			err = regionError(err, "instance "+strconv.Quote(id))
-			ev.Outcome, ev.At = outcome(err), s.now().UTC()
+			ev.Outcome, ev.At, ev.Idem = outcome(err), s.now().UTC(), idem.forget()
 			return nil, s.undoPower(ctx, next, before, ev, err)
 		}
 	}
@@ -235,7 +265,7 @@ func (s *Service) power(ctx context.Context, id string, action Action, want Powe
 // writePower records the verb's ACTION with the power intent, compare-and-set: a concurrent
 // change of the instance means writing it again on the newer spec, which the verb does not
 // depend on.
-func (s *Service) writePower(ctx context.Context, pr auth.Principal, cur *Instance, want PowerIntent, ev ActionEvent) (*Instance, error) {
+func (s *Service) writePower(ctx context.Context, pr auth.Principal, cur *Instance, want PowerIntent, ev ActionEvent) (*Instance, string, error) {
 	id := cur.ID
 	for range maxStatusRetries {
 		next := *cur
@@ -247,20 +277,22 @@ func (s *Service) writePower(ctx context.Context, pr auth.Principal, cur *Instan
 		refusal, err := s.store.Act(ctx, &next, changed, ev)
 		switch {
 		case err != nil:
-			return nil, internal("record "+strings.ToLower(string(ev.Action)), err)
+			return nil, "", internal("record "+strings.ToLower(string(ev.Action)), err)
 		case refusal == nil:
 			if len(changed) > 0 {
 				next.Generation++
 			}
-			return &next, nil
+			return &next, "", nil
+		case refusal.Replayed != "":
+			return nil, refusal.Replayed, nil
 		case refusal.Gone:
-			return nil, Errorf(CodeNotFound, "instance %q not found", id)
+			return nil, "", Errorf(CodeNotFound, "instance %q not found", id)
 		}
 		if cur, err = s.get(ctx, pr, id, auth.RoleOperator); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 	}
-	return nil, Errorf(CodeConflict, "instance %q keeps changing; retry the %s", id, strings.ToLower(string(ev.Action)))
+	return nil, "", Errorf(CodeConflict, "instance %q keeps changing; retry the %s", id, strings.ToLower(string(ev.Action)))
 }
 
 // undoPower records the region's refusal of a start or stop, giving the intent the verb wrote

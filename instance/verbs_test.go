@@ -100,19 +100,19 @@ type verb struct {
 func verbs(svc *instance.Service) []verb {
 	return []verb{
 		{"start", instance.ActionStart, region.ServerStopped, func(ctx context.Context, id string) error {
-			_, err := svc.Start(ctx, id)
+			_, err := svc.Start(ctx, id, nil)
 			return err
 		}},
 		{"stop", instance.ActionStop, region.ServerRunning, func(ctx context.Context, id string) error {
-			_, err := svc.Stop(ctx, id)
+			_, err := svc.Stop(ctx, id, nil)
 			return err
 		}},
 		{"reboot", instance.ActionReboot, region.ServerRunning, func(ctx context.Context, id string) error {
-			_, err := svc.Reboot(ctx, id, false)
+			_, err := svc.Reboot(ctx, id, false, nil)
 			return err
 		}},
 		{"hard reboot", instance.ActionHardReboot, region.ServerRunning, func(ctx context.Context, id string) error {
-			_, err := svc.Reboot(ctx, id, true)
+			_, err := svc.Reboot(ctx, id, true, nil)
 			return err
 		}},
 		{"console", instance.ActionConsole, region.ServerRunning, func(ctx context.Context, id string) error {

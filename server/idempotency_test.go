@@ -147,3 +147,59 @@ func TestIdempotencyKeyRace(t *testing.T) {
 		t.Errorf("instances after concurrent retries: %v, want 1", got)
 	}
 }
+
+// actionsOf counts the instance's ACTION events by verb.
+func (a *api) actionsOf(t *testing.T, token, id string) map[string]int {
+	t.Helper()
+	res := a.mustPost(t, token, `query($id: ID!) { instanceEvents(id: $id, first: 100) { edges { node { kind action } } } }`, map[string]any{"id": id})
+	out := map[string]int{}
+	for _, e := range res.Data["instanceEvents"].(map[string]any)["edges"].([]any) {
+		n := e.(map[string]any)["node"].(map[string]any)
+		if n["kind"] == "ACTION" {
+			out[n["action"].(string)]++
+		}
+	}
+	return out
+}
+
+// TestIdempotentVerbs: a stop, a start and a reboot retried with their keys are answered with
+// the instance and do nothing again (one ACTION each, the server rebooted once); the same key
+// for another verb is CONFLICT.
+func TestIdempotentVerbs(t *testing.T) {
+	a, s := wsServer(t)
+	a.realise(t)
+	op := a.operator(t)
+	admin := a.admin(t)
+	c := subscribeWS(t, s, protoTransportWS, op, verbSubQuery)
+	id := a.mustCreate(t, admin, createInput("retried")).ID
+	c.await(power(id, "RUNNING", "RUNNING"))
+
+	verb := func(t *testing.T, name, key string, extra string) *gqlResponse {
+		t.Helper()
+		doc := fmt.Sprintf(`mutation($id: ID!, $key: String) { r: %s(input: {id: $id, idempotencyKey: $key%s}) {
+		  instance { id desiredPowerState } userErrors { field code message } } }`, name, extra)
+		return a.post(t, op, doc, map[string]any{"id": id, "key": key})
+	}
+	twice := func(name, key, extra, want string) {
+		t.Helper()
+		for range 2 {
+			if res := verb(t, name, key, extra); !strings.Contains(string(res.Raw), `"desiredPowerState":"`+want+`"},"userErrors":[]`) {
+				t.Fatalf("%s or its retry: %s", name, res.Raw)
+			}
+		}
+	}
+	twice("stopInstance", "stop-1", "", "STOPPED")
+	c.await(power(id, "STOPPED", "STOPPED"))
+	twice("startInstance", "start-1", "", "RUNNING")
+	c.await(power(id, "RUNNING", "RUNNING"))
+	twice("rebootInstance", "reboot-1", ", hard: true", "RUNNING")
+	if got := a.actionsOf(t, op, id); got["STOP"] != 1 || got["START"] != 1 || got["HARD_REBOOT"] != 1 {
+		t.Errorf("actions after each verb was retried: %v, want one of each", got)
+	}
+	const stop = `mutation($id: ID!, $key: String) { stopInstance(input: {id: $id, idempotencyKey: $key}) {
+	  instance { desiredPowerState } userErrors { field code message } } }`
+	res := a.post(t, op, stop, map[string]any{"id": id, "key": "reboot-1"})
+	if !strings.Contains(string(res.Raw), `"field":["input","idempotencyKey"],"code":"CONFLICT"`) {
+		t.Errorf("a reboot's key sent with a stop: %s, want CONFLICT on input.idempotencyKey", res.Raw)
+	}
+}

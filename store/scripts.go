@@ -105,17 +105,24 @@ end
 
 // idemLua records a mutation's idempotency key with the change it made, in the script that
 // makes it: there is never a key without its change, nor a change without its key. priorIdem
-// returns what a key records already (false for none, or no key).
+// returns what a key records already (false for none, or no key). A write that undoes what a
+// key recorded (a verb the region refused) passes idemForget, and the key goes with the undo.
+// idemForget is the value a write passes to delete its idempotency key; a recorded value is a
+// fingerprint, a space and an id, never this.
+const idemForget = "forget"
+
 const idemLua = `
 local function priorIdem(key, value)
-  if value == '' then
+  if value == '' or value == '` + idemForget + `' then
     return false
   end
   return redis.call('GET', key)
 end
 
 local function recordIdem(key, value, ttl)
-  if value ~= '' then
+  if value == '` + idemForget + `' then
+    redis.call('DEL', key)
+  elseif value ~= '' then
     redis.call('SET', key, value, 'EX', ttl)
   end
 end
@@ -274,16 +281,24 @@ return 1
 // warning (e.g. that duplicate servers were found and deleted), or a verb that changed no
 // desired state (a reboot, a console session).
 //
-// KEYS[1] instance, KEYS[2] events, KEYS[3] event bytes, KEYS[4] history index
+// KEYS[1] instance, KEYS[2] events, KEYS[3] event bytes, KEYS[4] history index, KEYS[5]
+// idempotency key
 // ARGV[1] id, ARGV[2] now (Unix ms), ARGV[3] kind, ARGV[4] message, ARGV[5] actor,
-// ARGV[6] action, ARGV[7] outcome
-// Returns 1, or 0 when the instance is gone (nothing is recorded).
-var noteScript = redis.NewScript(eventLua + `
+// ARGV[6] action, ARGV[7] outcome, ARGV[8] what the idempotency key records ("" for none),
+// ARGV[9] its time to live in seconds
+// Returns {"ok"}, {"gone"} when the instance is gone (nothing is recorded), or {"replay",
+// value} when the idempotency key records a write already.
+var noteScript = redis.NewScript(eventLua + idemLua + `
+local prior = priorIdem(KEYS[5], ARGV[8])
+if prior then
+  return {'replay', prior}
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  return 0
+  return {'gone'}
 end
 appendEvent(KEYS[2], KEYS[3], KEYS[4], KEYS[1], ARGV[1], ARGV[3], '', ARGV[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
-return 1
+recordIdem(KEYS[5], ARGV[8], ARGV[9])
+return {'ok'}
 `)
 
 // historyScript reads a page of one instance's history: its index from the position after

@@ -125,7 +125,7 @@ func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim strin
 	}, eventKeys(org, inst.ID)...)
 	keys = append(keys, idemKey(org, idem.Key))
 	args := chargeArgs([]any{inst.ID, spec, status, inst.ProjectID, inst.CreatedAt.UnixMilli(), large[0], large[1], large[2],
-		idem.Value, idemTTLSeconds}, inst.Charge, limits)
+		idemValue(idem), idemTTLSeconds}, inst.Charge, limits)
 	reply, err := createScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return nil, failed("create", err)
@@ -140,6 +140,14 @@ func (s *Store) UpdateSpec(ctx context.Context, inst *instance.Instance, delta, 
 
 // idemTTLSeconds is how long an idempotency key is remembered: a day, as the API promises.
 const idemTTLSeconds = 24 * 60 * 60
+
+// idemValue is what a script is given for the key: what it records, or idemForget.
+func idemValue(idem instance.Idempotency) string {
+	if idem.Forget {
+		return idemForget
+	}
+	return idem.Value
+}
 
 // Idempotent implements instance.Store.
 func (s *Store) Idempotent(ctx context.Context, org, key string) (string, error) {
@@ -157,13 +165,18 @@ func (s *Store) Idempotent(ctx context.Context, org, key string) (string, error)
 // an ACTION event instead of UPDATED; without, it only records the event.
 func (s *Store) Act(ctx context.Context, inst *instance.Instance, changed []string, ev instance.ActionEvent) (*instance.Refusal, error) {
 	if len(changed) > 0 {
-		return s.updateSpec(ctx, inst, nil, nil, nil, changed, instance.EventAction, ev, instance.Idempotency{})
+		return s.updateSpec(ctx, inst, nil, nil, nil, changed, instance.EventAction, ev, ev.Idem)
 	}
-	ok, err := s.note(ctx, inst, instance.EventAction, ev)
-	if err != nil || ok {
+	reply, err := s.noteIdem(ctx, inst, instance.EventAction, ev)
+	switch {
+	case err != nil:
 		return nil, err
+	case len(reply) == 2 && reply[0] == "replay":
+		return &instance.Refusal{Replayed: reply[1]}, nil
+	case len(reply) == 1 && reply[0] == "gone":
+		return &instance.Refusal{Gone: true}, nil
 	}
-	return &instance.Refusal{Gone: true}, nil
+	return nil, nil
 }
 
 func (s *Store) updateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status, changed []string, kind instance.EventKind, ev instance.ActionEvent, idem instance.Idempotency) (*instance.Refusal, error) {
@@ -187,7 +200,7 @@ func (s *Store) updateSpec(ctx context.Context, inst *instance.Instance, delta, 
 	keys = append(keys, idemKey(org, idem.Key))
 	args := chargeArgs([]any{inst.Generation, spec, expectSV, statusJSON, inst.ID, strings.Join(changed, ","), at.UnixMilli(),
 		string(kind), ev.Actor, string(ev.Action), string(ev.Outcome), instance.BoundMessage(ev.Message), large[0], large[1], large[2],
-		idem.Value, idemTTLSeconds}, delta, limits)
+		idemValue(idem), idemTTLSeconds}, delta, limits)
 	reply, err := updateSpecScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return nil, failed("update spec", err)
@@ -305,13 +318,21 @@ func (s *Store) Warn(ctx context.Context, inst *instance.Instance, at time.Time,
 
 // note records an event that changes nothing with noteScript; false when the instance is gone.
 func (s *Store) note(ctx context.Context, inst *instance.Instance, kind instance.EventKind, ev instance.ActionEvent) (bool, error) {
-	keys := append([]string{instanceKey(inst.OrganizationID, inst.ID)}, eventKeys(inst.OrganizationID, inst.ID)...)
-	n, err := noteScript.Run(ctx, s.rdb, keys, inst.ID, ev.At.UnixMilli(), string(kind), instance.BoundMessage(ev.Message),
-		ev.Actor, string(ev.Action), string(ev.Outcome)).Int()
+	reply, err := s.noteIdem(ctx, inst, kind, ev)
+	return err == nil && len(reply) == 1 && reply[0] == "ok", err
+}
+
+// noteIdem runs noteScript, with the action's idempotency key, and returns its reply.
+func (s *Store) noteIdem(ctx context.Context, inst *instance.Instance, kind instance.EventKind, ev instance.ActionEvent) ([]string, error) {
+	org := inst.OrganizationID
+	keys := append([]string{instanceKey(org, inst.ID)}, eventKeys(org, inst.ID)...)
+	keys = append(keys, idemKey(org, ev.Idem.Key))
+	reply, err := noteScript.Run(ctx, s.rdb, keys, inst.ID, ev.At.UnixMilli(), string(kind), instance.BoundMessage(ev.Message),
+		ev.Actor, string(ev.Action), string(ev.Outcome), idemValue(ev.Idem), idemTTLSeconds).StringSlice()
 	if err != nil {
-		return false, fmt.Errorf("record %s event: %w", strings.ToLower(string(kind)), err)
+		return nil, fmt.Errorf("record %s event: %w", strings.ToLower(string(kind)), err)
 	}
-	return n == 1, nil
+	return reply, nil
 }
 
 // readBatch is how many events ReadEvents returns at most per call.

@@ -28,7 +28,7 @@ func TestUnreachableRegionIsWaitedOut(t *testing.T) {
 	before := running.Status
 
 	e.region.SetUnreachable(true)
-	if _, err := e.svc.Stop(operator, running.ID); instance.CodeOf(err) != instance.CodeUnavailable {
+	if _, err := e.svc.Stop(operator, running.ID, nil); instance.CodeOf(err) != instance.CodeUnavailable {
 		t.Fatalf("stop while the host is unreachable: %v, want UNAVAILABLE", err)
 	}
 	if _, err := e.svc.Delete(admin, leaving.ID, nil); err != nil {

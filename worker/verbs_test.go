@@ -33,11 +33,14 @@ type verbCall struct {
 }
 
 var allVerbs = []verbCall{
-	{"start", instance.ActionStart, func(svc *instance.Service, id string) error { _, err := svc.Start(operator, id); return err }},
-	{"stop", instance.ActionStop, func(svc *instance.Service, id string) error { _, err := svc.Stop(operator, id); return err }},
-	{"reboot", instance.ActionReboot, func(svc *instance.Service, id string) error { _, err := svc.Reboot(operator, id, false); return err }},
+	{"start", instance.ActionStart, func(svc *instance.Service, id string) error { _, err := svc.Start(operator, id, nil); return err }},
+	{"stop", instance.ActionStop, func(svc *instance.Service, id string) error { _, err := svc.Stop(operator, id, nil); return err }},
+	{"reboot", instance.ActionReboot, func(svc *instance.Service, id string) error {
+		_, err := svc.Reboot(operator, id, false, nil)
+		return err
+	}},
 	{"hard reboot", instance.ActionHardReboot, func(svc *instance.Service, id string) error {
-		_, err := svc.Reboot(operator, id, true)
+		_, err := svc.Reboot(operator, id, true, nil)
 		return err
 	}},
 	{"console", instance.ActionConsole, func(svc *instance.Service, id string) error { _, err := svc.Console(operator, id); return err }},
@@ -103,7 +106,7 @@ func (e *env) waitStopped(t *testing.T, id string) *instance.Instance {
 // stop stops the instance through the API service; it must be accepted.
 func (e *env) stop(t *testing.T, id string) *instance.Instance {
 	t.Helper()
-	inst, err := e.svc.Stop(operator, id)
+	inst, err := e.svc.Stop(operator, id, nil)
 	if err != nil {
 		t.Fatalf("stop %s: %v", id, err)
 	}
@@ -266,7 +269,7 @@ func TestStopBeforeTheServerIsBuilt(t *testing.T) {
 			}
 			// A second stop asks for what is already asked: it succeeds and records nothing.
 			before := e.lastAction(t, created.ID)
-			again, err := e.svc.Stop(operator, created.ID)
+			again, err := e.svc.Stop(operator, created.ID, nil)
 			if err != nil || again.Generation != stopped.Generation || again.DesiredPower() != instance.IntentStopped {
 				t.Errorf("second stop while building: %+v, %v; want the instance unchanged", again, err)
 			}
@@ -290,7 +293,7 @@ func TestStopBeforeTheServerIsBuilt(t *testing.T) {
 			}
 			want := instance.PowerStopped
 			if tt.restart {
-				started, err := e.svc.Start(operator, created.ID)
+				started, err := e.svc.Start(operator, created.ID, nil)
 				if err != nil {
 					t.Fatalf("start while building: %v", err)
 				}
@@ -378,7 +381,7 @@ func TestStartedInstanceIsNotStoppedAgain(t *testing.T) {
 	stopped := e.waitStopped(t, created.ID)
 	srv := e.server(t, stopped)
 
-	started, err := e.svc.Start(operator, created.ID)
+	started, err := e.svc.Start(operator, created.ID, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -415,7 +418,7 @@ func TestStartedInstanceIsNotStoppedAgain(t *testing.T) {
 	}
 
 	// Starting a running instance asks for what is: it succeeds and changes and records nothing.
-	again, err := e.svc.Start(operator, created.ID)
+	again, err := e.svc.Start(operator, created.ID, nil)
 	if err != nil || again.Generation != inst.Generation || again.DesiredPower() != instance.IntentRunning {
 		t.Errorf("start of a running instance: %+v, %v; want the instance unchanged", again, err)
 	}
@@ -551,7 +554,7 @@ func TestStopAskedWhileTheBuildCompletes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopped, err := svc.Stop(operator, created.ID)
+	stopped, err := svc.Stop(operator, created.ID, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -690,7 +693,7 @@ func (refusingRegion) StopServer(context.Context, string) (region.Server, error)
 
 // TestRefusedPowerChangeGivesTheIntentBack: a stop the region refuses is recorded twice — the
 // ACTION when asked, then the refusal with its code — and the desired power state is running
-// again, as it was; the caller gets the refusal.
+// again, as it was, its idempotency key let go; the caller gets the refusal.
 func TestRefusedPowerChangeGivesTheIntentBack(t *testing.T) {
 	e := newEnv(t)
 	inst := e.waitRunning(t, e.create(t, "web-1").ID)
@@ -699,7 +702,8 @@ func TestRefusedPowerChangeGivesTheIntentBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := len(e.actions(t, inst.ID))
-	_, err = svc.Stop(operator, inst.ID)
+	key := "stop-1"
+	_, err = svc.Stop(operator, inst.ID, &key)
 	if got := codeOf(t, err); got != instance.CodeUnprocessable || !strings.Contains(err.Error(), "the host is in maintenance") {
 		t.Fatalf("stop refused by the region: %v, want UNPROCESSABLE with the region's reason", err)
 	}
@@ -718,5 +722,10 @@ func TestRefusedPowerChangeGivesTheIntentBack(t *testing.T) {
 	}
 	if got := e.get(t, inst.ID); got.DesiredPower() != instance.IntentRunning {
 		t.Errorf("desired power %s after the refused stop, want RUNNING", got.DesiredPower())
+	}
+	// The refusal let go of the key with the undo: a retry with it, once the region takes
+	// it, stops the instance rather than replaying a stop that did not happen.
+	if got, err := e.svc.Stop(operator, inst.ID, &key); err != nil || got.DesiredPower() != instance.IntentStopped {
+		t.Errorf("the refused stop retried with its key: %v, %v; want it stopped", got, err)
 	}
 }

@@ -109,6 +109,8 @@ type RebootInstanceInput struct {
 	ID string `json:"id"`
 	// Power-cycle instead of asking the guest to restart.
 	Hard *bool `json:"hard,omitempty"`
+	// Makes a retry safe, as on createInstance: a retry answers the instance and never reboots it twice.
+	IdempotencyKey *string `json:"idempotencyKey,omitempty"`
 }
 
 type SSHKey struct {
@@ -140,10 +142,14 @@ type SnapshotInstancePayload struct {
 
 type StartInstanceInput struct {
 	ID string `json:"id"`
+	// Makes a retry safe, as on createInstance: a retry answers the instance, and asks the region nothing again.
+	IdempotencyKey *string `json:"idempotencyKey,omitempty"`
 }
 
 type StopInstanceInput struct {
 	ID string `json:"id"`
+	// Makes a retry safe, as on createInstance: a retry answers the instance, and asks the region nothing again.
+	IdempotencyKey *string `json:"idempotencyKey,omitempty"`
 }
 
 type Subscription struct {
