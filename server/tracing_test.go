@@ -68,8 +68,11 @@ func TestCreateInstanceIsOneTrace(t *testing.T) {
 	var spans tracetest.SpanStubs
 	eventually.Holds(t, traceLimit, func() bool {
 		spans = exp.GetSpans()
-		return len(withName(spans, "region.CreateServer")) == 1 && len(withAttr(withName(spans, "queue.handle"), key)) >= 2
-	}, "the create's region call and a second run of the instance")
+		// The operation's span ends after its answer is written, and so may reach the exporter
+		// after the worker's first spans.
+		return len(withName(spans, "region.CreateServer")) == 1 && len(withAttr(withName(spans, "queue.handle"), key)) >= 2 &&
+			len(withName(spans, "mutation")) == 1
+	}, "the create's region call, a second run of the instance and the operation's span")
 
 	byID := map[trace.SpanID]tracetest.SpanStub{}
 	for _, s := range spans {
