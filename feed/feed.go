@@ -204,21 +204,16 @@ func (s *Subscription) Err() error {
 	return s.err
 }
 
-// Subscribe starts a subscription to the organization's events matching match: live from
-// Start on. With after, it also returns the matching events after that position up to Start
+// SubscribeInstance starts a subscription to the events of one instance of the organization
+// (of all of them when instanceID is empty) that match match: live from Start on. With after,
+// it also returns the matching events after that position up to Start
 // (instance.ErrCursorExpired when the log no longer reaches back to it); a caller that hands
-// out the replay before the buffered events gets every event once, in the log's order.
-// notify, when not nil, is called after each event is buffered and when the subscription
-// ends; it runs in the organization's reader, holding its locks, so it must return at once
-// and call nothing of the feed. The caller must Close the subscription.
-func (f *Feed) Subscribe(ctx context.Context, org, after string, match func(*instance.Record) bool, notify func()) (*Subscription, []instance.Record, error) {
-	return f.SubscribeInstance(ctx, org, "", after, match, notify)
-}
-
-// SubscribeInstance is Subscribe to the events of one instance of the organization (of all
-// of them when instanceID is empty), which must also match match. The reader offers an event
-// only to the subscriptions of its instance and to the organization-wide ones, so a
-// subscriber to one instance costs the other instances' events nothing.
+// out the replay before the buffered events gets every event once, in the log's order. The
+// reader offers an event only to the subscriptions of its instance and to the
+// organization-wide ones, so a subscriber to one instance costs the other instances' events
+// nothing. notify, when not nil, is called after each event is buffered and when the
+// subscription ends; it runs in the organization's reader, holding its locks, so it must
+// return at once and call nothing of the feed. The caller must Close the subscription.
 func (f *Feed) SubscribeInstance(ctx context.Context, org, instanceID, after string, match func(*instance.Record) bool, notify func()) (*Subscription, []instance.Record, error) {
 	s := &Subscription{match: match, instance: instanceID, notify: notify, max: f.opts.Buffer, feed: f}
 	if err := f.join(ctx, org, s); err != nil {

@@ -27,10 +27,10 @@ type idempotency struct {
 }
 
 // newIdempotency checks a mutation's key (nil: none) and fingerprints the request, which
-// must be given without its key.
-func newIdempotency(p *problems, pr auth.Principal, key *string, mutation string, req any) idempotency {
+// must be given without its key; a malformed key is a BAD_USER_INPUT problem on it.
+func newIdempotency(pr auth.Principal, key *string, mutation string, req any) (idempotency, error) {
 	if key == nil {
-		return idempotency{}
+		return idempotency{}, nil
 	}
 	k := *key
 	valid := len(k) >= 1 && len(k) <= maxIdempotencyKey
@@ -40,8 +40,9 @@ func newIdempotency(p *problems, pr auth.Principal, key *string, mutation string
 		}
 	}
 	if !valid {
+		var p problems
 		p.add(CodeBadUserInput, path("idempotencyKey"), "an idempotency key is 1 to %d printable ASCII characters without spaces", maxIdempotencyKey)
-		return idempotency{}
+		return idempotency{}, p.err()
 	}
 	body, err := json.Marshal(req)
 	if err != nil {
@@ -49,7 +50,7 @@ func newIdempotency(p *problems, pr auth.Principal, key *string, mutation string
 	}
 	keySum := sha256.Sum256([]byte(pr.Subject + "\x00" + k))
 	reqSum := sha256.Sum256(append([]byte(mutation+"\x00"), body...))
-	return idempotency{key: hex.EncodeToString(keySum[:]), fingerprint: hex.EncodeToString(reqSum[:16])}
+	return idempotency{key: hex.EncodeToString(keySum[:]), fingerprint: hex.EncodeToString(reqSum[:16])}, nil
 }
 
 // record is what the write records under the key: the fingerprint and the instance's id.
@@ -66,17 +67,6 @@ func (i idempotency) forget() Idempotency {
 		return Idempotency{}
 	}
 	return Idempotency{Key: i.key, Forget: true}
-}
-
-// verbIdempotency checks an operational verb's key; the request it fingerprints is the verb
-// and the instance.
-func (s *Service) verbIdempotency(pr auth.Principal, key *string, action Action, id string) (idempotency, error) {
-	var p problems
-	i := newIdempotency(&p, pr, key, string(action), id)
-	if p.any() {
-		return idempotency{}, p.err()
-	}
-	return i, nil
 }
 
 // replayOf reads what a recorded key says: the id of the instance the first call made or

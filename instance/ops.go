@@ -77,10 +77,9 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, err
 		return nil, err
 	}
 	pr, _ := Principal(ctx) // prepareCreate has it
-	var kp problems
-	idem := newIdempotency(&kp, pr, req.IdempotencyKey, "createInstance", req.fingerprinted())
-	if kp.any() {
-		return nil, kp.err()
+	idem, err := newIdempotency(pr, req.IdempotencyKey, "createInstance", req.fingerprinted())
+	if err != nil {
+		return nil, err
 	}
 	// A retry is answered from its key before anything is checked again: the catalogue may
 	// have changed since, and the name is its own instance's now.
@@ -359,10 +358,9 @@ func (s *Service) Update(ctx context.Context, req UpdateRequest) (*Instance, err
 	}
 	cur := u.cur
 	pr, _ := Principal(ctx) // prepareUpdate has it
-	var kp problems
-	idem := newIdempotency(&kp, pr, req.IdempotencyKey, "updateInstance", req.fingerprinted())
-	if kp.any() {
-		return nil, kp.err()
+	idem, err := newIdempotency(pr, req.IdempotencyKey, "updateInstance", req.fingerprinted())
+	if err != nil {
+		return nil, err
 	}
 	// A retry is answered from its key before the update is checked again: its
 	// expectedGeneration, for one, is the first call's.
@@ -604,10 +602,9 @@ func (s *Service) Delete(ctx context.Context, id string, idempotencyKey *string)
 	if err != nil {
 		return nil, err
 	}
-	var kp problems
-	idem := newIdempotency(&kp, pr, idempotencyKey, "deleteInstance", id)
-	if kp.any() {
-		return nil, kp.err()
+	idem, err := newIdempotency(pr, idempotencyKey, "deleteInstance", id)
+	if err != nil {
+		return nil, err
 	}
 	for range maxStatusRetries {
 		cur, err := s.get(ctx, pr, id, auth.RoleMember)

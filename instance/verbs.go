@@ -45,7 +45,7 @@ func (s *Service) Reboot(ctx context.Context, id string, hard bool, idempotencyK
 	if err != nil {
 		return nil, err
 	}
-	idem, err := s.verbIdempotency(pr, idempotencyKey, action, id)
+	idem, err := newIdempotency(pr, idempotencyKey, string(action), id)
 	if err != nil {
 		return nil, err
 	}
@@ -206,7 +206,7 @@ func (s *Service) power(ctx context.Context, id string, idempotencyKey *string, 
 	if err != nil {
 		return nil, err
 	}
-	idem, err := s.verbIdempotency(pr, idempotencyKey, action, id)
+	idem, err := newIdempotency(pr, idempotencyKey, string(action), id)
 	if err != nil {
 		return nil, err
 	}

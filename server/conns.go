@@ -105,19 +105,12 @@ func (l *connLimits) take(subject string, count func(*principalHolds) *int, max 
 func socketsOf(h *principalHolds) *int       { return &h.sockets }
 func subscriptionsOf(h *principalHolds) *int { return &h.subscriptions }
 
-// limitSockets refuses a WebSocket handshake with 429 and Retry-After when the process holds
-// as many sockets as it may, and holds one for the socket's life otherwise.
-func (l *connLimits) limitSockets(next func(http.ResponseWriter, *http.Request)) func(http.ResponseWriter, *http.Request) {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if !l.takeSocket() {
-			w.Header().Set("Retry-After", "5")
-			writeError(w, r, http.StatusTooManyRequests, instance.CodeRateLimited,
-				fmt.Sprintf("this server holds as many WebSockets as it may (%d); retry later, or use another", l.maxSockets))
-			return
-		}
-		defer l.releaseSocket()
-		next(w, r)
-	}
+// refuseSocket answers a WebSocket handshake past the process's sockets with 429 and
+// Retry-After.
+func (l *connLimits) refuseSocket(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Retry-After", "5")
+	writeError(w, r, http.StatusTooManyRequests, instance.CodeRateLimited,
+		fmt.Sprintf("this server holds as many WebSockets as it may (%d); retry later, or use another", l.maxSockets))
 }
 
 // socketSubscriptions counts the subscriptions open on one socket; it is in the socket's

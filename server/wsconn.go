@@ -124,9 +124,7 @@ func (t *wsTransport) Supports(r *http.Request) bool { return r.Header.Get("Upgr
 // Do upgrades the request and returns, leaving the socket to its reader.
 func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
 	if !t.limits.takeSocket() {
-		w.Header().Set("Retry-After", "5")
-		writeError(w, r, http.StatusTooManyRequests, instance.CodeRateLimited,
-			fmt.Sprintf("this server holds as many WebSockets as it may (%d); retry later, or use another", t.limits.maxSockets))
+		t.limits.refuseSocket(w, r)
 		return
 	}
 	ws, err := t.upgrader.Upgrade(w, r, nil)
@@ -223,18 +221,10 @@ type wsConn struct {
 func (c *wsConn) read() {
 	defer c.shutdown()
 	for {
-		_, r, err := c.ws.NextReader()
+		_, data, err := c.ws.ReadMessage()
 		if err != nil {
 			if errors.Is(err, websocket.ErrReadLimit) {
 				// gorilla has sent the close frame (1009) itself; most of the message is unread.
-				c.countClose(websocket.CloseMessageTooBig)
-				c.drain()
-			}
-			return
-		}
-		data, err := io.ReadAll(r)
-		if err != nil {
-			if errors.Is(err, websocket.ErrReadLimit) {
 				c.countClose(websocket.CloseMessageTooBig)
 				c.drain()
 			}
@@ -605,27 +595,20 @@ func (c *wsConn) extendLiveness() {
 	}
 }
 
-// writeUnless is write, unless skip is set when the write lock is taken: a message of an
-// operation the client stopped never follows what stop sent.
-func (c *wsConn) writeUnless(skip *atomic.Bool, v any) bool {
-	b, err := json.Marshal(v)
-	if err != nil {
-		c.t.log.ErrorContext(c.ctx, "websocket: encode message", "err", err)
-		return false
-	}
-	return c.send(b, skip)
-}
-
 // write sends one message within the write timeout; false when the socket is gone. A failed
 // write leaves the connection unusable (gorilla's state is corrupt after a timeout), so it is
 // closed at once, which ends the reader and with it the socket.
-func (c *wsConn) write(v any) bool {
+func (c *wsConn) write(v any) bool { return c.writeUnless(nil, v) }
+
+// writeUnless is write, unless skip (when not nil) is set once the write lock is held: a
+// message of an operation the client stopped never follows what stop sent.
+func (c *wsConn) writeUnless(skip *atomic.Bool, v any) bool {
 	b, err := json.Marshal(v) // before writing: a failed encoding must not send half a frame
 	if err != nil {
 		c.t.log.ErrorContext(c.ctx, "websocket: encode message", "err", err)
 		return false
 	}
-	return c.send(b, nil)
+	return c.send(b, skip)
 }
 
 // send writes one encoded message, unless skip (when not nil) is set once the lock is held.
