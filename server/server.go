@@ -295,7 +295,7 @@ func opsRoutes(mux *http.ServeMux, reg prometheus.Gatherer, ready func(context.C
 // request context. Every GraphQL request needs one: the API is never open. The exception is a
 // WebSocket handshake without an Authorization header, since browsers cannot set headers on
 // one: it is let through, and the connection authenticates in its connection_init message
-// (websocketInit) before any operation runs. A handshake that does carry the header is checked
+// (wsConn.init) before any operation runs. A handshake that does carry the header is checked
 // here like any request.
 func authenticate(keys *auth.Keys, redeem func(context.Context, string) (auth.Principal, error), next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

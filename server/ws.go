@@ -13,7 +13,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/99designs/gqlgen/graphql"
-	"github.com/99designs/gqlgen/graphql/handler/transport"
 	"github.com/gorilla/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -189,11 +188,12 @@ func initToken(p map[string]any) (string, error) {
 // http.Server's ReadTimeout (whose expiry would cancel the request's context, ending the stream)
 // and WriteTimeout (which would cut the response) and instead bounds every write and flush by
 // writeTimeout, so a client that stops reading is dropped and one that reads is kept. Writes
-// after the handler returned (gqlgen's SSE keep-alive ticker may still fire) are dropped.
+// after the handler returned (the SSE transport's keep-alive ticker may still fire) are dropped.
 func streamDeadlines(writeTimeout time.Duration, next http.Handler) http.Handler {
-	sse := transport.SSE{}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Upgrade") != "" || !sse.Supports(r) { // gqlgen serves upgrades first
+		// The same test the SSE transport serves by, so that every stream it serves (a GET
+		// from a browser's EventSource too) outlives the server's timeouts.
+		if !(sseTransport{}).Supports(r) {
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -741,19 +741,27 @@ func TestStreamDeadlinesOutliveServerTimeouts(t *testing.T) {
 		}
 		fmt.Fprint(w, "event: complete\n\n")
 	})
-	serve := func(h http.Handler) int {
-		s := httptest.NewUnstartedServer(h)
-		s.Config.ReadTimeout, s.Config.WriteTimeout = timeout, timeout
-		s.Start()
-		defer s.Close()
-		events, _ := readSSE(ssePost(t, s, "", `{ x }`).Body) // a cut stream is an error
-		return len(events)
-	}
-	if n := serve(streamDeadlines(time.Second, stream)); n != 9 {
-		t.Errorf("with streamDeadlines: %d events, want 9", n)
-	}
-	// The control: the same stream without it is cut by the server's timeouts.
-	if n := serve(stream); n >= 9 {
-		t.Errorf("without streamDeadlines: %d events; the test does not exercise the timeouts", n)
+	for _, method := range []string{http.MethodPost, http.MethodGet} {
+		serve := func(h http.Handler) int {
+			s := httptest.NewUnstartedServer(h)
+			s.Config.ReadTimeout, s.Config.WriteTimeout = timeout, timeout
+			s.Start()
+			defer s.Close()
+			var res *http.Response
+			if method == http.MethodGet {
+				res = sseGet(t, s.URL, "", `{ x }`, nil) // a browser's EventSource
+			} else {
+				res = ssePost(t, s, "", `{ x }`)
+			}
+			events, _ := readSSE(res.Body) // a cut stream is an error
+			return len(events)
+		}
+		if n := serve(streamDeadlines(time.Second, stream)); n != 9 {
+			t.Errorf("%s with streamDeadlines: %d events, want 9", method, n)
+		}
+		// The control: the same stream without it is cut by the server's timeouts.
+		if n := serve(stream); n >= 9 {
+			t.Errorf("%s without streamDeadlines: %d events; the test does not exercise the timeouts", method, n)
+		}
 	}
 }
