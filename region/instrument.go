@@ -24,6 +24,8 @@ const (
 	opStartServer
 	opStopServer
 	opRebootServer
+	opResizeServer
+	opConsoleOutput
 	opConsoleSession
 	opSSHKey
 	opSnapshot
@@ -33,7 +35,7 @@ const (
 
 var opNames = [numOps]string{
 	"FindServers", "CreateServer", "UpdateNetworking", "GetServer", "DeleteServer", "StartServer",
-	"StopServer", "RebootServer", "ConsoleSession", "SSHKey", "Snapshot", "Images",
+	"StopServer", "RebootServer", "ResizeServer", "ConsoleOutput", "ConsoleSession", "SSHKey", "Snapshot", "Images",
 }
 
 // Instrument returns c with every call timed and traced: a client span "region.<Op>" per call
@@ -198,6 +200,20 @@ func (ic *instrumented) RebootServer(ctx context.Context, id string, hard bool) 
 	s, err := ic.next.RebootServer(ctx, id, hard)
 	k.end(err)
 	return s, err
+}
+
+func (ic *instrumented) ResizeServer(ctx context.Context, id, flavorID string) (Server, error) {
+	ctx, k := ic.begin(ctx, opResizeServer, id)
+	s, err := ic.next.ResizeServer(ctx, id, flavorID)
+	k.end(err)
+	return s, err
+}
+
+func (ic *instrumented) ConsoleOutput(ctx context.Context, id string, tailBytes int) (ConsoleOutput, error) {
+	ctx, k := ic.begin(ctx, opConsoleOutput, id)
+	out, err := ic.next.ConsoleOutput(ctx, id, tailBytes)
+	k.end(err)
+	return out, err
 }
 
 func (ic *instrumented) ConsoleSession(ctx context.Context, id string) (ConsoleSession, error) {

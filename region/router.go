@@ -170,6 +170,24 @@ func (r *Router) RebootServer(ctx context.Context, id string, hard bool) (Server
 	return qualified(c.RebootServer(ctx, inner, hard))
 }
 
+// ResizeServer implements Client.
+func (r *Router) ResizeServer(ctx context.Context, id, flavorID string) (Server, error) {
+	c, inner, err := r.route(id)
+	if err != nil {
+		return Server{}, err
+	}
+	return qualified(c.ResizeServer(ctx, inner, flavorID))
+}
+
+// ConsoleOutput implements Client.
+func (r *Router) ConsoleOutput(ctx context.Context, id string, tailBytes int) (ConsoleOutput, error) {
+	c, inner, err := r.route(id)
+	if err != nil {
+		return ConsoleOutput{}, err
+	}
+	return c.ConsoleOutput(ctx, inner, tailBytes)
+}
+
 // ConsoleSession implements Client.
 func (r *Router) ConsoleSession(ctx context.Context, id string) (ConsoleSession, error) {
 	c, inner, err := r.route(id)

@@ -127,6 +127,15 @@ func (f *fakeDriver) StopServer(_ context.Context, id string) (region.Server, er
 func (f *fakeDriver) RebootServer(_ context.Context, id string, hard bool) (region.Server, error) {
 	return f.server("RebootServer", id)
 }
+func (f *fakeDriver) ResizeServer(_ context.Context, id, _ string) (region.Server, error) {
+	return f.server("ResizeServer", id)
+}
+func (f *fakeDriver) ConsoleOutput(_ context.Context, id string, _ int) (region.ConsoleOutput, error) {
+	if _, err := f.server("ConsoleOutput", id); err != nil {
+		return region.ConsoleOutput{}, err
+	}
+	return region.ConsoleOutput{Text: f.name + " console"}, nil
+}
 func (f *fakeDriver) ConsoleSession(_ context.Context, id string) (region.ConsoleSession, error) {
 	if _, err := f.server("ConsoleSession", id); err != nil {
 		return region.ConsoleSession{}, err
@@ -312,6 +321,8 @@ func TestRouterRoutesServers(t *testing.T) {
 			return s.ID, err
 		}},
 		{"DeleteServer", func(id string) (string, error) { return id, r.DeleteServer(ctx, id) }},
+		{"ResizeServer", func(id string) (string, error) { s, err := r.ResizeServer(ctx, id, "f"); return s.ID, err }},
+		{"ConsoleOutput", func(id string) (string, error) { _, err := r.ConsoleOutput(ctx, id, 10); return id, err }},
 		{"ConsoleSession", func(id string) (string, error) { _, err := r.ConsoleSession(ctx, id); return id, err }},
 		{"SSHKey", func(id string) (string, error) { _, err := r.SSHKey(ctx, id); return id, err }},
 		{"Snapshot", func(id string) (string, error) {
@@ -385,6 +396,8 @@ func TestRouterUnknownRegionsAndIDs(t *testing.T) {
 					_, err := r.UpdateNetworking(ctx, id, region.ServerNetworking{})
 					return err
 				},
+				"ResizeServer":   func() error { _, err := r.ResizeServer(ctx, id, "f"); return err },
+				"ConsoleOutput":  func() error { _, err := r.ConsoleOutput(ctx, id, 10); return err },
 				"ConsoleSession": func() error { _, err := r.ConsoleSession(ctx, id); return err },
 				"SSHKey":         func() error { _, err := r.SSHKey(ctx, id); return err },
 				"Snapshot":       func() error { _, err := r.Snapshot(ctx, id, region.ImageRequest{}); return err },

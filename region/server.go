@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // InstanceTag is the reserved tag that links a server to the instance it realises. The instance
@@ -73,13 +74,16 @@ type Scope struct {
 // server.
 type ServerSpec struct {
 	Scope
-	Name                      string            `json:"name"`
-	FlavorID                  string            `json:"flavorId"`
-	ImageID                   string            `json:"imageId"`
-	SSHCertificateAuthorityID string            `json:"sshCertificateAuthorityId,omitempty"`
-	UserData                  []byte            `json:"userData,omitempty"`
-	Networking                ServerNetworking  `json:"networking"`
-	Tags                      map[string]string `json:"tags"`
+	Name                      string `json:"name"`
+	FlavorID                  string `json:"flavorId"`
+	ImageID                   string `json:"imageId"`
+	SSHCertificateAuthorityID string `json:"sshCertificateAuthorityId,omitempty"`
+	UserData                  []byte `json:"userData,omitempty"`
+	// SSHPublicKeys are OpenSSH authorized_keys lines the guest accepts, beside the project
+	// key pair or the certificate authority.
+	SSHPublicKeys []string          `json:"sshPublicKeys,omitempty"`
+	Networking    ServerNetworking  `json:"networking"`
+	Tags          map[string]string `json:"tags"`
 }
 
 // Server is a virtual machine in a region: the hidden execution primitive behind an instance.
@@ -148,6 +152,33 @@ type ConsoleSession struct {
 	ExpiresAt time.Time `json:"expiresAt"`
 }
 
+// ConsoleOutputMax is the most of a server's serial console output one call returns.
+const ConsoleOutputMax = 64 << 10
+
+// ConsoleOutput is the end of a server's serial console output.
+type ConsoleOutput struct {
+	// Text is valid UTF-8: bytes that are not are replaced, and a character cut by the start
+	// of the tail is dropped.
+	Text string `json:"text"`
+	// Truncated: the console wrote more than Text holds.
+	Truncated  bool      `json:"truncated"`
+	CapturedAt time.Time `json:"capturedAt"`
+}
+
+// TailText returns the last tailBytes of out as ConsoleOutput text: cut at a character
+// boundary, invalid UTF-8 replaced, and whether anything was left out before it.
+func TailText(out []byte, tailBytes int, capturedAt time.Time) ConsoleOutput {
+	truncated := len(out) > tailBytes
+	if truncated {
+		out = out[len(out)-tailBytes:]
+		// A character whose first bytes fell before the tail is dropped, not garbled.
+		for i := 0; i < len(out) && i < utf8.UTFMax && !utf8.RuneStart(out[0]); i++ {
+			out = out[1:]
+		}
+	}
+	return ConsoleOutput{Text: strings.ToValidUTF8(string(out), "\uFFFD"), Truncated: truncated, CapturedAt: capturedAt.UTC()}
+}
+
 // SSHKey is the private key of the project key pair a server without an SSH certificate
 // authority accepts.
 type SSHKey struct {
@@ -181,6 +212,14 @@ type Client interface {
 	StartServer(ctx context.Context, id string) (Server, error)
 	StopServer(ctx context.Context, id string) (Server, error)
 	RebootServer(ctx context.Context, id string, hard bool) (Server, error)
+	// ResizeServer gives a stopped server another flavor: its CPUs and memory, and its disk
+	// grown to the flavor's. The server keeps its disk's content, addresses and MAC, and stays
+	// stopped. A server that is not STOPPED, or a flavor with a smaller disk, is refused
+	// (ErrRefused); a host without room for the new flavor is ErrNoCapacity.
+	ResizeServer(ctx context.Context, id, flavorID string) (Server, error)
+	// ConsoleOutput returns the last tailBytes (at most ConsoleOutputMax) of the server's
+	// serial console output, since it was created.
+	ConsoleOutput(ctx context.Context, id string, tailBytes int) (ConsoleOutput, error)
 	// ConsoleSession opens a console of a running server.
 	ConsoleSession(ctx context.Context, id string) (ConsoleSession, error)
 	// SSHKey returns the project key pair's private key of a server that uses it; a server

@@ -76,6 +76,7 @@ func labCatalog(t testing.TB, host *virttest.Host, kernel, initrd string, add ..
   "securityGroups": [],
   "sshCertificateAuthorities": [{"id": "ca-web", "name": "web CA", "organizationId": "acme", "projectId": "web", "publicKey": %q}],
   "flavors": [{"id": "tiny", "name": "tiny", "cpus": 1, "memoryGiB": 1, "diskGB": 1, "architecture": "x86_64", "regions": ["lab"]},
+    {"id": "tiny2", "name": "tiny2", "cpus": 2, "memoryGiB": 1, "diskGB": 2, "architecture": "x86_64", "regions": ["lab"]},
     {"id": "huge", "name": "huge", "cpus": 1, "memoryGiB": 4096, "diskGB": 1, "architecture": "x86_64", "regions": ["lab"]}%s],
   "images": [{"id": "busybox", "name": "busybox", "architecture": "x86_64", "sizeGiB": 1, "virtualization": "virtualized",
     "state": "ready", "regions": ["lab"], "kernel": %q, "initrd": %q, "cmdline": "console=ttyS0"}%s]
@@ -125,7 +126,7 @@ func TestLibvirtContract(t *testing.T) {
 	host := virttest.Start(t, virttest.Options{})
 	cat := labCatalog(t, host, kernel, initrd)
 	d := startDriver(t, cat)
-	regiontest.Run(t, regiontest.Harness{Client: d, Catalog: cat, Timeout: 2 * time.Minute, Spec: labSpec})
+	regiontest.Run(t, regiontest.Harness{Client: d, Catalog: cat, Timeout: 2 * time.Minute, Spec: labSpec, ResizeFlavor: "tiny2"})
 }
 
 var specs atomic.Int64

@@ -229,6 +229,8 @@ type domainSpec struct {
 	// disk and seed are the paths of the overlay and the seed; empty for a server that could
 	// not be made, whose domain only records why.
 	disk, seed string
+	// consoleLog is the path the serial console is written to; empty for none.
+	consoleLog string
 	network    string
 }
 
@@ -285,6 +287,10 @@ func domainXML(s domainSpec) (string, error) {
 		Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
 		Target: &libvirtxml.DomainSerialTarget{Port: &port},
 	}}
+	if s.consoleLog != "" {
+		// Appended to across restarts: the console output of the server's whole life.
+		dev.Serials[0].Log = &libvirtxml.DomainChardevLog{File: s.consoleLog, Append: "on"}
+	}
 	dev.Consoles = []libvirtxml.DomainConsole{{
 		Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
 		Target: &libvirtxml.DomainConsoleTarget{Type: "serial", Port: &port},

@@ -387,6 +387,7 @@ func (d *Driver) seed(ctx context.Context, spec region.ServerSpec) ([]byte, erro
 		}
 		s.AuthorizedKeys = []string{strings.TrimSpace(string(ssh.MarshalAuthorizedKey(key.PublicKey())))}
 	}
+	s.AuthorizedKeys = append(s.AuthorizedKeys, spec.SSHPublicKeys...)
 	iso, err := s.ISO()
 	if err != nil {
 		return nil, fmt.Errorf("seed: %v: %w", err, region.ErrRefused)
@@ -419,6 +420,16 @@ func (d *Driver) build(ctx context.Context, conn *golibvirt.Libvirt, pool golibv
 		return nil, err
 	}
 	dom.seed = seedVol.path
+	logVol, err := d.upload(conn, pool, consoleLogName(dom.id), "raw", strings.NewReader(""), 0)
+	if err != nil {
+		return nil, err
+	}
+	dom.rec.Volumes = append(dom.rec.Volumes, consoleLogName(dom.id))
+	consoleLog, err := describe(conn, logVol)
+	if err != nil {
+		return nil, err
+	}
+	dom.consoleLog = consoleLog.path
 	if err := d.defineFilter(conn, dom.id, dom.rec.Spec.Networking); err != nil {
 		return nil, err
 	}

@@ -81,6 +81,9 @@ func (d *Driver) upload(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, nam
 	if err != nil {
 		return vol, fmt.Errorf("create volume %s: %w", name, err)
 	}
+	if size == 0 {
+		return vol, nil // nothing to write: the volume is empty
+	}
 	if err := conn.StorageVolUpload(vol, r, 0, size, 0); err != nil {
 		_ = conn.StorageVolDelete(vol, golibvirt.StorageVolDeleteNormal)
 		return vol, fmt.Errorf("upload volume %s: %w", name, err)
@@ -197,13 +200,18 @@ func (d *Driver) collectVolumes(conn *golibvirt.Libvirt, pool golibvirt.StorageP
 }
 
 // serverOfVolume is the id of the server a volume belongs to, from its name
-// (computeql-<uuid>.qcow2 or computeql-<uuid>-seed.iso); base images belong to none.
+// (computeql-<uuid>.qcow2, computeql-<uuid>-seed.iso, computeql-<uuid>-console.log, or a
+// rotated computeql-<uuid>-console.log.N where the host's virtlogd rotates console logs);
+// base images belong to none.
 func serverOfVolume(name string) (string, bool) {
 	rest, ok := strings.CutPrefix(name, namePrefix)
 	if !ok {
 		return "", false
 	}
-	for _, suffix := range []string{".qcow2", "-seed.iso"} {
+	if base, n, ok := strings.Cut(rest, "-console.log."); ok && n != "" && strings.Trim(n, "0123456789") == "" {
+		rest = base + "-console.log"
+	}
+	for _, suffix := range []string{".qcow2", "-seed.iso", "-console.log"} {
 		if id, ok := strings.CutSuffix(rest, suffix); ok {
 			if _, valid := parseUUID(id); valid {
 				return id, true

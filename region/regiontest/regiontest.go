@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"golang.org/x/crypto/ssh"
@@ -61,13 +62,16 @@ type Harness struct {
 	Timeout time.Duration
 	// Capabilities say what the driver offers beyond the servers' lifecycle.
 	Capabilities Capabilities
+	// ResizeFlavor is a flavor Spec's servers can be resized to: more CPUs or memory, and a
+	// larger disk, so that resizing back is a shrink the driver must refuse. Required.
+	ResizeFlavor string
 }
 
 // Run runs the contract against the harness's driver, as subtests of t.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
-	if h.Client == nil || h.Catalog == nil || h.Spec == nil {
-		t.Fatal("regiontest: Client, Catalog and Spec are required")
+	if h.Client == nil || h.Catalog == nil || h.Spec == nil || h.ResizeFlavor == "" {
+		t.Fatal("regiontest: Client, Catalog, Spec and ResizeFlavor are required")
 	}
 	if h.Timeout == 0 {
 		h.Timeout = 10 * time.Second
@@ -79,6 +83,8 @@ func Run(t *testing.T, h Harness) {
 	t.Run("create, find and settle", s.createFindSettle)
 	t.Run("stop and start", s.stopStart)
 	t.Run("reboot", s.reboot)
+	t.Run("resize", s.resize)
+	t.Run("console output", s.consoleOutput)
 	t.Run("update networking", s.updateNetworking)
 	t.Run("ssh key", s.sshKey)
 	t.Run("delete", s.delete)
@@ -387,6 +393,67 @@ func (s *suite) reboot(t *testing.T) {
 	}
 }
 
+// resize: a running server is refused; a stopped one takes the flavor and stays stopped,
+// with its MAC and address; a flavor with a smaller disk is refused; started again, it runs
+// with the new flavor.
+func (s *suite) resize(t *testing.T) {
+	before := s.running(t, "contract-resize")
+	id, from := before.ID, before.FlavorID
+	refused(t, "ResizeServer of a running server", func() error { _, err := s.c.ResizeServer(t.Context(), id, s.h.ResizeFlavor); return err })
+	if _, err := s.c.StopServer(t.Context(), id); err != nil {
+		t.Fatalf("StopServer: %v", err)
+	}
+	s.await(t, id, region.ServerStopped)
+	srv, err := s.c.ResizeServer(t.Context(), id, s.h.ResizeFlavor)
+	if err != nil {
+		t.Fatalf("ResizeServer to %s: %v", s.h.ResizeFlavor, err)
+	}
+	if srv.ID != id || srv.FlavorID != s.h.ResizeFlavor || srv.State != region.ServerStopped {
+		t.Errorf("ResizeServer returned %s with %s, %s; want %s with %s, STOPPED", srv.ID, srv.FlavorID, srv.State, id, s.h.ResizeFlavor)
+	}
+	if got := s.get(t, id); got.FlavorID != s.h.ResizeFlavor {
+		t.Errorf("GetServer after the resize: flavor %s, want %s", got.FlavorID, s.h.ResizeFlavor)
+	}
+	refused(t, "ResizeServer back to a smaller disk", func() error { _, err := s.c.ResizeServer(t.Context(), id, from); return err })
+	refused(t, "ResizeServer to a flavor that does not exist", func() error { _, err := s.c.ResizeServer(t.Context(), id, "no-such-flavor"); return err })
+	if _, err := s.c.StartServer(t.Context(), id); err != nil {
+		t.Fatalf("StartServer after the resize: %v", err)
+	}
+	after := s.await(t, id, region.ServerRunning)
+	if after.FlavorID != s.h.ResizeFlavor || after.MAC != before.MAC || after.PrivateIP != before.PrivateIP {
+		t.Errorf("after the resize: flavor %s, MAC %s, private IP %s; want %s, %s, %s", after.FlavorID, after.MAC, after.PrivateIP,
+			s.h.ResizeFlavor, before.MAC, before.PrivateIP)
+	}
+}
+
+// consoleOutput: a running server has written to its console; its tail is at most the bytes
+// asked for and says it was cut; the text is valid UTF-8.
+func (s *suite) consoleOutput(t *testing.T) {
+	id := s.running(t, "contract-console-output").ID
+	// A guest writes its boot log as it boots: RUNNING may come before its first line.
+	var whole region.ConsoleOutput
+	eventually.Holds(t, s.h.Timeout, func() bool {
+		var err error
+		if whole, err = s.c.ConsoleOutput(t.Context(), id, region.ConsoleOutputMax); err != nil {
+			t.Fatalf("ConsoleOutput: %v", err)
+		}
+		return len(whole.Text) > 20
+	}, "server %s writes to its console", id)
+	if !utf8.ValidString(whole.Text) {
+		t.Errorf("console output is not valid UTF-8: %q", whole.Text)
+	}
+	if whole.CapturedAt.IsZero() {
+		t.Error("console output without the time it was captured")
+	}
+	tail, err := s.c.ConsoleOutput(t.Context(), id, 10)
+	if err != nil {
+		t.Fatalf("ConsoleOutput of 10 bytes: %v", err)
+	}
+	if len(tail.Text) > 10 || !tail.Truncated {
+		t.Errorf("the last 10 bytes: %q, truncated %t; want at most 10 bytes, truncated", tail.Text, tail.Truncated)
+	}
+}
+
 func (s *suite) updateNetworking(t *testing.T) {
 	before := s.running(t, "contract-networking")
 	n := before.Networking
@@ -505,6 +572,8 @@ func (s *suite) unknownServer(t *testing.T) {
 				return err
 			}},
 			{verb: "SSHKey", call: func() error { _, err := s.c.SSHKey(t.Context(), id); return err }},
+			{verb: "ResizeServer", call: func() error { _, err := s.c.ResizeServer(t.Context(), id, s.h.ResizeFlavor); return err }},
+			{verb: "ConsoleOutput", call: func() error { _, err := s.c.ConsoleOutput(t.Context(), id, 100); return err }},
 			{verb: "ConsoleSession", skip: !s.h.Capabilities.Console, call: func() error {
 				_, err := s.c.ConsoleSession(t.Context(), id)
 				return err

@@ -54,6 +54,7 @@ func harness(t *testing.T, timeout time.Duration, wrap func(*sim.Sim) region.Cli
 		},
 		Timeout:      timeout,
 		Capabilities: regiontest.Capabilities{Snapshots: true, Console: true, PublicIPs: true},
+		ResizeFlavor: "g1.medium",
 	}
 }
 

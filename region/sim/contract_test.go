@@ -24,6 +24,7 @@ func contractHarness(t *testing.T) (*Sim, regiontest.Harness) {
 			return spec(t, "net-acme-web-eu", name, fmt.Sprintf("contract-%d", n.Add(1)))
 		},
 		Timeout:      waitLimit,
+		ResizeFlavor: "g1.medium",
 		Capabilities: regiontest.Capabilities{Snapshots: true, Console: true, PublicIPs: true},
 	}
 }

@@ -4,12 +4,15 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -233,4 +236,84 @@ func (s *Sim) Images(ctx context.Context, org, project string) ([]region.Image, 
 		out = append(out, img)
 	}
 	return out, nil
+}
+
+// ResizeServer implements region.Client: a stopped server takes the flavor at once; its
+// disk may only grow.
+func (s *Sim) ResizeServer(ctx context.Context, id, flavorID string) (region.Server, error) {
+	if err := s.call(ctx, "resize server"); err != nil {
+		return region.Server{}, err
+	}
+	to, ok := s.opts.Catalog.Flavor(flavorID)
+	if !ok {
+		return region.Server{}, fmt.Errorf("resize server: flavor %q does not exist: %w", flavorID, region.ErrRefused)
+	}
+	srv, err := s.update(ctx, id, func(srv *region.Server) (time.Time, error) {
+		if srv.State != region.ServerStopped {
+			return time.Time{}, fmt.Errorf("cannot resize a server that is %s: it must be STOPPED: %w", srv.State, region.ErrRefused)
+		}
+		if from, ok := s.opts.Catalog.Flavor(srv.FlavorID); ok && to.DiskGB < from.DiskGB {
+			return time.Time{}, fmt.Errorf("the disk of flavor %s (%d GB) is smaller than the server's (%d GB), and a disk never shrinks: %w",
+				to.ID, to.DiskGB, from.DiskGB, region.ErrRefused)
+		}
+		srv.FlavorID = to.ID
+		return time.Time{}, nil // stopped: nothing scheduled
+	})
+	if err != nil {
+		return region.Server{}, fmt.Errorf("resize server: %w", err)
+	}
+	return srv, nil
+}
+
+// ConsoleOutput implements region.Client with the boot log a Linux guest of the server's
+// shape would have written so far, made up from what the region knows of it.
+func (s *Sim) ConsoleOutput(ctx context.Context, id string, tailBytes int) (region.ConsoleOutput, error) {
+	if err := s.call(ctx, "console output"); err != nil {
+		return region.ConsoleOutput{}, err
+	}
+	srv, err := s.read(ctx, s.rdb, id)
+	if err != nil {
+		return region.ConsoleOutput{}, fmt.Errorf("console output: %w", err)
+	}
+	return region.TailText(bootLog(srv, s.opts.Catalog), min(tailBytes, region.ConsoleOutputMax), s.opts.Now()), nil
+}
+
+// bootLog is a plausible serial console of the server: the kernel's first lines while it
+// builds, cloud-init's once it runs (with its addresses and SSH host key fingerprint), and a
+// power-off when it stopped.
+func bootLog(srv region.Server, cat *region.Catalog) []byte {
+	var b []byte
+	line := func(at float64, format string, args ...any) {
+		b = fmt.Appendf(b, "[%12.6f] ", at)
+		b = fmt.Appendf(b, format, args...)
+		b = append(b, '\n')
+	}
+	cpus, mem := int64(1), int64(1)
+	if f, ok := cat.Flavor(srv.FlavorID); ok {
+		cpus, mem = f.CPUs, f.MemoryGiB
+	}
+	if srv.State == region.ServerPending {
+		return b
+	}
+	line(0, "Linux version 6.1.0-28-amd64 (debian-kernel@lists.debian.org) #1 SMP PREEMPT_DYNAMIC Debian 6.1.119-1")
+	line(0, "Command line: BOOT_IMAGE=/vmlinuz root=LABEL=root ro console=ttyS0")
+	line(0.000012, "Memory: %dK available", mem<<20)
+	line(0.041250, "smp: Brought up 1 node, %d CPUs", cpus)
+	line(0.912004, "virtio_net virtio1 ens3: renamed from eth0")
+	if srv.State == region.ServerBuilding || srv.State == region.ServerError {
+		return b
+	}
+	sum := sha256.Sum256([]byte(srv.ID))
+	line(3.120771, "cloud-init[412]: Cloud-init v. 22.4.2 running 'init' at %s. Up 3.10 seconds.", srv.CreatedAt.UTC().Format(time.RFC1123Z))
+	line(3.201994, "cloud-init[412]: ci-info: | ens3 | True | %s | 255.255.255.0 | global | %s |", srv.PrivateIP, srv.MAC)
+	line(4.587310, "cloud-init[598]: Generating public/private ed25519 key pair.")
+	line(4.601442, "cloud-init[598]: The key fingerprint is: SHA256:%s root@%s",
+		strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "="), srv.Name)
+	line(6.004518, "cloud-init[715]: Cloud-init v. 22.4.2 finished. Datasource DataSourceNoCloud. Up 6.00 seconds")
+	b = fmt.Appendf(b, "\nDebian GNU/Linux 12 %s ttyS0\n\n%s login: ", srv.Name, srv.Name)
+	if srv.State == region.ServerStopping || srv.State == region.ServerStopped {
+		b = append(b, '\n')
+		line(812.440122, "reboot: Power down")
+	}
+	return b
 }

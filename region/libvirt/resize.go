@@ -1,0 +1,193 @@
+package libvirt
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+
+	golibvirt "github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/computeql/computeql/region"
+)
+
+// ResizeServer implements region.Client: the shut-off domain is defined again with the
+// flavor's memory and vCPUs, and its disk overlay grown to the flavor's disk. The guest's
+// disk content, MAC and reserved address stay; the guest grows its file system at its next
+// boot (cloud-init's growpart does on Debian's cloud images).
+func (d *Driver) ResizeServer(ctx context.Context, id, flavorID string) (region.Server, error) {
+	conn, s, err := d.verb("resize server", id)
+	if err != nil {
+		return region.Server{}, err
+	}
+	if s.state != golibvirt.DomainShutoff {
+		return region.Server{}, fmt.Errorf("resize server: the server is not stopped: %w", region.ErrRefused)
+	}
+	cat, r := d.opts.Catalog, &d.opts.Region
+	to, ok := cat.Flavor(flavorID)
+	if !ok {
+		return region.Server{}, fmt.Errorf("flavor %q does not exist: %w", flavorID, region.ErrRefused)
+	}
+	if why := r.RunsFlavor(to); why != "" {
+		return region.Server{}, fmt.Errorf("region %s cannot run flavor %s: %s: %w", r.ID, to.ID, why, region.ErrRefused)
+	}
+	from, ok := cat.Flavor(s.rec.Spec.FlavorID)
+	if !ok {
+		return region.Server{}, fmt.Errorf("the server's flavor %q is no longer in the catalogue: %w", s.rec.Spec.FlavorID, region.ErrRefused)
+	}
+	if to.DiskGB < from.DiskGB {
+		return region.Server{}, fmt.Errorf("the disk of flavor %s (%d GB) is smaller than the server's (%d GB), and a disk never shrinks: %w",
+			to.ID, to.DiskGB, from.DiskGB, region.ErrRefused)
+	}
+	d.mu.RLock()
+	pool := d.pool
+	d.mu.RUnlock()
+	// A stopped server keeps its room on the host, so only what the new flavor adds must fit.
+	growth := region.Flavor{ID: to.ID, CPUs: max(0, to.CPUs-from.CPUs), MemoryGiB: max(0, to.MemoryGiB-from.MemoryGiB), DiskGB: to.DiskGB - from.DiskGB}
+	placed, err := d.admit(conn, pool, &growth)
+	if err != nil {
+		return region.Server{}, err
+	}
+	defer placed()
+	// The disk first: a resize interrupted after it leaves a larger disk and the old flavor,
+	// which the next try completes, never a flavor whose disk is smaller than it says.
+	if err := d.growDisk(conn, pool, s, uint64(to.DiskGB)*1_000_000_000); err != nil {
+		return region.Server{}, d.fault("resize server", err)
+	}
+	if err := d.redefine(conn, s, to); err != nil {
+		return region.Server{}, d.fault("resize server", err)
+	}
+	return d.observe(conn, s), nil
+}
+
+// growDisk grows the server's disk overlay to sizeBytes; a server booting a kernel without a
+// disk has none to grow.
+func (d *Driver) growDisk(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, s *server, sizeBytes uint64) error {
+	name := namePrefix + s.id + ".qcow2"
+	owns := false
+	for _, v := range s.rec.Volumes {
+		owns = owns || v == name
+	}
+	if !owns {
+		return nil
+	}
+	vol, err := conn.StorageVolLookupByName(pool, name)
+	if err != nil {
+		return fmt.Errorf("look up disk %s: %w", name, err)
+	}
+	_, capacity, _, err := conn.StorageVolGetInfo(vol)
+	if err != nil {
+		return fmt.Errorf("disk %s: %w", name, err)
+	}
+	if capacity >= sizeBytes {
+		return nil
+	}
+	if err := conn.StorageVolResize(vol, sizeBytes, 0); err != nil {
+		return fmt.Errorf("grow disk %s: %w", name, err)
+	}
+	return nil
+}
+
+// redefine gives the shut-off domain the flavor's memory and vCPUs, and records the flavor,
+// in one definition: a domain never has the one without the other.
+func (d *Driver) redefine(conn *golibvirt.Libvirt, s *server, f *region.Flavor) error {
+	d.records.Lock()
+	defer d.records.Unlock()
+	fresh, err := readServer(conn, s.dom)
+	if err != nil {
+		return err
+	}
+	fresh.rec.Spec.FlavorID = f.ID
+	el, err := fresh.rec.element()
+	if err != nil {
+		return err
+	}
+	def := fresh.xml
+	memMiB := uint(f.MemoryGiB) * 1024
+	def.Memory = &libvirtxml.DomainMemory{Value: memMiB, Unit: "MiB"}
+	def.CurrentMemory = &libvirtxml.DomainCurrentMemory{Value: memMiB, Unit: "MiB"}
+	def.VCPU = &libvirtxml.DomainVCPU{Value: uint(f.CPUs)}
+	def.Metadata = &libvirtxml.DomainMetadata{XML: namespaced(el)}
+	doc, err := def.Marshal()
+	if err != nil {
+		return err
+	}
+	if _, err := conn.DomainDefineXML(doc); err != nil {
+		return fmt.Errorf("define domain: %w", err)
+	}
+	fresh, err = readServer(conn, s.dom)
+	if err != nil {
+		return err
+	}
+	*s = *fresh
+	return nil
+}
+
+// consoleLogName is the pool volume the server's serial console is written to.
+func consoleLogName(id string) string { return namePrefix + id + "-console.log" }
+
+// ConsoleOutput implements region.Client. QEMU appends everything the guest writes to its
+// serial port to a file in the region's storage pool, so it is read through the pool like a
+// disk: from any process, over any connection to the host.
+func (d *Driver) ConsoleOutput(ctx context.Context, id string, tailBytes int) (region.ConsoleOutput, error) {
+	conn, err := d.host("console output")
+	if err != nil {
+		return region.ConsoleOutput{}, err
+	}
+	s, err := d.lookup(conn, id)
+	if err != nil {
+		return region.ConsoleOutput{}, fmt.Errorf("console output: %w", err)
+	}
+	now := d.opts.Now()
+	if !hasConsoleLog(s) {
+		return region.TailText(nil, tailBytes, now), nil // made before its console was kept, or never made
+	}
+	d.mu.RLock()
+	pool := d.pool
+	d.mu.RUnlock()
+	vol, err := conn.StorageVolLookupByName(pool, consoleLogName(s.id))
+	if isCode(err, golibvirt.ErrNoStorageVol) {
+		// QEMU made the file after the pool last looked: the pool learns of it.
+		if err = conn.StoragePoolRefresh(pool, 0); err == nil {
+			vol, err = conn.StorageVolLookupByName(pool, consoleLogName(s.id))
+		}
+	}
+	if isCode(err, golibvirt.ErrNoStorageVol) {
+		return region.TailText(nil, tailBytes, now), nil // the guest never started
+	}
+	if err != nil {
+		return region.ConsoleOutput{}, d.fault("console output", err)
+	}
+	// The file's own size: a pool that probed the guest's output as some disk format would
+	// report that format's capacity.
+	_, _, size, err := conn.StorageVolGetInfoFlags(vol, uint32(golibvirt.StorageVolGetPhysical))
+	if err != nil {
+		return region.ConsoleOutput{}, d.fault("console output", err)
+	}
+	tail := min(uint64(tailBytes), region.ConsoleOutputMax)
+	// One byte more than asked says whether anything came before the tail, and lets the cut
+	// drop a character the tail would split.
+	want := min(size, tail+1)
+	var buf bytes.Buffer
+	if want > 0 {
+		if err := conn.StorageVolDownload(vol, &buf, size-want, want, 0); err != nil {
+			return region.ConsoleOutput{}, d.fault("console output", err)
+		}
+	}
+	out := region.TailText(buf.Bytes(), int(tail), now)
+	out.Truncated = out.Truncated || size > want
+	return out, nil
+}
+
+// hasConsoleLog reports whether the domain writes its serial console to the pool.
+func hasConsoleLog(s *server) bool {
+	if s.xml.Devices == nil {
+		return false
+	}
+	for _, serial := range s.xml.Devices.Serials {
+		if serial.Log != nil && serial.Log.File != "" {
+			return true
+		}
+	}
+	return false
+}
