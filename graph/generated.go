@@ -64,6 +64,12 @@ type ComplexityRoot struct {
 		Type               func(childComplexity int) int
 	}
 
+	ConsoleOutput struct {
+		CapturedAt func(childComplexity int) int
+		Text       func(childComplexity int) int
+		Truncated  func(childComplexity int) int
+	}
+
 	ConsoleSession struct {
 		ExpiresAt func(childComplexity int) int
 		URL       func(childComplexity int) int
@@ -149,6 +155,7 @@ type ComplexityRoot struct {
 		Region                    func(childComplexity int) int
 		SSHCertificateAuthority   func(childComplexity int) int
 		SSHCertificateAuthorityID func(childComplexity int) int
+		SSHPublicKeys             func(childComplexity int) int
 		Status                    func(childComplexity int) int
 		Tags                      func(childComplexity int) int
 		UpdatedAt                 func(childComplexity int) int
@@ -210,6 +217,7 @@ type ComplexityRoot struct {
 		CreateStreamTicket   func(childComplexity int) int
 		DeleteInstance       func(childComplexity int, input model.DeleteInstanceInput) int
 		RebootInstance       func(childComplexity int, input model.RebootInstanceInput) int
+		ResizeInstance       func(childComplexity int, input model.ResizeInstanceInput) int
 		SetQuota             func(childComplexity int, input model.SetQuotaInput) int
 		SnapshotInstance     func(childComplexity int, input model.SnapshotInstanceInput) int
 		StartInstance        func(childComplexity int, input model.StartInstanceInput) int
@@ -255,6 +263,7 @@ type ComplexityRoot struct {
 		Flavors                   func(childComplexity int, region *string) int
 		Images                    func(childComplexity int, region *string) int
 		Instance                  func(childComplexity int, id string) int
+		InstanceConsoleOutput     func(childComplexity int, id string, tailBytes *int) int
 		InstanceEvents            func(childComplexity int, id string, first *int, after *string) int
 		InstanceSSHKey            func(childComplexity int, id string) int
 		Instances                 func(childComplexity int, organizationID string, filter *instance.Filter, first *int, after *string) int
@@ -286,6 +295,12 @@ type ComplexityRoot struct {
 	Region struct {
 		ID   func(childComplexity int) int
 		Name func(childComplexity int) int
+	}
+
+	ResizeInstancePayload struct {
+		Instance   func(childComplexity int) int
+		Plan       func(childComplexity int) int
+		UserErrors func(childComplexity int) int
 	}
 
 	SSHCertificateAuthority struct {
@@ -393,6 +408,7 @@ type MutationResolver interface {
 	CreateInstance(ctx context.Context, input instance.CreateRequest) (*model.CreateInstancePayload, error)
 	UpdateInstance(ctx context.Context, input model.UpdateInstanceInput) (*model.UpdateInstancePayload, error)
 	DeleteInstance(ctx context.Context, input model.DeleteInstanceInput) (*model.DeleteInstancePayload, error)
+	ResizeInstance(ctx context.Context, input model.ResizeInstanceInput) (*model.ResizeInstancePayload, error)
 	StartInstance(ctx context.Context, input model.StartInstanceInput) (*model.InstancePowerPayload, error)
 	StopInstance(ctx context.Context, input model.StopInstanceInput) (*model.InstancePowerPayload, error)
 	RebootInstance(ctx context.Context, input model.RebootInstanceInput) (*model.InstancePowerPayload, error)
@@ -420,6 +436,7 @@ type QueryResolver interface {
 	Instances(ctx context.Context, organizationID string, filter *instance.Filter, first *int, after *string) (*model.InstanceConnection, error)
 	Quota(ctx context.Context, organizationID string) (*instance.Quota, error)
 	InstanceSSHKey(ctx context.Context, id string) (*model.SSHKey, error)
+	InstanceConsoleOutput(ctx context.Context, id string, tailBytes *int) (*region.ConsoleOutput, error)
 	InstanceEvents(ctx context.Context, id string, first *int, after *string) (*model.InstanceEventConnection, error)
 }
 type QuotaChangeResolver interface {
@@ -505,6 +522,25 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Condition.Type(childComplexity), true
+
+	case "ConsoleOutput.capturedAt":
+		if e.ComplexityRoot.ConsoleOutput.CapturedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ConsoleOutput.CapturedAt(childComplexity), true
+	case "ConsoleOutput.text":
+		if e.ComplexityRoot.ConsoleOutput.Text == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ConsoleOutput.Text(childComplexity), true
+	case "ConsoleOutput.truncated":
+		if e.ComplexityRoot.ConsoleOutput.Truncated == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ConsoleOutput.Truncated(childComplexity), true
 
 	case "ConsoleSession.expiresAt":
 		if e.ComplexityRoot.ConsoleSession.ExpiresAt == nil {
@@ -874,6 +910,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Instance.SSHCertificateAuthorityID(childComplexity), true
+	case "Instance.sshPublicKeys":
+		if e.ComplexityRoot.Instance.SSHPublicKeys == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Instance.SSHPublicKeys(childComplexity), true
 	case "Instance.status":
 		if e.ComplexityRoot.Instance.Status == nil {
 			break
@@ -1124,6 +1166,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.RebootInstance(childComplexity, args["input"].(model.RebootInstanceInput)), true
+	case "Mutation.resizeInstance":
+		if e.ComplexityRoot.Mutation.ResizeInstance == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_resizeInstance_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.ResizeInstance(childComplexity, args["input"].(model.ResizeInstanceInput)), true
 	case "Mutation.setQuota":
 		if e.ComplexityRoot.Mutation.SetQuota == nil {
 			break
@@ -1332,6 +1385,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.Instance(childComplexity, args["id"].(string)), true
+	case "Query.instanceConsoleOutput":
+		if e.ComplexityRoot.Query.InstanceConsoleOutput == nil {
+			break
+		}
+
+		args, err := ec.field_Query_instanceConsoleOutput_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.InstanceConsoleOutput(childComplexity, args["id"].(string), args["tailBytes"].(*int)), true
 	case "Query.instanceEvents":
 		if e.ComplexityRoot.Query.InstanceEvents == nil {
 			break
@@ -1491,6 +1555,25 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Region.Name(childComplexity), true
+
+	case "ResizeInstancePayload.instance":
+		if e.ComplexityRoot.ResizeInstancePayload.Instance == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ResizeInstancePayload.Instance(childComplexity), true
+	case "ResizeInstancePayload.plan":
+		if e.ComplexityRoot.ResizeInstancePayload.Plan == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ResizeInstancePayload.Plan(childComplexity), true
+	case "ResizeInstancePayload.userErrors":
+		if e.ComplexityRoot.ResizeInstancePayload.UserErrors == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ResizeInstancePayload.UserErrors(childComplexity), true
 
 	case "SSHCertificateAuthority.id":
 		if e.ComplexityRoot.SSHCertificateAuthority.ID == nil {
@@ -1697,6 +1780,7 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 		ec.unmarshalInputNetworkingInput,
 		ec.unmarshalInputQuotaLimitInput,
 		ec.unmarshalInputRebootInstanceInput,
+		ec.unmarshalInputResizeInstanceInput,
 		ec.unmarshalInputSetQuotaInput,
 		ec.unmarshalInputSnapshotInstanceInput,
 		ec.unmarshalInputStartInstanceInput,
@@ -1844,6 +1928,11 @@ type Query {
   "The private key of the project key pair an instance's server uses (not for instances with an SSH CA)."
   instanceSSHKey(id: ID!): SSHKey!
   """
+  The end of the serial console output of an instance's server (its boot log), for callers who
+  may act on the instance: the last tailBytes bytes, 1 to 65536 (default 65536).
+  """
+  instanceConsoleOutput(id: ID!, tailBytes: Int): ConsoleOutput!
+  """
   The history of an instance, oldest first, as long as its organization's event log keeps it
   (at most 10,000 events and 16 MiB), and after the instance is deleted too, for the 1,000 most
   recently deleted instances of its organization, to those who could read it. ` + "`" + `first` + "`" + ` is 1 to
@@ -1857,6 +1946,14 @@ type Mutation {
   updateInstance(input: UpdateInstanceInput!): UpdateInstancePayload!
   "Marks the instance for deletion; workers tear down its server, then release its quota and name."
   deleteInstance(input: DeleteInstanceInput!): DeleteInstancePayload!
+  """
+  Gives the instance's server another flavor in place: its CPUs, memory and disk change, and it
+  keeps its disk's content, IP addresses and MAC address. The disk only grows. A server that is
+  not stopped is stopped, resized and started again, which needs allowRestart. The quota is
+  charged or released by the difference at once; the history shows an ACTION RESIZE, and the
+  instance the Resizing condition until the server has its new flavor.
+  """
+  resizeInstance(input: ResizeInstanceInput!): ResizeInstancePayload!
   startInstance(input: StartInstanceInput!): InstancePowerPayload!
   stopInstance(input: StopInstanceInput!): InstancePowerPayload!
   rebootInstance(input: RebootInstanceInput!): InstancePowerPayload!
@@ -2119,7 +2216,7 @@ type Condition {
   "What the condition is about, e.g. Available."
   type: String!
   status: ConditionStatus!
-  "Provisioning, Provisioned, Errored, Deprovisioning, Rebuilding, DependencyNotReady, …"
+  "Provisioning, Provisioned, Errored, Deprovisioning, Rebuilding, Resizing, NoCapacity, DependencyNotReady, …"
   reason: String!
   "A message safe to show to users."
   message: String!
@@ -2163,6 +2260,8 @@ type Instance implements Node {
   networking: Networking!
   "Cloud-init user data, base64."
   userData: String
+  "OpenSSH authorized_keys lines the server's guest accepts, given to it at its build."
+  sshPublicKeys: [String!]!
   "While true, deleteInstance is refused (UNPROCESSABLE) until an update sets it to false."
   deletionProtection: Boolean!
   "When the instance's lease ends (the workers then carry out expiryAction within seconds); null for none."
@@ -2248,6 +2347,12 @@ input CreateInstanceInput {
   networking: NetworkingInput
   "Cloud-init user data, base64."
   userData: String
+  """
+  OpenSSH authorized_keys lines (Ed25519, ECDSA, or RSA of at least 2048 bits; options such as
+  from="…" allowed) the guest accepts for its default user, beside the project key pair or the
+  SSH certificate authority: at most 16, each at most 4 KiB, 16 KiB in all.
+  """
+  sshPublicKeys: [String!]
   "Refuse deleteInstance until an update clears it. Defaults to false."
   deletionProtection: Boolean
   "Start a lease that ends then (in the future, at most ten years ahead)."
@@ -2271,7 +2376,7 @@ input UpdateInstanceInput {
   description: String
   "Replaces all tags."
   tags: [TagInput!]
-  "Changing it rebuilds the server: needs allowRebuild."
+  "Changing it rebuilds the server: needs allowRebuild. resizeInstance changes it keeping the disk."
   flavorId: ID
   "Changing it rebuilds the server: needs allowRebuild."
   imageId: ID
@@ -2281,6 +2386,8 @@ input UpdateInstanceInput {
   networking: NetworkingInput
   "Changing it (null removes it) rebuilds the server: needs allowRebuild."
   userData: String @goField(omittable: true)
+  "Replaces the SSH public keys ([] removes them); changing them rebuilds the server: needs allowRebuild."
+  sshPublicKeys: [String!]
   "Sets or clears deletion protection; applied at once, without touching the server."
   deletionProtection: Boolean
   "Starts, extends or moves the lease (a time in the future), or ends it (null)."
@@ -2319,7 +2426,36 @@ type UpdateInstancePayload {
   plan: ChangePlan
 }
 
-"What a create or an update would do, as a dry run reports it instead of doing it."
+input ResizeInstanceInput {
+  id: ID!
+  "The new flavor: offered in the instance's region, fit for its image, with a disk at least as large."
+  flavorId: ID!
+  "Consent to stop the server for the resize and start it again after; needed unless it is STOPPED."
+  allowRestart: Boolean
+  "Check everything and answer with the plan (and any userErrors) instead of resizing: nothing is written."
+  dryRun: Boolean
+  "Makes a retry safe, as on createInstance."
+  idempotencyKey: String
+}
+
+type ResizeInstancePayload {
+  "Null for a dry run."
+  instance: Instance
+  userErrors: [UserError!]!
+  "What a dry run found the resize would do; null otherwise, and when userErrors is not empty."
+  plan: ChangePlan
+}
+
+"The end of a server's serial console output."
+type ConsoleOutput {
+  "Valid UTF-8: bytes that are not are replaced with U+FFFD."
+  text: String!
+  "The console wrote more than text holds."
+  truncated: Boolean!
+  capturedAt: Time!
+}
+
+"What a create, an update or a resize would do, as a dry run reports it instead of doing it."
 type ChangePlan {
   "The server would be destroyed and recreated: its disk, IP addresses and MAC address are lost."
   rebuild: Boolean!
@@ -2460,6 +2596,7 @@ enum InstanceAction {
   CONSOLE
   SSH_KEY
   SNAPSHOT
+  RESIZE
   "The end of a lease, carried out by the workers (actor: system)."
   EXPIRE
 }
@@ -2550,6 +2687,18 @@ func (ec *executionContext) childFields_Condition(ctx context.Context, field gra
 		return ec.fieldContext_Condition_lastTransitionTime(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Condition", field.Name)
+}
+
+func (ec *executionContext) childFields_ConsoleOutput(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "text":
+		return ec.fieldContext_ConsoleOutput_text(ctx, field)
+	case "truncated":
+		return ec.fieldContext_ConsoleOutput_truncated(ctx, field)
+	case "capturedAt":
+		return ec.fieldContext_ConsoleOutput_capturedAt(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ConsoleOutput", field.Name)
 }
 
 func (ec *executionContext) childFields_ConsoleSession(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -2708,6 +2857,8 @@ func (ec *executionContext) childFields_Instance(ctx context.Context, field grap
 		return ec.fieldContext_Instance_networking(ctx, field)
 	case "userData":
 		return ec.fieldContext_Instance_userData(ctx, field)
+	case "sshPublicKeys":
+		return ec.fieldContext_Instance_sshPublicKeys(ctx, field)
 	case "deletionProtection":
 		return ec.fieldContext_Instance_deletionProtection(ctx, field)
 	case "expiresAt":
@@ -2940,6 +3091,18 @@ func (ec *executionContext) childFields_Region(ctx context.Context, field graphq
 		return ec.fieldContext_Region_name(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Region", field.Name)
+}
+
+func (ec *executionContext) childFields_ResizeInstancePayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "instance":
+		return ec.fieldContext_ResizeInstancePayload_instance(ctx, field)
+	case "userErrors":
+		return ec.fieldContext_ResizeInstancePayload_userErrors(ctx, field)
+	case "plan":
+		return ec.fieldContext_ResizeInstancePayload_plan(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ResizeInstancePayload", field.Name)
 }
 
 func (ec *executionContext) childFields_SSHCertificateAuthority(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -3230,6 +3393,20 @@ func (ec *executionContext) field_Mutation_rebootInstance_args(ctx context.Conte
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_resizeInstance_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "input",
+		func(ctx context.Context, v any) (model.ResizeInstanceInput, error) {
+			return ec.unmarshalNResizeInstanceInput2githubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐResizeInstanceInput(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["input"] = arg0
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_setQuota_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -3339,6 +3516,28 @@ func (ec *executionContext) field_Query_images_args(ctx context.Context, rawArgs
 		return nil, err
 	}
 	args["region"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_instanceConsoleOutput_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "tailBytes",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["tailBytes"] = arg1
 	return args, nil
 }
 
@@ -3844,6 +4043,75 @@ func (ec *executionContext) _Condition_lastTransitionTime(ctx context.Context, f
 }
 func (ec *executionContext) fieldContext_Condition_lastTransitionTime(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Condition", field, false, false, errors.New("field of type Time does not have child fields"))
+}
+
+func (ec *executionContext) _ConsoleOutput_text(ctx context.Context, field graphql.CollectedField, obj *region.ConsoleOutput) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ConsoleOutput_text(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Text, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ConsoleOutput_text(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ConsoleOutput", field, false, false, errors.New("field of type String does not have child fields"))
+}
+
+func (ec *executionContext) _ConsoleOutput_truncated(ctx context.Context, field graphql.CollectedField, obj *region.ConsoleOutput) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ConsoleOutput_truncated(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Truncated, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ConsoleOutput_truncated(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ConsoleOutput", field, false, false, errors.New("field of type Boolean does not have child fields"))
+}
+
+func (ec *executionContext) _ConsoleOutput_capturedAt(ctx context.Context, field graphql.CollectedField, obj *region.ConsoleOutput) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ConsoleOutput_capturedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CapturedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ConsoleOutput_capturedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ConsoleOutput", field, false, false, errors.New("field of type Time does not have child fields"))
 }
 
 func (ec *executionContext) _ConsoleSession_url(ctx context.Context, field graphql.CollectedField, obj *model.ConsoleSession) (ret graphql.Marshaler) {
@@ -5218,6 +5486,29 @@ func (ec *executionContext) fieldContext_Instance_userData(_ context.Context, fi
 	return graphql.NewScalarFieldContext("Instance", field, true, true, errors.New("field of type String does not have child fields"))
 }
 
+func (ec *executionContext) _Instance_sshPublicKeys(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Instance_sshPublicKeys(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.SSHPublicKeys, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []string) graphql.Marshaler {
+			return ec.marshalNString2ᚕstringᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Instance_sshPublicKeys(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type String does not have child fields"))
+}
+
 func (ec *executionContext) _Instance_deletionProtection(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -6340,6 +6631,50 @@ func (ec *executionContext) fieldContext_Mutation_deleteInstance(ctx context.Con
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Mutation_deleteInstance_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_resizeInstance(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_resizeInstance(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().ResizeInstance(ctx, fc.Args["input"].(model.ResizeInstanceInput))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ResizeInstancePayload) graphql.Marshaler {
+			return ec.marshalNResizeInstancePayload2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐResizeInstancePayload(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_resizeInstance(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ResizeInstancePayload(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_resizeInstance_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -7601,6 +7936,50 @@ func (ec *executionContext) fieldContext_Query_instanceSSHKey(ctx context.Contex
 	return fc, nil
 }
 
+func (ec *executionContext) _Query_instanceConsoleOutput(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_instanceConsoleOutput(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().InstanceConsoleOutput(ctx, fc.Args["id"].(string), fc.Args["tailBytes"].(*int))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *region.ConsoleOutput) graphql.Marshaler {
+			return ec.marshalNConsoleOutput2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐConsoleOutput(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_instanceConsoleOutput(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ConsoleOutput(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_instanceConsoleOutput_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Query_instanceEvents(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -7935,6 +8314,102 @@ func (ec *executionContext) _Region_name(ctx context.Context, field graphql.Coll
 }
 func (ec *executionContext) fieldContext_Region_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Region", field, false, false, errors.New("field of type String does not have child fields"))
+}
+
+func (ec *executionContext) _ResizeInstancePayload_instance(ctx context.Context, field graphql.CollectedField, obj *model.ResizeInstancePayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ResizeInstancePayload_instance(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Instance, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *instance.Instance) graphql.Marshaler {
+			return ec.marshalOInstance2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐInstance(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ResizeInstancePayload_instance(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ResizeInstancePayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Instance(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _ResizeInstancePayload_userErrors(ctx context.Context, field graphql.CollectedField, obj *model.ResizeInstancePayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ResizeInstancePayload_userErrors(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.UserErrors, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []instance.FieldError) graphql.Marshaler {
+			return ec.marshalNUserError2ᚕgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐFieldErrorᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ResizeInstancePayload_userErrors(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ResizeInstancePayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_UserError(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _ResizeInstancePayload_plan(ctx context.Context, field graphql.CollectedField, obj *model.ResizeInstancePayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ResizeInstancePayload_plan(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Plan, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *instance.Plan) graphql.Marshaler {
+			return ec.marshalOChangePlan2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐPlan(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ResizeInstancePayload_plan(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ResizeInstancePayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ChangePlan(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
 func (ec *executionContext) _SSHCertificateAuthority_id(ctx context.Context, field graphql.CollectedField, obj *region.SSHCertificateAuthority) (ret graphql.Marshaler) {
@@ -9797,7 +10272,7 @@ func (ec *executionContext) unmarshalInputCreateInstanceInput(ctx context.Contex
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"organizationId", "projectId", "networkId", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "deletionProtection", "expiresAt", "expiryAction", "dryRun", "idempotencyKey"}
+	fieldsInOrder := [...]string{"organizationId", "projectId", "networkId", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "sshPublicKeys", "deletionProtection", "expiresAt", "expiryAction", "dryRun", "idempotencyKey"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -9881,6 +10356,13 @@ func (ec *executionContext) unmarshalInputCreateInstanceInput(ctx context.Contex
 				return it, err
 			}
 			it.UserData = data
+		case "sshPublicKeys":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("sshPublicKeys"))
+			data, err := ec.unmarshalOString2ᚕstringᚄ(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.SSHPublicKeys = data
 		case "deletionProtection":
 			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("deletionProtection"))
 			data, err := ec.unmarshalOBoolean2ᚖbool(ctx, v)
@@ -10162,6 +10644,64 @@ func (ec *executionContext) unmarshalInputRebootInstanceInput(ctx context.Contex
 	return it, nil
 }
 
+func (ec *executionContext) unmarshalInputResizeInstanceInput(ctx context.Context, obj any) (model.ResizeInstanceInput, error) {
+	var it model.ResizeInstanceInput
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"id", "flavorId", "allowRestart", "dryRun", "idempotencyKey"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "id":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("id"))
+			data, err := ec.unmarshalNID2string(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.ID = data
+		case "flavorId":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("flavorId"))
+			data, err := ec.unmarshalNID2string(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.FlavorID = data
+		case "allowRestart":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("allowRestart"))
+			data, err := ec.unmarshalOBoolean2ᚖbool(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.AllowRestart = data
+		case "dryRun":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("dryRun"))
+			data, err := ec.unmarshalOBoolean2ᚖbool(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.DryRun = data
+		case "idempotencyKey":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("idempotencyKey"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.IdempotencyKey = data
+		}
+	}
+	return it, nil
+}
+
 func (ec *executionContext) unmarshalInputSetQuotaInput(ctx context.Context, obj any) (model.SetQuotaInput, error) {
 	var it model.SetQuotaInput
 	if obj == nil {
@@ -10365,7 +10905,7 @@ func (ec *executionContext) unmarshalInputUpdateInstanceInput(ctx context.Contex
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"id", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "deletionProtection", "expiresAt", "expiryAction", "allowRebuild", "expectedGeneration", "dryRun", "idempotencyKey"}
+	fieldsInOrder := [...]string{"id", "name", "description", "tags", "flavorId", "imageId", "sshCertificateAuthorityId", "networking", "userData", "sshPublicKeys", "deletionProtection", "expiresAt", "expiryAction", "allowRebuild", "expectedGeneration", "dryRun", "idempotencyKey"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -10435,6 +10975,13 @@ func (ec *executionContext) unmarshalInputUpdateInstanceInput(ctx context.Contex
 				return it, err
 			}
 			it.UserData = graphql.OmittableOf(data)
+		case "sshPublicKeys":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("sshPublicKeys"))
+			data, err := ec.unmarshalOString2ᚕstringᚄ(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.SSHPublicKeys = data
 		case "deletionProtection":
 			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("deletionProtection"))
 			data, err := ec.unmarshalOBoolean2ᚖbool(ctx, v)
@@ -10604,6 +11151,54 @@ func (ec *executionContext) _Condition(ctx context.Context, sel ast.SelectionSet
 			}
 		case "lastTransitionTime":
 			out.Values[i] = ec._Condition_lastTransitionTime(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
+
+	ec.ProcessDeferredGroup(graphql.DeferredGroup{
+		Defers:   deferLabelToView,
+		Path:     graphql.GetPath(ctx),
+		FieldSet: deferredFieldSet,
+		Context:  ctx,
+	})
+
+	return out
+}
+
+var consoleOutputImplementors = []string{"ConsoleOutput"}
+
+func (ec *executionContext) _ConsoleOutput(ctx context.Context, sel ast.SelectionSet, obj *region.ConsoleOutput) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, consoleOutputImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferredFieldSet := graphql.NewFieldSet(nil)
+	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ConsoleOutput")
+		case "text":
+			out.Values[i] = ec._ConsoleOutput_text(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "truncated":
+			out.Values[i] = ec._ConsoleOutput_truncated(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "capturedAt":
+			out.Values[i] = ec._ConsoleOutput_capturedAt(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -11598,6 +12193,11 @@ func (ec *executionContext) _Instance(ctx context.Context, sel ast.SelectionSet,
 			}
 
 			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
+		case "sshPublicKeys":
+			out.Values[i] = ec._Instance_sshPublicKeys(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
 		case "deletionProtection":
 			out.Values[i] = ec._Instance_deletionProtection(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
@@ -12284,6 +12884,13 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "resizeInstance":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_resizeInstance(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		case "startInstance":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_startInstance(ctx, field)
@@ -12964,6 +13571,28 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 			}
 
 			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return rrm(innerCtx) })
+		case "instanceConsoleOutput":
+			field := field
+
+			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
+				defer func() {
+					if r := recover(); r != nil {
+						ec.Error(ctx, ec.Recover(ctx, r))
+					}
+				}()
+				res = ec._Query_instanceConsoleOutput(ctx, field)
+				if res == graphql.Null {
+					atomic.AddUint32(&fs.Invalids, 1)
+				}
+				return res
+			}
+
+			rrm := func(ctx context.Context) graphql.Marshaler {
+				return ec.OperationContext.RootResolverMiddleware(ctx,
+					func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
+			}
+
+			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return rrm(innerCtx) })
 		case "instanceEvents":
 			field := field
 
@@ -13241,6 +13870,54 @@ func (ec *executionContext) _Region(ctx context.Context, sel ast.SelectionSet, o
 		case "name":
 			out.Values[i] = ec._Region_name(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
+
+	ec.ProcessDeferredGroup(graphql.DeferredGroup{
+		Defers:   deferLabelToView,
+		Path:     graphql.GetPath(ctx),
+		FieldSet: deferredFieldSet,
+		Context:  ctx,
+	})
+
+	return out
+}
+
+var resizeInstancePayloadImplementors = []string{"ResizeInstancePayload"}
+
+func (ec *executionContext) _ResizeInstancePayload(ctx context.Context, sel ast.SelectionSet, obj *model.ResizeInstancePayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, resizeInstancePayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferredFieldSet := graphql.NewFieldSet(nil)
+	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ResizeInstancePayload")
+		case "instance":
+			out.Values[i] = ec._ResizeInstancePayload_instance(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "userErrors":
+			out.Values[i] = ec._ResizeInstancePayload_userErrors(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "plan":
+			out.Values[i] = ec._ResizeInstancePayload_plan(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		default:
@@ -14240,6 +14917,16 @@ var (
 	}
 )
 
+func (ec *executionContext) marshalNConsoleOutput2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐConsoleOutput(ctx context.Context, sel ast.SelectionSet, v *region.ConsoleOutput) graphql.Marshaler {
+	if v == nil {
+		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
+			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
+		}
+		return graphql.Null
+	}
+	return ec._ConsoleOutput(ctx, sel, v)
+}
+
 func (ec *executionContext) unmarshalNCreateConsoleSessionInput2githubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐCreateConsoleSessionInput(ctx context.Context, v any) (model.CreateConsoleSessionInput, error) {
 	res, err := ec.unmarshalInputCreateConsoleSessionInput(ctx, v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -14908,6 +15595,21 @@ func (ec *executionContext) marshalNRegion2ᚕgithubᚗcomᚋcomputeqlᚋcompute
 	}
 
 	return ret
+}
+
+func (ec *executionContext) unmarshalNResizeInstanceInput2githubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐResizeInstanceInput(ctx context.Context, v any) (model.ResizeInstanceInput, error) {
+	res, err := ec.unmarshalInputResizeInstanceInput(ctx, v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNResizeInstancePayload2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐResizeInstancePayload(ctx context.Context, sel ast.SelectionSet, v *model.ResizeInstancePayload) graphql.Marshaler {
+	if v == nil {
+		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
+			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
+		}
+		return graphql.Null
+	}
+	return ec._ResizeInstancePayload(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalNRole2githubᚗcomᚋcomputeqlᚋcomputeqlᚋauthᚐRole(ctx context.Context, v any) (auth.Role, error) {
@@ -15646,6 +16348,7 @@ var (
 		"CONSOLE":     instance.ActionConsole,
 		"SSH_KEY":     instance.ActionSSHKey,
 		"SNAPSHOT":    instance.ActionSnapshot,
+		"RESIZE":      instance.ActionResize,
 		"EXPIRE":      instance.ActionExpire,
 	}
 	marshalOInstanceAction2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐAction = map[instance.Action]string{
@@ -15656,6 +16359,7 @@ var (
 		instance.ActionConsole:    "CONSOLE",
 		instance.ActionSSHKey:     "SSH_KEY",
 		instance.ActionSnapshot:   "SNAPSHOT",
+		instance.ActionResize:     "RESIZE",
 		instance.ActionExpire:     "EXPIRE",
 	}
 )

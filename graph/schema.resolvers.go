@@ -160,6 +160,8 @@ func (r *mutationResolver) UpdateInstance(ctx context.Context, input model.Updat
 		SSHCertificateAuthorityID: change(input.SSHCertificateAuthorityID),
 		Networking:                input.Networking,
 		UserData:                  change(input.UserData),
+		SSHPublicKeys:             input.SSHPublicKeys,
+		SSHPublicKeysSet:          input.SSHPublicKeys != nil,
 		DeletionProtection:        input.DeletionProtection,
 		IdempotencyKey:            input.IdempotencyKey,
 		ExpiresAtSet:              input.ExpiresAt.IsSet(),
@@ -192,6 +194,28 @@ func (r *mutationResolver) DeleteInstance(ctx context.Context, input model.Delet
 		return nil, err
 	}
 	return &model.DeleteInstancePayload{Instance: inst, UserErrors: problems}, nil
+}
+
+// ResizeInstance is the resolver for the resizeInstance field.
+func (r *mutationResolver) ResizeInstance(ctx context.Context, input model.ResizeInstanceInput) (*model.ResizeInstancePayload, error) {
+	req := instance.ResizeRequest{
+		ID: input.ID, FlavorID: input.FlavorID, AllowRestart: input.AllowRestart != nil && *input.AllowRestart,
+		IdempotencyKey: input.IdempotencyKey,
+	}
+	if input.DryRun != nil && *input.DryRun {
+		plan, err := r.Service.DryRunResize(ctx, req)
+		problems, err := splitUserErrors(err)
+		if err != nil {
+			return nil, err
+		}
+		return &model.ResizeInstancePayload{Plan: plan, UserErrors: problems}, nil
+	}
+	inst, err := r.Service.Resize(ctx, req)
+	problems, err := splitUserErrors(err)
+	if err != nil {
+		return nil, err
+	}
+	return &model.ResizeInstancePayload{Instance: inst, UserErrors: problems}, nil
 }
 
 // StartInstance is the resolver for the startInstance field.
@@ -355,6 +379,15 @@ func (r *queryResolver) InstanceSSHKey(ctx context.Context, id string) (*model.S
 		return nil, err
 	}
 	return &model.SSHKey{PrivateKey: key.PrivateKey}, nil
+}
+
+// InstanceConsoleOutput is the resolver for the instanceConsoleOutput field.
+func (r *queryResolver) InstanceConsoleOutput(ctx context.Context, id string, tailBytes *int) (*region.ConsoleOutput, error) {
+	out, err := r.Service.ConsoleOutput(ctx, id, tailBytes)
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // InstanceEvents is the resolver for the instanceEvents field.

@@ -44,6 +44,7 @@ const (
 	ActionConsole    Action = "CONSOLE"
 	ActionSSHKey     Action = "SSH_KEY"
 	ActionSnapshot   Action = "SNAPSHOT"
+	ActionResize     Action = "RESIZE"
 	// ActionExpire is the end of a lease, carried out by the workers (actor "system").
 	ActionExpire Action = "EXPIRE"
 )
@@ -124,6 +125,7 @@ func SpecChanges(a, b Spec) []string {
 	add("sshCertificateAuthorityId", a.SSHCertificateAuthorityID != b.SSHCertificateAuthorityID)
 	add("networking", !reflect.DeepEqual(a.Networking, b.Networking))
 	add("userData", string(a.UserData) != string(b.UserData))
+	add("sshPublicKeys", !slices.Equal(a.SSHPublicKeys, b.SSHPublicKeys))
 	add("deletionProtection", a.DeletionProtection != b.DeletionProtection)
 	add("expiresAt", !equalTimes(a.ExpiresAt, b.ExpiresAt))
 	add("expiryAction", a.ExpiryAction != b.ExpiryAction)

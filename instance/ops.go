@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/base64"
+	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -29,6 +30,8 @@ type CreateRequest struct {
 	Networking                *NetworkingRequest
 	// UserData is base64.
 	UserData *string
+	// SSHPublicKeys are authorized_keys lines the guest accepts.
+	SSHPublicKeys []string
 	// DeletionProtection refuses deleteInstance until an update clears it.
 	DeletionProtection *bool
 	// DryRun asks what the create would do (Service.DryRunCreate) instead of doing it.
@@ -193,6 +196,7 @@ func (s *Service) prepareCreate(ctx context.Context, req CreateRequest) (*Instan
 	if req.UserData != nil {
 		userData = decodeUserData(&p, *req.UserData, caID != "")
 	}
+	sshKeys := checkSSHPublicKeys(&p, req.SSHPublicKeys)
 	expiresAt, expiryAction := checkLease(&p, s.now(), req.ExpiresAt, req.ExpiryAction, nil, "")
 	var cost quota.Amounts
 	if flavor != nil {
@@ -222,6 +226,7 @@ func (s *Service) prepareCreate(ctx context.Context, req CreateRequest) (*Instan
 			SSHCertificateAuthorityID: caID,
 			Networking:                networking,
 			UserData:                  userData,
+			SSHPublicKeys:             sshKeys,
 			DeletionProtection:        req.DeletionProtection != nil && *req.DeletionProtection,
 			ExpiresAt:                 expiresAt,
 			ExpiryAction:              expiryAction,
@@ -329,7 +334,10 @@ type UpdateRequest struct {
 	SSHCertificateAuthorityID Change
 	Networking                *NetworkingRequest
 	// UserData is base64.
-	UserData           Change
+	UserData Change
+	// SSHPublicKeys, when SSHPublicKeysSet, replaces the keys (none when empty).
+	SSHPublicKeys      []string
+	SSHPublicKeysSet   bool
 	DeletionProtection *bool
 	AllowRebuild       bool
 	ExpectedGeneration *int64
@@ -497,6 +505,12 @@ func (s *Service) prepareUpdate(ctx context.Context, req UpdateRequest) (*prepar
 	} else if next.SSHCertificateAuthorityID != cur.SSHCertificateAuthorityID && next.SSHCertificateAuthorityID != "" && isGzip(cur.UserData) {
 		p.add(CodeUnprocessable, path("userData"), "the current user data is gzip, which cannot be used with an SSH certificate authority: replace it too")
 	}
+	if req.SSHPublicKeysSet {
+		next.SSHPublicKeys = checkSSHPublicKeys(&p, req.SSHPublicKeys)
+		if !slices.Equal(next.SSHPublicKeys, cur.SSHPublicKeys) {
+			rebuild = append(rebuild, "sshPublicKeys")
+		}
+	}
 
 	// The flavor and image are checked only when something that needs them changes, so one
 	// that was retired after the instance was created does not block unrelated updates.
@@ -513,7 +527,11 @@ func (s *Service) prepareUpdate(ctx context.Context, req UpdateRequest) (*prepar
 		}
 		if !req.AllowRebuild {
 			for _, f := range rebuild {
-				p.add(CodeUnprocessable, path(f), "changing %s rebuilds the server: its disk, IP addresses and MAC address are lost; set allowRebuild: true to proceed", f)
+				hint := ""
+				if f == "flavorId" {
+					hint = ", or resize the instance with resizeInstance, which keeps its disk"
+				}
+				p.add(CodeUnprocessable, path(f), "changing %s rebuilds the server: its disk, IP addresses and MAC address are lost; set allowRebuild: true to proceed%s", f, hint)
 			}
 		}
 	}

@@ -21,6 +21,7 @@ func (i *Instance) ServerSpec() region.ServerSpec {
 		ImageID:                   i.ImageID,
 		SSHCertificateAuthorityID: i.SSHCertificateAuthorityID,
 		UserData:                  i.UserData,
+		SSHPublicKeys:             i.SSHPublicKeys,
 		Networking:                region.ServerNetworking(i.Networking),
 		Tags:                      map[string]string{region.InstanceTag: i.ID},
 	}
@@ -35,7 +36,7 @@ func (i *Instance) Scope() region.Scope {
 // a new server can realise: its disk, IPs and MAC are lost.
 func (i *Instance) RebuildNeeded(s *region.Server) []string {
 	var fields []string
-	if s.FlavorID != i.FlavorID {
+	if s.FlavorID != i.FlavorID && !i.resizes() {
 		fields = append(fields, "flavorId")
 	}
 	if s.ImageID != i.ImageID {
@@ -47,7 +48,32 @@ func (i *Instance) RebuildNeeded(s *region.Server) []string {
 	if !bytes.Equal(s.UserData, i.UserData) {
 		fields = append(fields, "userData")
 	}
+	if !slices.Equal(s.SSHPublicKeys, i.SSHPublicKeys) {
+		fields = append(fields, "sshPublicKeys")
+	}
 	return fields
+}
+
+// resizes reports whether the instance's flavor is to be taken by its server in place: the
+// latest change of the flavor was a resize, not an allowed rebuild.
+func (i *Instance) resizes() bool { return i.ResizeGeneration > i.RebuildGeneration }
+
+// ResizeNeeded reports whether the server is yet to take the instance's flavor by a resize.
+func (i *Instance) ResizeNeeded(s *region.Server) bool {
+	return i.resizes() && s.FlavorID != i.FlavorID
+}
+
+// Resizing reports whether a resize asked for has not been seen through yet: the server may
+// still be stopped for it, resized, or about to be started again.
+func (i *Instance) Resizing() bool {
+	return i.resizes() && i.Status.ObservedGeneration < i.ResizeGeneration
+}
+
+// StartAfterResize reports whether workers must start the server a resize stopped: it took
+// the new flavor, the user consented to the restart and still wants it running.
+func (i *Instance) StartAfterResize(s *region.Server) bool {
+	return i.Resizing() && i.ResizeRestart && s.FlavorID == i.FlavorID && s.State == region.ServerStopped &&
+		i.DesiredPower() == IntentRunning
 }
 
 // NetworkingDiffers reports whether the server's networking, which changes in place, differs.
@@ -103,6 +129,13 @@ func (i *Instance) Observe(s *region.Server, now time.Time) Status {
 			reason, msg = ReasonRebuilding, "The server is being rebuilt: its disk, IP addresses and MAC address are new."
 		}
 		st.setCondition(Condition{Type: ConditionAvailable, Status: ConditionFalse, Reason: reason, Message: msg, LastTransitionTime: now})
+	case i.ResizeNeeded(s):
+		st.ProvisioningStatus = ProvisioningProvisioned
+		msg := "The server is being resized to flavor " + i.FlavorID + ": its disk, IP addresses and MAC address are kept."
+		if i.ResizeRestart {
+			msg += " It is stopped for the resize and started again after it."
+		}
+		st.setCondition(Condition{Type: ConditionAvailable, Status: ConditionFalse, Reason: ReasonResizing, Message: msg, LastTransitionTime: now})
 	default:
 		st.ProvisioningStatus = ProvisioningProvisioned
 		st.setCondition(Condition{Type: ConditionAvailable, Status: ConditionTrue, Reason: ReasonProvisioned, Message: "The server is " + string(s.State) + ".", LastTransitionTime: now})
@@ -110,6 +143,14 @@ func (i *Instance) Observe(s *region.Server, now time.Time) Status {
 			st.ObservedGeneration = i.Generation
 		}
 	}
+	return st
+}
+
+// ResizeHeld returns the status of an instance whose resize cannot proceed now, with the
+// reason and message saying why: the server is observed as it is.
+func (i *Instance) ResizeHeld(s *region.Server, reason, message string, now time.Time) Status {
+	st := i.Observe(s, now)
+	st.setCondition(Condition{Type: ConditionAvailable, Status: ConditionFalse, Reason: reason, Message: message, LastTransitionTime: now})
 	return st
 }
 

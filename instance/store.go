@@ -39,6 +39,10 @@ type Store interface {
 	// compare-and-set on inst.Generation like UpdateSpec, and the event names the fields.
 	// Refusal.Gone when the instance no longer exists, Refusal.Stale when it changed.
 	Act(ctx context.Context, inst *Instance, changed []string, ev ActionEvent) (*Refusal, error)
+	// Resize writes a resize: inst's spec compare-and-set on inst.Generation like UpdateSpec,
+	// delta charged against quota (negative amounts release), and the ACTION event naming the
+	// changed fields with its idempotency key, all in one step.
+	Resize(ctx context.Context, inst *Instance, delta, limits quota.Amounts, changed []string, ev ActionEvent) (*Refusal, error)
 	// List returns up to limit instances of the organization (of one project when project is
 	// not ""), oldest first, starting after the instance with id after ("" for the start),
 	// read as Peek reads them.

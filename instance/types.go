@@ -98,11 +98,13 @@ const ConditionAvailable = "Available"
 
 // Condition reasons.
 const (
-	ReasonProvisioning       = "Provisioning"
-	ReasonProvisioned        = "Provisioned"
-	ReasonErrored            = "Errored"
-	ReasonDeprovisioning     = "Deprovisioning"
-	ReasonRebuilding         = "Rebuilding"
+	ReasonProvisioning   = "Provisioning"
+	ReasonProvisioned    = "Provisioned"
+	ReasonErrored        = "Errored"
+	ReasonDeprovisioning = "Deprovisioning"
+	ReasonRebuilding     = "Rebuilding"
+	// ReasonResizing: the server is being stopped, given its new flavor, or started again.
+	ReasonResizing           = "Resizing"
 	ReasonDependencyNotReady = "DependencyNotReady"
 	// ReasonNoCapacity: the region has no room for the server now; it is tried again.
 	ReasonNoCapacity = "NoCapacity"
@@ -148,9 +150,17 @@ type Spec struct {
 	Networking                Networking `json:"networking"`
 	// UserData is decoded cloud-init user data.
 	UserData []byte `json:"userData,omitempty"`
+	// SSHPublicKeys are authorized_keys lines the server's guest accepts, given at its build.
+	SSHPublicKeys []string `json:"sshPublicKeys,omitempty"`
 	// RebuildGeneration is the latest generation whose change the user allowed to rebuild the
 	// server; workers rebuild only for a destructive difference at or before it.
 	RebuildGeneration int64 `json:"rebuildGeneration,omitempty"`
+	// ResizeGeneration is the generation of the latest resize: the server takes FlavorID in
+	// place, keeping its disk, unless a later allowed rebuild replaces it anyway.
+	ResizeGeneration int64 `json:"resizeGeneration,omitempty"`
+	// ResizeRestart says the server was powered on when the resize was asked: workers stop
+	// it to resize it and start it again after, with the user's consent (allowRestart).
+	ResizeRestart bool `json:"resizeRestart,omitempty"`
 	// DeletionProtection refuses deleteInstance while set.
 	DeletionProtection bool `json:"deletionProtection,omitempty"`
 	// ExpiresAt is the end of the instance's lease, nil for none: then the workers carry out

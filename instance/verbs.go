@@ -57,6 +57,9 @@ func (s *Service) Reboot(ctx context.Context, id string, hard bool, idempotencyK
 		if srv == nil || srv.State.Provisioning() {
 			return "", Errorf(CodeUnprocessable, "the server of instance %q is still being built", inst.ID)
 		}
+		if inst.Resizing() {
+			return "", resizingError(inst)
+		}
 		// Refused here rather than by the region, so that a refusal is one ACTION, not an
 		// "asked" and a refusal.
 		if srv.State != region.ServerRunning {
@@ -215,6 +218,9 @@ func (s *Service) power(ctx context.Context, id string, idempotencyKey *string, 
 	}
 	noop, target := false, ""
 	msg, err := s.perform(ctx, cur, func(srv *region.Server) (string, error) {
+		if want == IntentRunning && cur.Resizing() {
+			return "", resizingError(cur)
+		}
 		if srv == nil || srv.State.Provisioning() {
 			if cur.DesiredPower() == want {
 				noop = true
@@ -316,6 +322,12 @@ func (s *Service) undoPower(ctx context.Context, written *Instance, before Power
 		return s.record(ctx, written, ev, verbErr)
 	}
 	return verbErr
+}
+
+// resizingError refuses a verb that would power on a server while it is being resized: the
+// workers start it again themselves once it has its new flavor, if the resize was to.
+func resizingError(inst *Instance) error {
+	return Errorf(CodeUnprocessable, "instance %q is being resized to flavor %s: wait until the resize is done", inst.ID, inst.FlavorID)
 }
 
 // poweredAs reports whether a server in state is, or is on its way to being, powered as want.

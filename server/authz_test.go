@@ -241,6 +241,8 @@ func TestAuthorizationMatrix(t *testing.T) {
 			want: authzRow{unauth, unauth, unauth, nf, ok, ok, ok, ok}},
 		{field: "Query.instanceSSHKey", doc: `query($id: ID!) { instanceSSHKey(id: $id) { privateKey } }`, vars: authzID,
 			want: authzRow{unauth, unauth, unauth, nf, forbidden, unproc, unproc, unproc}},
+		{field: "Query.instanceConsoleOutput", doc: `query($id: ID!) { instanceConsoleOutput(id: $id) { text } }`, vars: authzID,
+			want: authzRow{unauth, unauth, unauth, nf, forbidden, unproc, unproc, unproc}},
 		{field: "Query.instanceEvents", doc: `query($id: ID!) { instanceEvents(id: $id) { edges { node { kind } } } }`, vars: authzID,
 			want: authzRow{unauth, unauth, unauth, nf, ok, ok, ok, ok}},
 
@@ -264,6 +266,8 @@ func TestAuthorizationMatrix(t *testing.T) {
 			want: authzRow{unauth, unauth, unauth, nf, forbidden, ueUnproc, ueUnproc, ueUnproc}},
 		{field: "Mutation.snapshotInstance", doc: `mutation($id: ID!) { snapshotInstance(input: {id: $id, name: "snap"}) { image { id } userErrors { code } } }`, vars: authzID,
 			want: authzRow{unauth, unauth, unauth, nf, forbidden, ueUnproc, ueUnproc, ueUnproc}},
+		{field: "Mutation.resizeInstance", doc: `mutation($id: ID!) { resizeInstance(input: {id: $id, flavorId: "g1.large", allowRestart: true}) { instance { id } userErrors { code } } }`, vars: authzID,
+			want: authzRow{unauth, unauth, unauth, nf, forbidden, forbidden, ueUnproc, ueUnproc}},
 		// acme's limit of servers as it already is, so that the admin's call changes nothing.
 		{field: "Mutation.setQuota", doc: `mutation { setQuota(input: {organizationId: "acme", limits: [{kind: "servers", limit: 50}]}) { quota { organizationId } userErrors { code } } }`,
 			want: authzRow{unauth, unauth, unauth, nf, forbidden, forbidden, forbidden, ok}},

@@ -179,6 +179,11 @@ func (s *Store) Act(ctx context.Context, inst *instance.Instance, changed []stri
 	return nil, nil
 }
 
+// Resize implements instance.Store: UpdateSpec with the ACTION event instead of UPDATED.
+func (s *Store) Resize(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, changed []string, ev instance.ActionEvent) (*instance.Refusal, error) {
+	return s.updateSpec(ctx, inst, delta, limits, nil, changed, instance.EventAction, ev, ev.Idem)
+}
+
 func (s *Store) updateSpec(ctx context.Context, inst *instance.Instance, delta, limits quota.Amounts, status *instance.Status, changed []string, kind instance.EventKind, ev instance.ActionEvent, idem instance.Idempotency) (*instance.Refusal, error) {
 	spec, large, err := encodeSpec(&inst.Spec)
 	if err != nil {

@@ -15,6 +15,7 @@ type Metrics struct {
 	outcomes     *prometheus.CounterVec
 	duplicates   prometheus.Counter
 	rebuilds     prometheus.Counter
+	resizes      prometheus.Counter
 	orphanEvents *prometheus.CounterVec
 	// orphansDeleted counts servers deleted because their instance does not exist.
 	orphansDeleted prometheus.Counter
@@ -31,6 +32,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"outcome"}),
 		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "computeql_reconcile_duplicate_servers_total", Help: "Extra servers found for one instance and deleted.",
+		}),
+		resizes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "computeql_reconcile_resizes_total", Help: "Servers given a new flavor in place.",
 		}),
 		rebuilds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "computeql_reconcile_rebuilds_total", Help: "Servers deleted to be rebuilt for a destructive change.",
@@ -57,7 +61,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.outcomes, m.duplicates, m.rebuilds, m.orphanEvents, m.orphansDeleted, m.resyncQueued, m.duration, m.instances} {
+	for _, c := range []prometheus.Collector{m.outcomes, m.duplicates, m.rebuilds, m.resizes, m.orphanEvents, m.orphansDeleted, m.resyncQueued, m.duration, m.instances} {
 		errs = append(errs, reg.Register(c))
 	}
 	return m, errors.Join(errs...)

@@ -201,6 +201,22 @@ func (r *Reconciler) reconcile(ctx context.Context, inst *instance.Instance) (ti
 		}
 		srv = &updated
 	}
+	if inst.ResizeNeeded(srv) {
+		resized, again, err := r.resize(ctx, inst, srv)
+		if resized == nil {
+			return again, err
+		}
+		srv = resized
+	}
+	if inst.StartAfterResize(srv) {
+		// Before the status is written, as a stop after a build: a failed start is retried
+		// while the status still shows the resize.
+		started, err := r.Region.StartServer(ctx, srv.ID)
+		if err != nil {
+			return 0, fmt.Errorf("start server after its resize: %w", err)
+		}
+		srv = &started
+	}
 	if inst.StopWhenBuilt(srv) {
 		// Before the status is written: a failed stop is retried while the status still
 		// shows the build that just completed.
@@ -256,6 +272,50 @@ func (r *Reconciler) expire(ctx context.Context, inst *instance.Instance) (time.
 		return 0, fmt.Errorf("stop the instance whose lease ended: %w", err)
 	}
 	return r.Yield, nil
+}
+
+// resize gives the server the instance's flavor in place, stopping it first when the user
+// consented to a restart (or wants it stopped anyway). It returns the resized server for the
+// reconcile to go on with (to start it again), or nil with when to look again.
+func (r *Reconciler) resize(ctx context.Context, inst *instance.Instance, srv *region.Server) (*region.Server, time.Duration, error) {
+	now := r.Now()
+	switch {
+	case srv.State == region.ServerStopped:
+		resized, err := r.Region.ResizeServer(ctx, srv.ID, inst.FlavorID)
+		switch {
+		case errors.Is(err, region.ErrNoCapacity):
+			msg := "The region has no room to resize the server to flavor " + inst.FlavorID + " now: " + region.Reason(err, region.ErrNoCapacity) + ". Retrying."
+			_, werr := r.writeStatus(ctx, inst, inst.ResizeHeld(srv, instance.ReasonNoCapacity, msg, now), instance.EventStatusChanged)
+			return nil, r.CapacityRetry, werr
+		case errors.Is(err, region.ErrRefused):
+			msg := "The region refused to resize the server to flavor " + inst.FlavorID + ": " + region.Reason(err, region.ErrRefused) + "."
+			_, werr := r.writeStatus(ctx, inst, inst.Failed(msg, true, now), instance.EventStatusChanged)
+			return nil, 0, werr
+		case err != nil:
+			return nil, 0, fmt.Errorf("resize server: %w", err)
+		}
+		r.Metrics.resizes.Inc()
+		return &resized, 0, nil
+	case srv.State == region.ServerRunning && (inst.ResizeRestart || inst.DesiredPower() == instance.IntentStopped):
+		stopped, err := r.Region.StopServer(ctx, srv.ID)
+		switch {
+		case err == nil:
+			srv = &stopped
+		case !errors.Is(err, region.ErrRefused): // refused: it is stopping already
+			return nil, 0, fmt.Errorf("stop server to resize it: %w", err)
+		}
+		_, err = r.writeStatus(ctx, inst, inst.Observe(srv, now), instance.EventStatusChanged)
+		return nil, r.Yield, err
+	case srv.State == region.ServerRunning:
+		// Started again (by its guest or the region) after a resize asked while it was
+		// stopped, without consent to restart it: the resize waits for it to stop.
+		msg := "The server is running, and the resize to flavor " + inst.FlavorID + " was asked without allowRestart: it is resized once the instance is stopped."
+		_, err := r.writeStatus(ctx, inst, inst.ResizeHeld(srv, instance.ReasonResizing, msg, now), instance.EventStatusChanged)
+		return nil, r.CapacityRetry, err
+	}
+	// On its way between states (stopping, starting, rebooting, still building).
+	_, err := r.writeStatus(ctx, inst, inst.Observe(srv, now), instance.EventStatusChanged)
+	return nil, r.Yield, err
 }
 
 // unique enforces one server per instance: the oldest is kept and the others deleted.

@@ -12,6 +12,7 @@ func (i StopInstanceInput) AuditTarget() string         { return i.ID }
 func (i RebootInstanceInput) AuditTarget() string       { return i.ID }
 func (i CreateConsoleSessionInput) AuditTarget() string { return i.ID }
 func (i SnapshotInstanceInput) AuditTarget() string     { return i.ID }
+func (i ResizeInstanceInput) AuditTarget() string       { return i.ID }
 func (i SetQuotaInput) AuditTarget() string             { return i.OrganizationID }
 
 func (p *CreateInstancePayload) Problems() []instance.FieldError       { return p.UserErrors }
@@ -20,4 +21,5 @@ func (p *DeleteInstancePayload) Problems() []instance.FieldError       { return 
 func (p *InstancePowerPayload) Problems() []instance.FieldError        { return p.UserErrors }
 func (p *CreateConsoleSessionPayload) Problems() []instance.FieldError { return p.UserErrors }
 func (p *SnapshotInstancePayload) Problems() []instance.FieldError     { return p.UserErrors }
+func (p *ResizeInstancePayload) Problems() []instance.FieldError       { return p.UserErrors }
 func (p *SetQuotaPayload) Problems() []instance.FieldError             { return p.UserErrors }

@@ -113,6 +113,26 @@ type RebootInstanceInput struct {
 	IdempotencyKey *string `json:"idempotencyKey,omitempty"`
 }
 
+type ResizeInstanceInput struct {
+	ID string `json:"id"`
+	// The new flavor: offered in the instance's region, fit for its image, with a disk at least as large.
+	FlavorID string `json:"flavorId"`
+	// Consent to stop the server for the resize and start it again after; needed unless it is STOPPED.
+	AllowRestart *bool `json:"allowRestart,omitempty"`
+	// Check everything and answer with the plan (and any userErrors) instead of resizing: nothing is written.
+	DryRun *bool `json:"dryRun,omitempty"`
+	// Makes a retry safe, as on createInstance.
+	IdempotencyKey *string `json:"idempotencyKey,omitempty"`
+}
+
+type ResizeInstancePayload struct {
+	// Null for a dry run.
+	Instance   *instance.Instance    `json:"instance,omitempty"`
+	UserErrors []instance.FieldError `json:"userErrors"`
+	// What a dry run found the resize would do; null otherwise, and when userErrors is not empty.
+	Plan *instance.Plan `json:"plan,omitempty"`
+}
+
 type SSHKey struct {
 	// PEM-encoded private key.
 	PrivateKey string `json:"privateKey"`
@@ -162,7 +182,7 @@ type UpdateInstanceInput struct {
 	Description *string `json:"description,omitempty"`
 	// Replaces all tags.
 	Tags []instance.Tag `json:"tags,omitempty"`
-	// Changing it rebuilds the server: needs allowRebuild.
+	// Changing it rebuilds the server: needs allowRebuild. resizeInstance changes it keeping the disk.
 	FlavorID *string `json:"flavorId,omitempty"`
 	// Changing it rebuilds the server: needs allowRebuild.
 	ImageID *string `json:"imageId,omitempty"`
@@ -172,6 +192,8 @@ type UpdateInstanceInput struct {
 	Networking *instance.NetworkingRequest `json:"networking,omitempty"`
 	// Changing it (null removes it) rebuilds the server: needs allowRebuild.
 	UserData graphql.Omittable[*string] `json:"userData,omitempty"`
+	// Replaces the SSH public keys ([] removes them); changing them rebuilds the server: needs allowRebuild.
+	SSHPublicKeys []string `json:"sshPublicKeys,omitempty"`
 	// Sets or clears deletion protection; applied at once, without touching the server.
 	DeletionProtection *bool `json:"deletionProtection,omitempty"`
 	// Starts, extends or moves the lease (a time in the future), or ends it (null).
