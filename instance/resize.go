@@ -115,17 +115,19 @@ func (s *Service) prepareResize(ctx context.Context, req ResizeRequest) (*prepar
 	if err != nil {
 		return nil, err
 	}
+	// A state that forbids any resize is the only problem reported; it is not an error, so
+	// that a retry of a resize that went through (and is under way) is answered from its key.
 	var p problems
 	switch {
 	case cur.Deleting():
 		p.add(CodeUnprocessable, path("id"), "instance %q is being deleted and cannot be resized", req.ID)
-		return nil, p.err()
 	case cur.Resizing():
 		p.add(CodeUnprocessable, path("id"), "instance %q is being resized to flavor %s already: resize it again once that is done", req.ID, cur.FlavorID)
-		return nil, p.err()
 	case cur.Status.ProvisioningStatus != ProvisioningProvisioned:
 		p.add(CodeUnprocessable, path("id"), "instance %q is %s: only a provisioned instance can be resized", req.ID, cur.Status.ProvisioningStatus)
-		return nil, p.err()
+	}
+	if p.any() {
+		return &preparedResize{cur: cur, p: p}, nil
 	}
 	next := cur.Spec
 	flavor := checkFlavor(&p, s.cat, req.FlavorID, cur.RegionID)

@@ -2,14 +2,17 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/computeql/computeql/redistest"
 	"github.com/computeql/computeql/region"
+	"github.com/computeql/computeql/worker"
 )
 
 const resizeDoc = `mutation($in: ResizeInstanceInput!) { resizeInstance(input: $in) {
@@ -160,9 +163,13 @@ func TestResizeKeepsTheServer(t *testing.T) {
 	before := a.serverOf(t, id)
 	used := a.quotaUsed(t, admin, "acme")
 
-	res, p := a.resize(t, member, map[string]any{"id": id, "flavorId": "g1.medium", "allowRestart": true})
-	if p.Instance == nil || len(p.UserErrors) > 0 || p.Instance.FlavorID != "g1.medium" {
-		t.Fatalf("resizeInstance: %s", res.Raw)
+	// Sent twice with its idempotency key: one resize, one charge, one ACTION.
+	in := map[string]any{"id": id, "flavorId": "g1.medium", "allowRestart": true, "idempotencyKey": "grow-1"}
+	for range 2 {
+		res, p := a.resize(t, member, in)
+		if p.Instance == nil || len(p.UserErrors) > 0 || p.Instance.FlavorID != "g1.medium" {
+			t.Fatalf("resizeInstance or its retry: %s", res.Raw)
+		}
 	}
 	// g1.small is 2 CPUs and 4 GiB, g1.medium 4 and 16: charged at once, before the server
 	// changed.
@@ -178,6 +185,11 @@ func TestResizeKeepsTheServer(t *testing.T) {
 	if act.Actor == nil || *act.Actor != "mia" || act.Outcome != nil || !slices.Equal(act.ChangedFields, []string{"flavorId"}) {
 		t.Errorf("resize event: actor %v outcome %v changed %v, want mia, none, [flavorId]", act.Actor, act.Outcome, act.ChangedFields)
 	}
+	if got := a.actionsOf(t, member, id); got["RESIZE"] != 1 {
+		t.Errorf("actions after a resize and its retry: %v, want one RESIZE", got)
+	}
+	res, p := a.resize(t, member, with2(in, "flavorId", "g1.large"))
+	wantUserErrors(t, res, payload{UserErrors: p.UserErrors}, fc("CONFLICT", "input", "idempotencyKey"))
 	awaitResize(c, "the Resizing condition while the server stops", func(ev resizeEvent) bool {
 		return ev.Instance.ID == id && ev.reason() == "Resizing" && ev.Instance.Status.PowerState == "STOPPING"
 	})
@@ -312,4 +324,65 @@ func with2(m map[string]any, kv ...any) map[string]any {
 		out[kv[i].(string)] = kv[i+1]
 	}
 	return out
+}
+
+// resizeGate is the simulated region, except that ResizeServer fails with an error wrapping
+// sentinel until the test opens it.
+type resizeGate struct {
+	region.Client
+	sentinel error
+	open     atomic.Bool
+}
+
+func (g *resizeGate) ResizeServer(ctx context.Context, id, flavorID string) (region.Server, error) {
+	if !g.open.Load() {
+		return region.Server{}, fmt.Errorf("the host is out of %s: %w", "memory", g.sentinel)
+	}
+	return g.Client.ResizeServer(ctx, id, flavorID)
+}
+
+// TestResizeRegionSaysNo: a region without room for the new flavor leaves the instance
+// stopped with the NoCapacity condition, tried again until there is room, then resized and
+// started; a region that refuses the resize puts the instance in ERROR with its reason.
+func TestResizeRegionSaysNo(t *testing.T) {
+	for _, tc := range []struct {
+		sentinel error
+		reason   string
+	}{
+		{region.ErrNoCapacity, "NoCapacity"},
+		{region.ErrRefused, "Errored"},
+	} {
+		t.Run(tc.reason, func(t *testing.T) {
+			a, s := wsServer(t)
+			admin := a.admin(t)
+			gate := &resizeGate{Client: a.region, sentinel: tc.sentinel}
+			a.runWorkers(t, func(o *worker.Options) {
+				o.Region, o.Yield, o.CapacityRetry = gate, 20*time.Millisecond, 20*time.Millisecond
+			})
+			c := subscribeWS(t, s, protoTransportWS, admin, resizeSubQuery)
+			id := a.mustCreate(t, admin, createInput("no-room")).ID
+			awaitResize(c, "the instance running", settled(id, "g1.small", "RUNNING"))
+			if res, p := a.resize(t, admin, map[string]any{"id": id, "flavorId": "g1.medium", "allowRestart": true}); p.Instance == nil {
+				t.Fatalf("resize: %s", res.Raw)
+			}
+			held := awaitResize(c, "the "+tc.reason+" condition", func(ev resizeEvent) bool {
+				return ev.Instance.ID == id && ev.reason() == tc.reason
+			})
+			msg := held.Instance.Status.Conditions[0].Message
+			if !strings.Contains(msg, "out of memory") || !strings.Contains(msg, "g1.medium") {
+				t.Errorf("condition message %q, want the region's reason and the flavor", msg)
+			}
+			if tc.sentinel == region.ErrRefused {
+				if held.Instance.Status.ProvisioningStatus != "ERROR" {
+					t.Errorf("a refused resize left the instance %s, want ERROR", held.Instance.Status.ProvisioningStatus)
+				}
+				return
+			}
+			if held.Instance.Status.PowerState != "STOPPED" || held.Instance.Status.ProvisioningStatus != "PROVISIONED" {
+				t.Errorf("waiting for room: %s/%s, want PROVISIONED/STOPPED", held.Instance.Status.ProvisioningStatus, held.Instance.Status.PowerState)
+			}
+			gate.open.Store(true)
+			awaitResize(c, "the instance running with g1.medium", settled(id, "g1.medium", "RUNNING"))
+		})
+	}
 }
