@@ -10,6 +10,7 @@ import (
 	"math"
 	mrand "math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -151,12 +152,20 @@ type Consumer struct {
 	metrics *consumerMetrics
 	tracer  trace.Tracer // nil: no spans
 
-	// processing holds the messages this consumer's handlers have taken. The consumer's own
-	// reclaimer can claim a message again that it still holds (one read while every handler
-	// was busy, or whose renewals failed for a lease); ownership checks cannot tell the two
-	// copies apart, so the second one is dropped here.
-	mu         sync.Mutex
-	processing map[entryRef]struct{}
+	// room holds a token per message the consumer may still take: twice its handlers, so that
+	// the next batch is taken while one is handled, and a batch is as large as the handlers
+	// that came free meanwhile. A taken message waits for a handler at most one batch long,
+	// renewed as a running one is.
+	room chan struct{}
+	// finishes carries handlers' outcomes to the one goroutine that records them in batches.
+	finishes chan *finishReq
+
+	// held holds the messages this consumer has taken and not done with: the renewer keeps
+	// their leases. The consumer's own reclaimer can claim a message again that it still holds
+	// (one whose renewals failed for a lease); ownership checks cannot tell the two copies
+	// apart, so the second one is dropped here, before it is begun.
+	mu   sync.Mutex
+	held map[entryRef]*holding
 
 	logMu      sync.Mutex
 	lastLogged map[string]time.Time
@@ -171,7 +180,7 @@ func (q *Queue) NewConsumer(h Handler, opts ConsumerOptions) (*Consumer, error) 
 	if err != nil {
 		return nil, err
 	}
-	c := &Consumer{q: q, h: h, opts: opts, metrics: m, processing: map[entryRef]struct{}{}, lastLogged: map[string]time.Time{}}
+	c := &Consumer{q: q, h: h, opts: opts, metrics: m, held: map[entryRef]*holding{}, lastLogged: map[string]time.Time{}}
 	if opts.TracerProvider != nil {
 		c.tracer = opts.TracerProvider.Tracer("github.com/computeql/computeql/queue")
 	}
@@ -188,6 +197,9 @@ type message struct {
 	key   string
 	// fields are all the entry's fields: the key's and any trace context.
 	fields map[string]any
+	// reclaimed says the message was taken over from another consumer (or this one) rather
+	// than read new.
+	reclaimed bool
 }
 
 // entryRef identifies a stream entry.
@@ -198,11 +210,29 @@ type entryRef struct {
 
 func (m message) ref() entryRef { return entryRef{m.shard, m.id} }
 
+// job is a begun message on its way to a handler: the begin script's verdict, or Redis's
+// error.
+type job struct {
+	m       message
+	outcome string // "ok", "lost" or "dead"
+	task    Task
+	// earlier counts the key's failed deliveries before this message: when 0, success has no
+	// record of failures to reset.
+	earlier int64
+	reason  string // why a "dead" key was dead-lettered
+	err     error
+	begun   time.Time
+}
+
+// maxBatch bounds how many messages one read takes and one script call begins or finishes,
+// whatever the concurrency, to keep each script call short.
+const maxBatch = 256
+
 // Start runs the consumer until ctx ends, then shuts down and returns; no goroutine it
 // started outlives it. Setup must have been called (by any process) before.
 //
 // Shutdown order: readers, the reclaimer, the forwarder and the janitor stop first, so no new
-// work is taken; messages read but not yet begun are handed back to their streams for other
+// work is taken; messages taken but not yet begun are handed back to their streams for other
 // consumers (handBack; should that fail, they stay pending until reclaimed). In-flight
 // handlers then get ShutdownTimeout to finish and record their outcome; after it their
 // contexts are cancelled and their messages, too, stay pending.
@@ -210,7 +240,19 @@ func (c *Consumer) Start(ctx context.Context) error {
 	handlerCtx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelHandlers()
 
-	work := make(chan message)
+	c.room = make(chan struct{}, 2*c.opts.Concurrency)
+	for range cap(c.room) {
+		c.room <- struct{}{}
+	}
+	// Never more jobs are out than tokens, so sending one never waits.
+	work := make(chan job, cap(c.room))
+	c.finishes = make(chan *finishReq, c.opts.Concurrency)
+	var finisher sync.WaitGroup
+	finisher.Go(c.recordFinishes)
+	renewing, stopRenewing := context.WithCancel(context.WithoutCancel(ctx))
+	var renewer sync.WaitGroup
+	renewer.Go(func() { c.renewEvery(renewing) })
+
 	var takers sync.WaitGroup
 	for _, shards := range c.readGroups() {
 		takers.Go(func() { c.read(ctx, shards, work) })
@@ -222,8 +264,9 @@ func (c *Consumer) Start(ctx context.Context) error {
 	var handlers sync.WaitGroup
 	for range c.opts.Concurrency {
 		handlers.Go(func() {
-			for m := range work {
-				c.process(handlerCtx, m)
+			for j := range work {
+				c.process(handlerCtx, j)
+				c.room <- struct{}{}
 			}
 		})
 	}
@@ -239,6 +282,10 @@ func (c *Consumer) Start(ctx context.Context) error {
 		cancelHandlers()
 		<-done
 	}
+	close(c.finishes)
+	finisher.Wait()
+	stopRenewing()
+	renewer.Wait()
 	return nil
 }
 
@@ -256,15 +303,44 @@ func (c *Consumer) every(ctx context.Context, d time.Duration, f func(context.Co
 	}
 }
 
-// deliver hands a message to a free handler; it gives up when ctx ends, leaving the message
-// pending for whoever reclaims it.
-func deliver(ctx context.Context, work chan<- message, m message) bool {
-	select {
-	case work <- m:
-		return true
-	case <-ctx.Done():
-		return false
+// roomFor waits until the consumer may take a message and tells how many it may, up to
+// maxBatch; 0 when ctx ended first. It takes no token: another taker may take them meanwhile
+// (reserve waits).
+func (c *Consumer) roomFor(ctx context.Context) int {
+	if ctx.Err() != nil {
+		return 0 // a select would take room as readily as it sees the end
 	}
+	select {
+	case <-c.room:
+	case <-ctx.Done():
+		return 0
+	}
+	n := 1 + len(c.room)
+	c.room <- struct{}{}
+	return min(n, maxBatch)
+}
+
+// reserve takes a token for each message it can, at least one (waiting for it), and returns
+// how many it took; 0 when ctx ended first.
+func (c *Consumer) reserve(ctx context.Context, n int) int {
+	if ctx.Err() != nil {
+		return 0
+	}
+	select {
+	case <-c.room:
+	case <-ctx.Done():
+		return 0
+	}
+	took := 1
+	for took < n {
+		select {
+		case <-c.room:
+			took++
+		default:
+			return took
+		}
+	}
+	return took
 }
 
 // readGroups splits the shards into sets that one blocking read can wait on. Each waiting read
@@ -276,7 +352,7 @@ func (c *Consumer) readGroups() [][]int {
 	for i := range all {
 		all[i] = i
 	}
-	if _, cluster := c.q.rdb.(*redis.ClusterClient); !cluster {
+	if !c.q.cluster() {
 		return [][]int{all}
 	}
 	groups := make([][]int, len(all))
@@ -286,9 +362,12 @@ func (c *Consumer) readGroups() [][]int {
 	return groups
 }
 
-// read takes new messages of the shards, as many at a time as there are handlers.
-func (c *Consumer) read(ctx context.Context, shards []int, work chan<- message) {
-	args := &redis.XReadGroupArgs{Group: c.q.opts.Group, Consumer: c.opts.Name, Count: int64(c.opts.Concurrency), Block: c.opts.Block}
+// read takes new messages of the shards, as many at a time as there is room for, and begins
+// them. While messages are waiting (the last take got all it asked for) one script
+// call reads and begins them; otherwise a blocking read waits for the next, and a begin
+// follows.
+func (c *Consumer) read(ctx context.Context, shards []int, work chan<- job) {
+	args := &redis.XReadGroupArgs{Group: c.q.opts.Group, Consumer: c.opts.Name, Block: c.opts.Block}
 	shardOf := map[string]int{}
 	for _, shard := range shards {
 		args.Streams = append(args.Streams, streamKey(shard))
@@ -297,7 +376,32 @@ func (c *Consumer) read(ctx context.Context, shards []int, work chan<- message) 
 	for range shards {
 		args.Streams = append(args.Streams, ">")
 	}
-	for ctx.Err() == nil {
+	waiting := false
+	for first := 0; ; first = (first + 1) % len(shards) {
+		if waiting {
+			n := c.reserve(ctx, maxBatch)
+			if n == 0 {
+				return
+			}
+			jobs, err := c.take(ctx, shards, first, n)
+			for range n - len(jobs) {
+				c.room <- struct{}{}
+			}
+			if err != nil {
+				c.logError(ctx, "take", err)
+				waiting = false
+				continue
+			}
+			for _, j := range jobs {
+				work <- j
+			}
+			waiting = len(jobs) == n
+			continue
+		}
+		args.Count = int64(c.roomFor(ctx))
+		if args.Count == 0 {
+			return
+		}
 		streams, err := c.q.rdb.XReadGroup(ctx, args).Result()
 		if err != nil {
 			if !errors.Is(err, redis.Nil) && ctx.Err() == nil {
@@ -309,30 +413,98 @@ func (c *Consumer) read(ctx context.Context, shards []int, work chan<- message) 
 		var read []message
 		for _, s := range streams {
 			for _, xm := range s.Messages {
-				read = append(read, toMessage(shardOf[s.Stream], xm))
+				read = append(read, toMessage(shardOf[s.Stream], xm, false))
 			}
 		}
-		for i, m := range read {
-			if !deliver(ctx, work, m) {
-				c.handBack(read[i:])
-				return
-			}
-		}
+		c.start(ctx, read, work)
+		waiting = len(read) >= int(args.Count)
 	}
 }
 
-func toMessage(shard int, xm redis.XMessage) message {
+// take reads up to n new messages of the shards and begins them, in one script call, starting
+// with shards[first]. Like begin it is not cut short by ctx.
+func (c *Consumer) take(ctx context.Context, shards []int, first, n int) ([]job, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWriteTimeout)
+	defer cancel()
+	keys := make([]string, 0, 6*len(shards))
+	for _, shard := range shards {
+		keys = append(keys, beginShardKeys(shard)...)
+	}
+	begun := time.Now()
+	res, err := takeScript.Run(ctx, c.q.rdb, keys, c.q.opts.Group, c.opts.Name, c.q.opts.MaxDeliveries,
+		c.q.opts.Now().UnixMilli(), c.q.opts.DeadLetterMaxLen, n, first).Slice()
+	if err != nil {
+		return nil, err
+	}
+	jobs := make([]job, 0, len(res))
+	for _, r := range res {
+		e, _ := r.([]any)
+		if len(e) != 4 {
+			return nil, fmt.Errorf("take: unexpected reply %v", r)
+		}
+		place, _ := e[0].(int64)
+		id, _ := e[1].(string)
+		flat, _ := e[2].([]any)
+		if place < 0 || int(place) >= len(shards) {
+			return nil, fmt.Errorf("take: unexpected reply %v", r)
+		}
+		fields := make(map[string]any, len(flat)/2)
+		for i := 0; i+1 < len(flat); i += 2 {
+			if f, ok := flat[i].(string); ok {
+				fields[f] = flat[i+1]
+			}
+		}
+		key, _ := fields[keyField].(string)
+		j := job{m: message{shard: shards[place], id: id, key: key, fields: fields}, begun: begun}
+		j.parse(e[3])
+		jobs = append(jobs, j)
+	}
+	for _, j := range jobs {
+		c.hold(j.m) // a new message: never held already
+	}
+	return jobs, nil
+}
+
+func toMessage(shard int, xm redis.XMessage, reclaimed bool) message {
 	key, _ := xm.Values[keyField].(string)
-	return message{shard: shard, id: xm.ID, key: key, fields: xm.Values}
+	return message{shard: shard, id: xm.ID, key: key, fields: xm.Values, reclaimed: reclaimed}
+}
+
+// start begins taken messages, a batch per round of room (one round, unless another taker
+// took room meanwhile), and hands them to the handlers. Messages this consumer
+// handles already are dropped; once ctx ends, those not begun are handed back.
+func (c *Consumer) start(ctx context.Context, msgs []message, work chan<- job) {
+	msgs = slices.DeleteFunc(msgs, func(m message) bool { return !c.hold(m) })
+	for len(msgs) > 0 {
+		n := 0
+		if ctx.Err() == nil {
+			n = c.reserve(ctx, len(msgs))
+		}
+		if n == 0 {
+			for _, m := range msgs {
+				c.release(m)
+			}
+			c.handBack(msgs)
+			return
+		}
+		for _, j := range c.begin(ctx, msgs[:n]) {
+			work <- j
+		}
+		msgs = msgs[n:]
+	}
 }
 
 // reclaim takes over messages whose consumer stopped renewing them for longer than the lease.
-func (c *Consumer) reclaim(work chan<- message) func(context.Context) {
+func (c *Consumer) reclaim(work chan<- job) func(context.Context) {
 	return func(ctx context.Context) {
 		for shard := range c.q.opts.Shards {
+			n := c.roomFor(ctx)
+			if n == 0 {
+				return
+			}
 			msgs, _, err := c.q.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{
 				Stream: streamKey(shard), Group: c.q.opts.Group, Consumer: c.opts.Name,
-				MinIdle: c.opts.Lease, Start: "0-0", Count: int64(c.opts.Concurrency),
+				MinIdle: c.opts.Lease, Start: "0-0", Count: int64(n),
 			}).Result()
 			if err != nil {
 				if ctx.Err() == nil {
@@ -340,35 +512,90 @@ func (c *Consumer) reclaim(work chan<- message) func(context.Context) {
 				}
 				return
 			}
+			taken := make([]message, len(msgs))
 			for i, xm := range msgs {
 				c.metrics.reclaimed.Inc()
-				if !deliver(ctx, work, toMessage(shard, xm)) {
-					left := make([]message, 0, len(msgs)-i)
-					for _, xm := range msgs[i:] {
-						left = append(left, toMessage(shard, xm))
-					}
-					c.handBack(left)
-					return
-				}
+				taken[i] = toMessage(shard, xm, true)
 			}
+			c.start(ctx, taken, work)
 		}
 	}
 }
 
-// handBack returns messages taken but not begun when the consumer stops: a read takes up to
-// Concurrency messages of every shard at once, and without this a stopping worker would
-// strand them all for a lease. It runs after ctx ended, so with a context of its own; if it
-// fails, the messages are reclaimed after the lease as before.
+// begin runs the begin script for the messages (one call; one per shard, pipelined, on a
+// cluster) and returns a job for each. It is not cut short by ctx: a batch begun is handled.
+func (c *Consumer) begin(ctx context.Context, msgs []message) []job {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWriteTimeout)
+	defer cancel()
+	now, begun := c.q.opts.Now(), time.Now()
+	jobs := make([]job, 0, len(msgs))
+	calls := batch(c.q, msgs, func(m message) int { return m.shard },
+		func() []any {
+			return []any{c.q.opts.Group, c.opts.Name, c.q.opts.MaxDeliveries, now.UnixMilli(), c.q.opts.DeadLetterMaxLen}
+		},
+		beginShardKeys,
+		func(args []any, m message) []any {
+			mode := "n"
+			if m.reclaimed {
+				mode = "r"
+			}
+			jobs = append(jobs, job{m: m, begun: begun})
+			return append(args, m.id, m.key, mode)
+		})
+	c.q.runCalls(ctx, beginScript, calls)
+	next := 0
+	for _, call := range calls {
+		batch := jobs[next : next+call.n]
+		next += call.n
+		res, err := call.cmd.Slice()
+		if err == nil && len(res) != len(batch) {
+			err = fmt.Errorf("begin: %d replies for %d messages", len(res), len(batch))
+		}
+		for i := range batch {
+			if err != nil {
+				batch[i].err = err
+				continue
+			}
+			batch[i].parse(res[i])
+		}
+	}
+	return jobs
+}
+
+// parse reads the begin script's reply for the job's message.
+func (j *job) parse(reply any) {
+	r, _ := reply.([]any)
+	if len(r) == 0 {
+		j.err = fmt.Errorf("begin: unexpected reply %v", reply)
+		return
+	}
+	j.outcome, _ = r[0].(string)
+	switch {
+	case j.outcome == "ok" && len(r) == 4:
+		fence, _ := r[1].(int64)
+		attempt, _ := r[2].(int64)
+		j.earlier, _ = r[3].(int64)
+		j.task = Task{Key: j.m.key, Fence: fence, Attempt: int(attempt)}
+	case j.outcome == "dead" && len(r) == 3:
+		j.reason, _ = r[1].(string)
+	case j.outcome != "lost":
+		j.err = fmt.Errorf("begin: unexpected reply %v", reply)
+	}
+}
+
+// handBack returns messages taken but not begun when the consumer stops, so that a stopping
+// worker does not strand them for a lease. It runs after ctx ended, so with a context of its
+// own; if it fails, the messages are reclaimed after the lease as before.
 func (c *Consumer) handBack(msgs []message) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	byShard := map[int][]any{}
 	for _, m := range msgs {
-		byShard[m.shard] = append(byShard[m.shard], m.id)
+		byShard[m.shard] = append(byShard[m.shard], m.id, m.key)
 	}
-	for shard, ids := range byShard {
-		args := append([]any{c.q.opts.Group, c.opts.Name}, ids...)
-		if err := handBackScript.Run(ctx, c.q.rdb, []string{streamKey(shard)}, args...).Err(); err != nil {
+	for shard, idKeys := range byShard {
+		args := append([]any{c.q.opts.Group, c.opts.Name}, idKeys...)
+		if err := handBackScript.Run(ctx, c.q.rdb, []string{streamKey(shard), stateKey(shard)}, args...).Err(); err != nil {
 			c.logError(ctx, "hand back", err)
 		}
 	}
@@ -411,30 +638,24 @@ func (c *Consumer) prune(ctx context.Context) {
 	}
 }
 
-func (c *Consumer) shardKeys(shard int) []string {
-	return []string{streamKey(shard), stateKey(shard), attemptsKey(shard), fenceKey(shard), deadKey(shard), lastErrorKey(shard)}
-}
-
-// finalWriteTimeout bounds the writes that record a handler's outcome; they run even when the
-// consumer is shutting down, because skipping them would only make another consumer redo
-// finished work.
+// finalWriteTimeout bounds the writes that begin taken messages and record a handler's
+// outcome; they run even when the consumer is shutting down, because skipping them would
+// only make another consumer redo the work.
 const finalWriteTimeout = 5 * time.Second
 
-// process runs one message in the trace it carries.
-func (c *Consumer) process(ctx context.Context, m message) {
+// process runs one begun message in the trace it carries. Its handler's slot is free again
+// once the handler returned: the outcome is recorded after, with others, by the finisher.
+func (c *Consumer) process(ctx context.Context, j job) {
 	if ctx.Err() != nil {
-		return // shutting down: leave it pending
+		c.release(j.m)
+		return // shut down past the timeout: leave it pending
 	}
-	if !c.take(m) {
-		return // another handler of this consumer has it already
-	}
-	defer c.release(m)
-	ctx = c.joinTrace(ctx, m)
+	ctx = c.joinTrace(ctx, j.m)
+	end := func(runResult) { c.release(j.m) }
 	if c.tracer != nil {
-		c.traceRun(ctx, m)
-		return
+		ctx, end = c.traceRun(ctx, j)
 	}
-	c.run(ctx, m)
+	c.run(ctx, j, end)
 }
 
 // runResult is how a run ended: outcome is a computeql_queue_handled_total outcome, or
@@ -446,69 +667,88 @@ type runResult struct {
 	err     error
 }
 
-// run handles one message: begin, handle while renewing the lease, finish.
-func (c *Consumer) run(ctx context.Context, m message) runResult {
-	now := c.q.opts.Now().UnixMilli()
-	res, err := beginScript.Run(ctx, c.q.rdb, c.shardKeys(m.shard),
-		c.q.opts.Group, c.opts.Name, m.id, m.key, c.q.opts.MaxDeliveries, now, c.q.opts.DeadLetterMaxLen).Slice()
-	if err != nil {
-		c.logError(ctx, "begin", err, "key", m.key)
-		return runResult{outcome: "error", err: err} // pending: retried once reclaimed
+// run handles one begun message: handle while renewing the lease, then finish. end is called
+// once with the result, when the outcome is recorded.
+func (c *Consumer) run(ctx context.Context, j job, end func(runResult)) {
+	m := j.m
+	if j.err != nil {
+		c.logError(ctx, "begin", j.err, "key", m.key)
+		end(runResult{outcome: "error", err: j.err}) // pending: retried once reclaimed
+		return
 	}
-	switch res[0] {
+	switch j.outcome {
 	case "lost":
 		c.metrics.handled.WithLabelValues("lost").Inc()
-		return runResult{outcome: "lost"}
+		end(runResult{outcome: "lost"})
+		return
 	case "dead":
-		reason, _ := res[1].(string)
-		c.buried(ctx, m.key, reason)
-		return runResult{outcome: "dead"}
+		c.buried(ctx, m.key, j.reason)
+		end(runResult{outcome: "dead"})
+		return
 	}
-	task := Task{Key: m.key, Fence: res[1].(int64), Attempt: int(res[2].(int64))}
+	task := j.task
 
 	taskCtx, cancelTask := context.WithCancel(ctx)
-	lost := make(chan struct{})
-	var renewer sync.WaitGroup
-	renewer.Go(func() { c.renew(taskCtx, m, cancelTask, lost) })
+	h := c.running(m, cancelTask)
 	c.metrics.inflight.Inc()
 	start := time.Now()
 	again, herr := c.call(taskCtx, task)
 	c.metrics.latency.Observe(time.Since(start).Seconds())
 	c.metrics.inflight.Dec()
 	cancelTask()
-	renewer.Wait()
 	select {
-	case <-lost:
+	case <-h.lost:
 		c.metrics.handled.WithLabelValues("lost").Inc()
-		return runResult{task: task, outcome: "lost", err: herr}
+		end(runResult{task: task, outcome: "lost", err: herr})
+		return
 	default:
 	}
 	if ctx.Err() != nil {
 		// Cancelled by shutdown: the result is not trusted; leave it pending.
-		return runResult{task: task, outcome: "abandoned", err: herr}
+		end(runResult{task: task, outcome: "abandoned", err: herr})
+		return
 	}
-	outcome, err := c.finish(ctx, m, task, again, herr)
-	if err == nil {
-		err = herr
-	}
-	return runResult{task: task, outcome: outcome, err: err}
+	c.finish(ctx, j, again, herr, end)
 }
 
-// take marks the message as being processed here; it reports false if it already was.
-func (c *Consumer) take(m message) bool {
+// holding is a message the consumer holds: taken, and not yet done with.
+type holding struct {
+	// lost is closed when a renewal finds another consumer owns the message now.
+	lost chan struct{}
+	// cancel ends its handler's context once the handler runs.
+	cancel context.CancelFunc
+}
+
+// hold marks the message as held here; it reports false if it already was.
+func (c *Consumer) hold(m message) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, dup := c.processing[m.ref()]; dup {
+	if _, dup := c.held[m.ref()]; dup {
 		return false
 	}
-	c.processing[m.ref()] = struct{}{}
+	c.held[m.ref()] = &holding{lost: make(chan struct{})}
 	return true
+}
+
+// running records that the held message's handler runs with the cancel func, and returns its
+// holding; a message lost before its handler ran has its context ended at once.
+func (c *Consumer) running(m message, cancel context.CancelFunc) *holding {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := c.held[m.ref()]
+	h.cancel = cancel
+	select {
+	case <-h.lost:
+		cancel()
+	default:
+	}
+	return h
 }
 
 func (c *Consumer) release(m message) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.processing, m.ref())
+	delete(c.held, m.ref())
 }
 
 // call runs the handler, turning a panic into an error so that one bad key cannot take the
@@ -523,8 +763,9 @@ func (c *Consumer) call(ctx context.Context, t Task) (again time.Duration, err e
 	return c.h.Handle(ctx, t)
 }
 
-// renew keeps the lease of a running handler; when it is lost, the handler is cancelled.
-func (c *Consumer) renew(ctx context.Context, m message, cancel context.CancelFunc, lost chan<- struct{}) {
+// renewEvery renews the leases of every held message each Lease/3, until ctx ends: it runs
+// until the handlers have stopped, since they may outlast the consumer's context.
+func (c *Consumer) renewEvery(ctx context.Context) {
 	t := time.NewTicker(c.opts.Lease / 3)
 	defer t.Stop()
 	for {
@@ -533,63 +774,178 @@ func (c *Consumer) renew(ctx context.Context, m message, cancel context.CancelFu
 			return
 		case <-t.C:
 		}
-		ok, err := renewScript.Run(ctx, c.q.rdb, []string{streamKey(m.shard)}, c.q.opts.Group, c.opts.Name, m.id).Int()
-		if err != nil {
-			if ctx.Err() == nil {
-				c.logError(ctx, "renew lease", err, "key", m.key)
-			}
-			continue // a transient failure; the lease lasts three renewal periods
-		}
-		if ok == 0 {
-			close(lost)
-			cancel()
-			return
-		}
+		c.renew(ctx)
 	}
 }
 
-// finish records the handler's outcome, and returns it; err is Redis's.
-func (c *Consumer) finish(ctx context.Context, m message, t Task, again time.Duration, herr error) (string, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWriteTimeout)
-	defer cancel()
+// renew extends the lease of every held message in one round trip, and tells the handlers of
+// those another consumer took over that they are lost: their contexts end.
+func (c *Consumer) renew(ctx context.Context) {
+	c.mu.Lock()
+	refs := make([]entryRef, 0, len(c.held))
+	for ref := range c.held {
+		refs = append(refs, ref)
+	}
+	c.mu.Unlock()
+	if len(refs) == 0 {
+		return
+	}
+	var order []entryRef
+	calls := batch(c.q, refs, func(r entryRef) int { return r.shard },
+		func() []any { return []any{c.q.opts.Group, c.opts.Name} },
+		func(shard int) []string { return []string{streamKey(shard)} },
+		func(args []any, r entryRef) []any {
+			order = append(order, r)
+			return append(args, r.id)
+		})
+	c.q.runCalls(ctx, renewScript, calls)
+	for _, call := range calls {
+		refs := order[:call.n]
+		order = order[call.n:]
+		owned, err := call.cmd.Int64Slice()
+		if err == nil && len(owned) != len(refs) {
+			err = fmt.Errorf("renew: %d replies for %d messages", len(owned), len(refs))
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				c.logError(ctx, "renew lease", err)
+			}
+			continue // a transient failure; the lease lasts three renewal periods
+		}
+		c.mu.Lock()
+		for i, ref := range refs {
+			h := c.held[ref]
+			if owned[i] == 1 || h == nil {
+				continue
+			}
+			select {
+			case <-h.lost:
+			default:
+				close(h.lost)
+				if h.cancel != nil {
+					h.cancel()
+				}
+			}
+		}
+		c.mu.Unlock()
+	}
+}
+
+// finishReq is a handler's outcome waiting to be recorded.
+type finishReq struct {
+	ctx     context.Context
+	j       *job
+	outcome string // "ok", "requeued" or "retried"
+	herr    error
+	status  string // "ok" or "failed"
+	errText string
+	at      int64 // when to run again, Unix ms; 0 for not at all
+	end     func(runResult)
+}
+
+// finish records the handler's outcome and then calls end: a terminal error's burial at once,
+// any other outcome through the finisher.
+func (c *Consumer) finish(ctx context.Context, j job, again time.Duration, herr error, end func(runResult)) {
+	m, t := j.m, j.task
 	now := c.q.opts.Now()
 	var term terminalError
 	if errors.As(herr, &term) {
-		res, err := buryScript.Run(ctx, c.q.rdb, c.shardKeys(m.shard), c.q.opts.Group, c.opts.Name, m.id, m.key,
-			herr.Error(), t.Attempt, now.UnixMilli(), c.q.opts.DeadLetterMaxLen).Text()
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWriteTimeout)
+		defer cancel()
+		res, err := buryScript.Run(ctx, c.q.rdb, buryShardKeys(m.shard),
+			c.q.opts.Group, m.id, m.key, t.Fence, herr.Error(), t.Attempt, now.UnixMilli(), c.q.opts.DeadLetterMaxLen).Text()
 		switch {
 		case err != nil:
 			c.logError(ctx, "dead-letter", err, "key", m.key)
-			return "error", err
+			end(runResult{task: t, outcome: "error", err: err})
 		case res == "ok":
 			c.buried(ctx, m.key, herr.Error())
-			return "dead", nil
+			end(runResult{task: t, outcome: "dead", err: herr})
 		default:
 			c.metrics.handled.WithLabelValues("lost").Inc()
-			return "lost", nil
+			end(runResult{task: t, outcome: "lost", err: herr})
 		}
+		return
 	}
-	outcome, status, errText, at := "ok", "ok", "", int64(0)
+	req := &finishReq{ctx: ctx, j: &j, outcome: "ok", herr: herr, status: "ok", end: end}
 	switch {
 	case herr != nil:
-		outcome, status, errText = "retried", "failed", herr.Error()
-		at = now.Add(c.backoff(t.Attempt)).UnixMilli()
+		req.outcome, req.status, req.errText = "retried", "failed", herr.Error()
+		req.at = now.Add(c.backoff(t.Attempt)).UnixMilli()
 	case again > 0:
-		outcome = "requeued"
-		at = now.Add(c.jitter(again)).UnixMilli()
+		req.outcome = "requeued"
+		req.at = now.Add(c.jitter(again)).UnixMilli()
 	}
-	res, err := finishScript.Run(ctx, c.q.rdb, []string{streamKey(m.shard), stateKey(m.shard), attemptsKey(m.shard), delayedKey(m.shard), lastErrorKey(m.shard)},
-		c.q.opts.Group, c.opts.Name, m.id, m.key, status, errText, at).Text()
+	c.finishes <- req
+}
+
+// recorded ends a run whose finish Redis answered: res is the script's reply for it, err
+// Redis's error.
+func (c *Consumer) recorded(r *finishReq, res string, err error) {
+	out := runResult{task: r.j.task, outcome: r.outcome, err: r.herr}
 	switch {
 	case err != nil:
-		c.logError(ctx, "finish", err, "key", m.key)
-		return "error", err
+		c.logError(r.ctx, "finish", err, "key", r.j.m.key)
+		out.outcome, out.err = "error", err
 	case res == "lost":
 		c.metrics.handled.WithLabelValues("lost").Inc()
-		return "lost", nil
+		out.outcome = "lost"
 	default:
-		c.metrics.handled.WithLabelValues(outcome).Inc()
-		return outcome, nil
+		c.metrics.handled.WithLabelValues(r.outcome).Inc()
+	}
+	r.end(out)
+}
+
+// recordFinishes records handlers' outcomes until the channel closes: each call takes every
+// outcome that arrived while the one before was under way, so that under load many runs are
+// finished in one round trip, and a lone run as soon as it ends.
+func (c *Consumer) recordFinishes() {
+	for req := range c.finishes {
+		reqs := []*finishReq{req}
+	more:
+		for len(reqs) < maxBatch {
+			select {
+			case r, ok := <-c.finishes:
+				if !ok {
+					break more
+				}
+				reqs = append(reqs, r)
+			default:
+				break more
+			}
+		}
+		c.finishBatch(reqs)
+	}
+}
+
+// finishBatch runs the finish script for the runs (one call; one per shard, pipelined, on a
+// cluster) and ends each.
+func (c *Consumer) finishBatch(reqs []*finishReq) {
+	ctx, cancel := context.WithTimeout(context.Background(), finalWriteTimeout)
+	defer cancel()
+	var order []*finishReq
+	calls := batch(c.q, reqs, func(r *finishReq) int { return r.j.m.shard },
+		func() []any { return []any{c.q.opts.Group} },
+		finishShardKeys,
+		func(args []any, r *finishReq) []any {
+			order = append(order, r)
+			return append(args, r.j.m.id, r.j.m.key, r.j.task.Fence, r.status, r.j.earlier, r.j.task.Attempt, r.errText, r.at)
+		})
+	c.q.runCalls(ctx, finishScript, calls)
+	for _, call := range calls {
+		batch := order[:call.n]
+		order = order[call.n:]
+		res, err := call.cmd.StringSlice()
+		if err == nil && len(res) != len(batch) {
+			err = fmt.Errorf("finish: %d replies for %d runs", len(res), len(batch))
+		}
+		for i, r := range batch {
+			if err != nil {
+				c.recorded(r, "", err)
+			} else {
+				c.recorded(r, res[i], nil)
+			}
+		}
 	}
 }
 

@@ -10,11 +10,13 @@ func shardTag(shard int) string { return "{q" + strconv.Itoa(shard) + "}" }
 // streamKey is the shard's work stream: one entry per key waiting or being handled.
 func streamKey(shard int) string { return "cq:" + shardTag(shard) + ":s" }
 
-// stateKey is a hash of key → "q" (a message waits), "a" (being handled) or "d" (being handled
-// and added again meanwhile). A key absent from it is idle.
+// stateKey is a hash of key → "q<message id>" (a message waits), "a<fence>" (being handled by
+// the run holding the fence) or "d<fence>" (being handled and added again meanwhile). A key
+// absent from it is idle.
 func stateKey(shard int) string { return "cq:" + shardTag(shard) + ":st" }
 
-// attemptsKey is a hash of key → deliveries since the key last succeeded.
+// attemptsKey is a hash of key → deliveries of the key's messages that failed since it last
+// succeeded; the delivery of the message at hand Redis counts itself (XPENDING).
 func attemptsKey(shard int) string { return "cq:" + shardTag(shard) + ":at" }
 
 // lastErrorKey is a hash of key → the last error its handler returned.
@@ -28,3 +30,18 @@ func fenceKey(shard int) string { return "cq:" + shardTag(shard) + ":f" }
 
 // deadKey is the shard's dead-letter stream.
 func deadKey(shard int) string { return "cq:" + shardTag(shard) + ":dead" }
+
+// beginShardKeys are the KEYS of one shard in a begin script call.
+func beginShardKeys(shard int) []string {
+	return []string{streamKey(shard), stateKey(shard), attemptsKey(shard), fenceKey(shard), deadKey(shard), lastErrorKey(shard)}
+}
+
+// finishShardKeys are the KEYS of one shard in a finish script call.
+func finishShardKeys(shard int) []string {
+	return []string{streamKey(shard), stateKey(shard), attemptsKey(shard), delayedKey(shard), lastErrorKey(shard)}
+}
+
+// buryShardKeys are the KEYS of the bury script.
+func buryShardKeys(shard int) []string {
+	return []string{streamKey(shard), stateKey(shard), attemptsKey(shard), deadKey(shard), lastErrorKey(shard)}
+}

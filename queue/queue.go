@@ -241,3 +241,70 @@ func (q *Queue) Requeue(ctx context.Context, id string) (key string, err error) 
 	}
 	return key, nil
 }
+
+// cluster reports whether the client is a Redis Cluster's, which refuses a command (or script)
+// whose keys span hash slots, and so shards.
+func (q *Queue) cluster() bool {
+	_, ok := q.rdb.(*redis.ClusterClient)
+	return ok
+}
+
+// scriptCall is one call of a script that works on a batch of items: its keys and arguments,
+// how many items it carries, and, once run, its reply.
+type scriptCall struct {
+	keys []string
+	args []any
+	n    int
+	cmd  *redis.Cmd
+}
+
+// batch groups items by shard into script calls, in the order the script replies: one call
+// with every shard's keys on a standalone Redis, one per shard on a cluster. head gives a
+// call's leading arguments and keys a shard's keys; each shard's arguments are its number of
+// items, then what add appends for each item.
+func batch[T any](q *Queue, items []T, shardOf func(T) int, head func() []any, keys func(shard int) []string, add func(args []any, item T) []any) []*scriptCall {
+	byShard := map[int][]T{}
+	var order []int
+	for _, it := range items {
+		s := shardOf(it)
+		if _, seen := byShard[s]; !seen {
+			order = append(order, s)
+		}
+		byShard[s] = append(byShard[s], it)
+	}
+	var calls []*scriptCall
+	for _, s := range order {
+		if len(calls) == 0 || q.cluster() {
+			calls = append(calls, &scriptCall{args: head()})
+		}
+		call := calls[len(calls)-1]
+		call.keys = append(call.keys, keys(s)...)
+		call.args = append(call.args, len(byShard[s]))
+		for _, it := range byShard[s] {
+			call.args = add(call.args, it)
+			call.n++
+		}
+	}
+	return calls
+}
+
+// runCalls runs the script's calls in one round trip.
+func (q *Queue) runCalls(ctx context.Context, sc *redis.Script, calls []*scriptCall) {
+	if len(calls) == 1 {
+		calls[0].cmd = sc.Run(ctx, q.rdb, calls[0].keys, calls[0].args...)
+		return
+	}
+	_, _ = q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, call := range calls {
+			call.cmd = sc.EvalSha(ctx, p, call.keys, call.args...)
+		}
+		return nil
+	})
+	for _, call := range calls {
+		if redis.HasErrorPrefix(call.cmd.Err(), "NOSCRIPT") {
+			// In a pipeline a script Redis lost (a restart, a failover) is not loaded by
+			// itself; Run loads it, and the pipelined call had done nothing.
+			call.cmd = sc.Run(ctx, q.rdb, call.keys, call.args...)
+		}
+	}
+}

@@ -136,10 +136,11 @@ func TestShardKeysShareOneHashTag(t *testing.T) {
 			seen[key] = name
 		}
 		// The consumer's script key lists are built from these helpers.
-		c := &Consumer{}
-		for _, k := range c.shardKeys(shard) {
-			if tag := hashTag(k); tag != want {
-				t.Errorf("shardKeys(%d) holds %q with hash tag %q", shard, k, tag)
+		for name, keys := range map[string]func(int) []string{"begin": beginShardKeys, "finish": finishShardKeys, "bury": buryShardKeys} {
+			for _, k := range keys(shard) {
+				if tag := hashTag(k); tag != want {
+					t.Errorf("%sShardKeys(%d) holds %q with hash tag %q", name, shard, k, tag)
+				}
 			}
 		}
 	}
@@ -257,8 +258,9 @@ func TestEnqueueOfWaitingKeyCoalesces(t *testing.T) {
 	if n := totalLen(t, rdb, q); n != 1 {
 		t.Errorf("all shards hold %d entries, want 1", n)
 	}
-	if st := rdb.HGet(ctx, stateKey(shard), "k").Val(); st != "q" {
-		t.Errorf("state = %q, want q", st)
+	msgs := rdb.XRange(ctx, streamKey(shard), "-", "+").Val()
+	if st := rdb.HGet(ctx, stateKey(shard), "k").Val(); len(msgs) != 1 || st != "q"+msgs[0].ID {
+		t.Errorf("state = %q, want q and the id of the waiting message %+v", st, msgs)
 	}
 	if w, err := q.Waiting(ctx, "k"); err != nil || !w {
 		t.Errorf("Waiting = %v, %v", w, err)

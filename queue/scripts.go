@@ -7,18 +7,42 @@ import "github.com/redis/go-redis/v9"
 // waiting is left alone, and a key being handled is marked to run once more when its handler
 // ends. The optional field/value pairs after the key (the adder's trace context) are stored
 // with the message; a message without them is as valid.
+//
+// The state of a waiting key names its message ("q<id>"), so that beginning it proves the
+// message is still the key's one, unbegun; a handled key's ("a<fence>", "d<fence>") names
+// its run, so that finishing it proves no later run took the key over.
 const enqueueLua = `
-local function enqueue(key, ...)
-  local st = redis.call('HGET', KEYS[2], key)
+local function enqueue(stream, state, key, ...)
+  local st = redis.call('HGET', state, key)
   if not st then
-    redis.call('XADD', KEYS[1], '*', 'k', key, ...)
-    redis.call('HSET', KEYS[2], key, 'q')
+    local id = redis.call('XADD', stream, '*', 'k', key, ...)
+    redis.call('HSET', state, key, 'q' .. id)
     return 'queued'
-  elseif st == 'a' then
-    redis.call('HSET', KEYS[2], key, 'd')
+  elseif string.byte(st) == 97 then
+    redis.call('HSET', state, key, 'd' .. string.sub(st, 2))
     return 'again'
   end
   return 'coalesced'
+end
+`
+
+// buryLua moves a key to the dead-letter stream: the message is acknowledged and deleted and
+// the key forgotten, so it starts afresh if it is ever added again.
+const buryLua = `
+local function bury(stream, state, attempts, dead, lastErr, group, id, key, reason, n, now, cap)
+  redis.call('XADD', dead, 'MAXLEN', '~', cap, '*', 'k', key, 'reason', reason, 'attempts', n, 'at', now)
+  redis.call('XACK', stream, group, id)
+  redis.call('XDEL', stream, id)
+  redis.call('HDEL', state, key)
+  redis.call('HDEL', attempts, key)
+  redis.call('HDEL', lastErr, key)
+end
+`
+
+// runsLua tells, with st a key's state, whether the run holding fence still has the key.
+const runsLua = `
+local function runs(st, fence)
+  return st == 'a' .. fence or st == 'd' .. fence
 end
 `
 
@@ -31,20 +55,6 @@ local function owns(group, consumer, id)
 end
 `
 
-// buryLua moves a key to the dead-letter stream, with KEYS[1] the stream, KEYS[2] state,
-// KEYS[3] attempts, KEYS[5] dead, KEYS[6] last error: the message is acknowledged and
-// deleted and the key forgotten, so it starts afresh if it is ever added again.
-const buryLua = `
-local function bury(group, id, key, reason, attempts, now, cap)
-  redis.call('XADD', KEYS[5], 'MAXLEN', '~', cap, '*', 'k', key, 'reason', reason, 'attempts', attempts, 'at', now)
-  redis.call('XACK', KEYS[1], group, id)
-  redis.call('XDEL', KEYS[1], id)
-  redis.call('HDEL', KEYS[2], key)
-  redis.call('HDEL', KEYS[3], key)
-  redis.call('HDEL', KEYS[6], key)
-end
-`
-
 // enqueueScript adds a key now.
 //
 // KEYS[1] stream, KEYS[2] state, KEYS[3] delayed
@@ -53,7 +63,7 @@ end
 // only repeat the run this one asks for.
 var enqueueScript = redis.NewScript(enqueueLua + `
 redis.call('ZREM', KEYS[3], ARGV[1])
-return enqueue(ARGV[1], unpack(ARGV, 2))
+return enqueue(KEYS[1], KEYS[2], ARGV[1], unpack(ARGV, 2))
 `)
 
 // enqueueAfterScript schedules a key, keeping an earlier schedule if there is one.
@@ -72,94 +82,240 @@ return 1
 // Returns how many keys were due.
 var forwardScript = redis.NewScript(enqueueLua + `
 local due = redis.call('ZRANGE', KEYS[3], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]))
+if #due > 0 then
+  redis.call('ZREM', KEYS[3], unpack(due))
+end
 for _, key in ipairs(due) do
-  redis.call('ZREM', KEYS[3], key)
-  enqueue(key)
+  enqueue(KEYS[1], KEYS[2], key)
 end
 return #due
 `)
 
-// beginScript starts handling a delivered message: it checks the consumer still owns it,
-// counts the delivery, and either hands out a fencing token or, past the delivery limit,
-// moves the key to the dead-letter stream.
+// beginLua begins messages of one shard: for each it checks the message is still the one to
+// run, counts the delivery, and either hands out a fencing token or, past the delivery limit,
+// moves the key to the dead-letter stream. msgs are {id, key, reclaimed}; ARGV[1] to ARGV[5]
+// are the group, the consumer, max deliveries, now (Unix ms) and the dead-letter stream cap.
 //
-// KEYS[1] stream, KEYS[2] state, KEYS[3] attempts, KEYS[4] fence, KEYS[5] dead, KEYS[6] last error
-// ARGV[1] group, ARGV[2] consumer, ARGV[3] message id, ARGV[4] key, ARGV[5] max deliveries,
-// ARGV[6] now (Unix ms), ARGV[7] dead-letter stream cap
-// Returns {"ok", fence, attempt}, {"lost"} or {"dead", reason, attempts}.
-var beginScript = redis.NewScript(ownsLua + buryLua + `
-if not owns(ARGV[1], ARGV[2], ARGV[3]) then
-  return {'lost'}
+// A message just read was delivered once, to the caller; it begins if its key's state still
+// names it as waiting ("q<id>"; a bare "q" is an entry written before states named their
+// message). A reclaimed message begins if the caller still owns it; Redis's delivery count
+// tells how often it was delivered, crashed consumers' deliveries included. A key's attempt
+// is that count plus the deliveries of its earlier messages that failed (the attempts hash,
+// written only when a run fails). The fencing tokens of a batch are one INCRBY.
+//
+// Returns a verdict per message, in order: {"ok", fence, attempt, earlier failed deliveries},
+// {"lost"} or {"dead", reason, attempts}.
+const beginLua = buryLua + `
+local function begin(stream, state, attempts, fence, dead, lastErr, msgs)
+  local group, consumer, max = ARGV[1], ARGV[2], tonumber(ARGV[3])
+  local verdicts, begun = {}, {}
+  for i, m in ipairs(msgs) do
+    local id, key = m[1], m[2]
+    local st = redis.call('HGET', state, key)
+    local count
+    if not m[3] then
+      if st == 'q' .. id or st == 'q' then
+        count = 1
+      end
+    else
+      local p = redis.call('XPENDING', stream, group, id, id, 1)
+      if #p == 1 and p[1][2] == consumer then
+        count = p[1][4]
+      end
+    end
+    if not count then
+      verdicts[i] = {'lost'}
+    else
+      local earlier = tonumber(redis.call('HGET', attempts, key) or 0)
+      local attempt = earlier + count
+      if attempt > max then
+        local reason = redis.call('HGET', lastErr, key) or 'its handler never finished (the worker died or timed out)'
+        bury(stream, state, attempts, dead, lastErr, group, id, key, reason, attempt - 1, ARGV[4], ARGV[5])
+        verdicts[i] = {'dead', reason, attempt - 1}
+      else
+        verdicts[i] = {'ok', 0, attempt, earlier}
+        begun[#begun + 1] = i
+      end
+    end
+  end
+  if #begun > 0 then
+    local first = redis.call('INCRBY', fence, #begun) - #begun
+    for j, i in ipairs(begun) do
+      verdicts[i][2] = first + j
+      redis.call('HSET', state, msgs[i][2], 'a' .. (first + j))
+    end
+  end
+  return verdicts
 end
-local key = ARGV[4]
-local attempt = redis.call('HINCRBY', KEYS[3], key, 1)
-if attempt > tonumber(ARGV[5]) then
-  local reason = redis.call('HGET', KEYS[6], key) or 'its handler never finished (the worker died or timed out)'
-  bury(ARGV[1], ARGV[3], key, reason, attempt - 1, ARGV[6], ARGV[7])
-  return {'dead', reason, attempt - 1}
+`
+
+// beginScript begins messages the caller read (a blocking read, outside any script) or
+// reclaimed, of one or more shards, in one call (beginLua).
+//
+// KEYS, per shard: beginShardKeys
+// ARGV[1] group, ARGV[2] consumer, ARGV[3] max deliveries, ARGV[4] now (Unix ms),
+// ARGV[5] dead-letter stream cap, then per shard: how many messages, then per message: its id,
+// key and "n" (read new) or "r" (reclaimed)
+// Returns the verdict of each message, in order.
+var beginScript = redis.NewScript(beginLua + `
+local out = {}
+local a = 6
+for k = 0, #KEYS - 1, 6 do
+  local msgs = {}
+  for _ = 1, tonumber(ARGV[a]) do
+    msgs[#msgs + 1] = {ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == 'r'}
+    a = a + 3
+  end
+  a = a + 1
+  for _, v in ipairs(begin(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6], msgs)) do
+    out[#out + 1] = v
+  end
 end
-redis.call('HSET', KEYS[2], key, 'a')
-return {'ok', redis.call('INCR', KEYS[4]), attempt}
+return out
 `)
 
-// finishScript ends a handler run: it acknowledges and deletes the message (so the stream
-// holds only entries still waiting or pending), records the outcome, and adds the key again
-// if it was added while being handled, or schedules it.
+// takeScript reads new messages of one or more shards and begins them, in one call: what a
+// consumer does while messages are waiting, instead of a read and then a begin. It reads
+// without blocking, shard after shard from the given one, until it has as many as asked.
 //
-// KEYS[1] stream, KEYS[2] state, KEYS[3] attempts, KEYS[4] delayed, KEYS[5] last error
-// ARGV[1] group, ARGV[2] consumer, ARGV[3] message id, ARGV[4] key,
-// ARGV[5] "ok" (attempts reset) or "failed" (error kept), ARGV[6] error message,
-// ARGV[7] when to run again (Unix ms; 0 for not at all)
-// Returns "ok", or "lost" when another consumer owns the message now (nothing is changed).
-var finishScript = redis.NewScript(enqueueLua + ownsLua + `
-if not owns(ARGV[1], ARGV[2], ARGV[3]) then
-  return 'lost'
+// KEYS, per shard: beginShardKeys
+// ARGV[1] group, ARGV[2] consumer, ARGV[3] max deliveries, ARGV[4] now (Unix ms),
+// ARGV[5] dead-letter stream cap, ARGV[6] most messages to take, ARGV[7] the shard (its place
+// among the call's, from 0) to read first
+// Returns per message taken: {its shard's place, id, fields, verdict (beginLua)}.
+var takeScript = redis.NewScript(beginLua + `
+local want = tonumber(ARGV[6])
+local shards = #KEYS / 6
+local out = {}
+for j = 0, shards - 1 do
+  if want == 0 then
+    break
+  end
+  local g = (tonumber(ARGV[7]) + j) % shards
+  local k = g * 6
+  local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', KEYS[k + 1], '>')
+  if r then
+    local entries = r[1][2]
+    local msgs = {}
+    for i, e in ipairs(entries) do
+      local key = ''
+      for f = 1, #e[2], 2 do
+        if e[2][f] == 'k' then key = e[2][f + 1] end
+      end
+      msgs[i] = {e[1], key}
+    end
+    local verdicts = begin(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6], msgs)
+    for i, e in ipairs(entries) do
+      out[#out + 1] = {g, e[1], e[2], verdicts[i]}
+    end
+    want = want - #entries
+  end
 end
-local key = ARGV[4]
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
-redis.call('XDEL', KEYS[1], ARGV[3])
-if ARGV[5] == 'ok' then
-  redis.call('HDEL', KEYS[3], key)
-  redis.call('HDEL', KEYS[5], key)
-else
-  redis.call('HSET', KEYS[5], key, ARGV[6])
+return out
+`)
+
+// finishScript ends handler runs, of one or more shards: it acknowledges and deletes their
+// messages (so the stream holds only entries still waiting or pending), records each outcome,
+// and adds each key again if it was added while being handled, or schedules it. A run whose
+// fence no longer holds its key (a later run took it over) changes nothing.
+//
+// KEYS, per shard: finishShardKeys
+// ARGV[1] group, then per shard: how many runs, then per run: message id, key, fence,
+// "ok" (attempts reset) or "failed" (attempt and error kept), earlier failed deliveries (when 0
+// there is nothing to reset), attempt, error message, when to run again (Unix ms; 0 for not at
+// all)
+// Returns per run, in order: "ok", or "lost" when another run has the key now.
+var finishScript = redis.NewScript(runsLua + `
+local group = ARGV[1]
+local out = {}
+local a = 2
+for k = 0, #KEYS - 1, 5 do
+  local stream, state, attempts, delayed, lastErr = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
+  local acked, idle = {}, {}
+  for _ = 1, tonumber(ARGV[a]) do
+    local id, key, fence, status, earlier, attempt, err, at = unpack(ARGV, a + 1, a + 8)
+    a = a + 8
+    local st = redis.call('HGET', state, key)
+    if not runs(st, fence) then
+      out[#out + 1] = 'lost'
+    else
+      acked[#acked + 1] = id
+      if status == 'ok' then
+        if earlier ~= '0' then
+          redis.call('HDEL', attempts, key)
+          redis.call('HDEL', lastErr, key)
+        end
+      else
+        redis.call('HSET', attempts, key, attempt)
+        redis.call('HSET', lastErr, key, err)
+      end
+      if string.byte(st) == 100 then
+        redis.call('HSET', state, key, 'q' .. redis.call('XADD', stream, '*', 'k', key))
+      else
+        idle[#idle + 1] = key
+        if at ~= '0' then
+          redis.call('ZADD', delayed, 'LT', at, key)
+        end
+      end
+      out[#out + 1] = 'ok'
+    end
+  end
+  if #acked > 0 then
+    redis.call('XACK', stream, group, unpack(acked))
+    redis.call('XDEL', stream, unpack(acked))
+  end
+  if #idle > 0 then
+    redis.call('HDEL', state, unpack(idle))
+  end
+  a = a + 1
 end
-local again = redis.call('HGET', KEYS[2], key) == 'd'
-redis.call('HDEL', KEYS[2], key)
-if again then
-  enqueue(key)
-elseif ARGV[7] ~= '0' then
-  redis.call('ZADD', KEYS[4], 'LT', ARGV[7], key)
-end
-return 'ok'
+return out
 `)
 
 // buryScript dead-letters a key whose handler gave up on it (a terminal error).
 //
-// KEYS[1] stream, KEYS[2] state, KEYS[3] attempts, KEYS[4] unused, KEYS[5] dead, KEYS[6] last error
-// ARGV[1] group, ARGV[2] consumer, ARGV[3] message id, ARGV[4] key, ARGV[5] reason,
+// KEYS buryShardKeys
+// ARGV[1] group, ARGV[2] message id, ARGV[3] key, ARGV[4] the run's fence, ARGV[5] reason,
 // ARGV[6] attempts, ARGV[7] now (Unix ms), ARGV[8] dead-letter stream cap
-// Returns "ok", or "lost" when another consumer owns the message now.
-var buryScript = redis.NewScript(ownsLua + buryLua + `
-if not owns(ARGV[1], ARGV[2], ARGV[3]) then
+// Returns "ok", or "lost" when another run has the key now.
+var buryScript = redis.NewScript(buryLua + runsLua + `
+if not runs(redis.call('HGET', KEYS[2], ARGV[3]), ARGV[4]) then
   return 'lost'
 end
-bury(ARGV[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+bury(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
 return 'ok'
 `)
 
-// renewScript extends a handler's lease by resetting its message's idle time, only while the
-// consumer still owns it: claiming unconditionally would steal it back from a reclaimer.
+// renewScript extends the leases of messages a consumer holds, of one or more shards, by
+// resetting their idle time, only while the consumer still owns them: claiming
+// unconditionally would steal them back from a reclaimer. JUSTID leaves the delivery counts
+// alone, which count deliveries, not renewals.
 //
-// KEYS[1] stream
-// ARGV[1] group, ARGV[2] consumer, ARGV[3] message id
-// Returns 1 when renewed, 0 when the lease is lost.
-var renewScript = redis.NewScript(ownsLua + `
-if not owns(ARGV[1], ARGV[2], ARGV[3]) then
-  return 0
+// KEYS, per shard: stream
+// ARGV[1] group, ARGV[2] consumer, then per shard: how many messages, then their ids
+// Returns per message, in order: 1 when renewed, 0 when the lease is lost.
+var renewScript = redis.NewScript(`
+local out = {}
+local a = 3
+for k = 1, #KEYS do
+  local claim = {KEYS[k], ARGV[1], ARGV[2], 0}
+  for i = 1, tonumber(ARGV[a]) do
+    local id = ARGV[a + i]
+    local p = redis.call('XPENDING', KEYS[k], ARGV[1], id, id, 1)
+    if #p == 1 and p[1][2] == ARGV[2] then
+      claim[#claim + 1] = id
+      out[#out + 1] = 1
+    else
+      out[#out + 1] = 0
+    end
+  end
+  a = a + tonumber(ARGV[a]) + 1
+  if #claim > 4 then
+    claim[#claim + 1] = 'JUSTID'
+    redis.call('XCLAIM', unpack(claim))
+  end
 end
-redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'JUSTID')
-return 1
+return out
 `)
 
 // pruneConsumersScript removes consumers that hold no pending messages and have been idle
@@ -198,27 +354,31 @@ for i = 1, #f, 2 do
   if f[i] == 'k' then key = f[i + 1] end
 end
 redis.call('XDEL', KEYS[3], ARGV[1])
-enqueue(key)
+enqueue(KEYS[1], KEYS[2], key)
 return key
 `)
 
 // handBackScript returns messages a stopping consumer read but never began to the stream as
 // new entries, with the same fields, so that another consumer's next read takes them at once
-// instead of waiting a lease to reclaim them. Their keys stay waiting ("q") throughout. A
-// message the consumer no longer owns, or whose entry was trimmed, is left alone.
+// instead of waiting a lease to reclaim them. Their keys stay waiting, their state naming the
+// new entry. A message the consumer no longer owns, whose entry was trimmed, or whose key no
+// longer waits for it, is left alone.
 //
-// KEYS[1] stream
-// ARGV[1] group, ARGV[2] consumer, ARGV[3…] message ids
+// KEYS[1] stream, KEYS[2] state
+// ARGV[1] group, ARGV[2] consumer, then per message: its id and key
 // Returns how many were handed back.
 var handBackScript = redis.NewScript(ownsLua + `
 local n = 0
-for i = 3, #ARGV do
-  if owns(ARGV[1], ARGV[2], ARGV[i]) then
-    local e = redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i])
+for i = 3, #ARGV, 2 do
+  local id, key = ARGV[i], ARGV[i + 1]
+  local st = redis.call('HGET', KEYS[2], key)
+  if (st == 'q' .. id or st == 'q') and owns(ARGV[1], ARGV[2], id) then
+    local e = redis.call('XRANGE', KEYS[1], id, id)
     if #e == 1 then
-      redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
-      redis.call('XDEL', KEYS[1], ARGV[i])
-      redis.call('XADD', KEYS[1], '*', unpack(e[1][2]))
+      redis.call('XACK', KEYS[1], ARGV[1], id)
+      redis.call('XDEL', KEYS[1], id)
+      local new = redis.call('XADD', KEYS[1], '*', unpack(e[1][2]))
+      redis.call('HSET', KEYS[2], key, 'q' .. new)
       n = n + 1
     end
   end
@@ -227,6 +387,6 @@ return n
 `)
 
 var scripts = []*redis.Script{
-	enqueueScript, enqueueAfterScript, forwardScript, beginScript, finishScript, buryScript,
+	enqueueScript, enqueueAfterScript, forwardScript, beginScript, takeScript, finishScript, buryScript,
 	renewScript, pruneConsumersScript, requeueDeadScript, handBackScript,
 }

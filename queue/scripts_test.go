@@ -20,7 +20,8 @@ import (
 
 // rawShard is one shard's raw state. Stream entries are named by their key: waiting are the
 // entries not delivered yet (oldest first), pending the delivered ones (key → consumer).
-// dead entries read "key|reason|attempts".
+// dead entries read "key|reason|attempts". A state "q@" is "q" followed by the id of the key's
+// entry in the stream: a waiting key's state names its message.
 type rawShard struct {
 	waiting  []string
 	pending  map[string]string
@@ -73,6 +74,9 @@ func seedShard(t *testing.T, rdb *redis.Client, r rawShard) map[string]string {
 		ids[key] = rdb.XAdd(ctx, &redis.XAddArgs{Stream: streamKey(0), Values: []any{"k", key}}).Val()
 	}
 	for k, v := range r.state {
+		if v == "q@" {
+			v = "q" + ids[k]
+		}
 		rdb.HSet(ctx, stateKey(0), k, v)
 	}
 	for k, v := range r.attempts {
@@ -112,8 +116,10 @@ func dumpShard(t *testing.T, rdb *redis.Client) rawShard {
 	if err != nil {
 		t.Fatal(err)
 	}
+	idOf := map[string]string{}
 	for _, m := range msgs {
 		key, _ := m.Values["k"].(string)
+		idOf[key] = m.ID
 		if c, ok := owner[m.ID]; ok {
 			r.pending[key] = c
 			delete(owner, m.ID)
@@ -125,6 +131,11 @@ func dumpShard(t *testing.T, rdb *redis.Client) rawShard {
 		t.Errorf("pending entry %s of %s is not in the stream", id, c)
 	}
 	r.state = rdb.HGetAll(ctx, stateKey(0)).Val()
+	for k, v := range r.state {
+		if id, ok := idOf[k]; ok && v == "q"+id {
+			r.state[k] = "q@"
+		}
+	}
 	r.attempts = rdb.HGetAll(ctx, attemptsKey(0)).Val()
 	r.lastErr = rdb.HGetAll(ctx, lastErrorKey(0)).Val()
 	for _, z := range rdb.ZRangeWithScores(ctx, delayedKey(0), 0, -1).Val() {
@@ -183,43 +194,43 @@ func TestEnqueueScript(t *testing.T) {
 		name:       "idle key is queued",
 		run:        enqueue("k"),
 		wantResult: "queued",
-		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}},
+		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}},
 	}, {
 		name:       "waiting key is left alone",
-		init:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}},
+		init:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}},
 		run:        enqueue("k"),
 		wantResult: "coalesced",
-		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}},
+		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}},
 	}, {
 		name:       "key being handled runs once more",
-		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a"}},
+		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a7"}},
 		run:        enqueue("k"),
 		wantResult: "again",
-		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d"}},
+		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d7"}},
 	}, {
 		name:       "key already marked to run again is left alone",
-		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d"}},
+		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d7"}},
 		run:        enqueue("k"),
 		wantResult: "coalesced",
-		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d"}},
+		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d7"}},
 	}, {
 		name:       "delayed key runs now and loses its schedule",
 		init:       rawShard{delayed: map[string]int64{"k": 5000, "other": 6000}},
 		run:        enqueue("k"),
 		wantResult: "queued",
-		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}, delayed: map[string]int64{"other": 6000}},
+		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}, delayed: map[string]int64{"other": 6000}},
 	}, {
 		name:       "delayed key being handled loses its schedule",
-		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a"}, delayed: map[string]int64{"k": 5000}},
+		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a7"}, delayed: map[string]int64{"k": 5000}},
 		run:        enqueue("k"),
 		wantResult: "again",
-		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d"}},
+		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d7"}},
 	}, {
 		name:       "other keys are untouched",
-		init:       rawShard{waiting: []string{"x"}, state: map[string]string{"x": "q"}},
+		init:       rawShard{waiting: []string{"x"}, state: map[string]string{"x": "q@"}},
 		run:        enqueue("k"),
 		wantResult: "queued",
-		want:       rawShard{waiting: []string{"x", "k"}, state: map[string]string{"x": "q", "k": "q"}},
+		want:       rawShard{waiting: []string{"x", "k"}, state: map[string]string{"x": "q@", "k": "q@"}},
 	}})
 }
 
@@ -259,14 +270,14 @@ func TestForwardScript(t *testing.T) {
 		name: "due keys are added, others wait",
 		init: rawShard{
 			waiting: []string{"w"}, pending: map[string]string{"busy": "c1"},
-			state:   map[string]string{"w": "q", "busy": "a"},
+			state:   map[string]string{"w": "q@", "busy": "a3"},
 			delayed: map[string]int64{"due": 4000, "w": 1000, "busy": 5000, "later": 6000},
 		},
 		run:        forward(5000, 1000),
 		wantResult: "3",
 		want: rawShard{
 			waiting: []string{"w", "due"}, pending: map[string]string{"busy": "c1"},
-			state:   map[string]string{"w": "q", "busy": "d", "due": "q"},
+			state:   map[string]string{"w": "q@", "busy": "d3", "due": "q@"},
 			delayed: map[string]int64{"later": 6000},
 		},
 	}, {
@@ -274,7 +285,7 @@ func TestForwardScript(t *testing.T) {
 		init:       rawShard{delayed: map[string]int64{"a": 2000, "b": 1000}},
 		run:        forward(5000, 1),
 		wantResult: "1",
-		want:       rawShard{waiting: []string{"b"}, state: map[string]string{"b": "q"}, delayed: map[string]int64{"a": 2000}},
+		want:       rawShard{waiting: []string{"b"}, state: map[string]string{"b": "q@"}, delayed: map[string]int64{"a": 2000}},
 	}, {
 		name:       "nothing due",
 		init:       rawShard{delayed: map[string]int64{"a": 5001}},
@@ -284,11 +295,27 @@ func TestForwardScript(t *testing.T) {
 	}})
 }
 
-// begin's ARGV: group, consumer, id, key, max deliveries 3, now, dead-letter cap.
-func beginAs(consumer, key string) func(context.Context, *redis.Client, map[string]string) *redis.Cmd {
+// beginAs begins messages in one call as the consumer, with max deliveries 3, now 1000 and a
+// dead-letter cap of 100. A message is named by its key, followed by ":r" when it was
+// reclaimed; claims first claims each reclaimed one that many times more for the consumer
+// (each claim counts a delivery).
+func beginAs(consumer string, claims int, msgs ...string) func(context.Context, *redis.Client, map[string]string) *redis.Cmd {
 	return func(ctx context.Context, rdb *redis.Client, ids map[string]string) *redis.Cmd {
-		c := &Consumer{}
-		return beginScript.Run(ctx, rdb, c.shardKeys(0), tableGroup, consumer, ids[key], key, 3, 1000, 100)
+		args := []any{tableGroup, consumer, 3, 1000, 100, len(msgs)}
+		for _, m := range msgs {
+			key, reclaimed := strings.CutSuffix(m, ":r")
+			mode := "n"
+			if reclaimed {
+				mode = "r"
+				for range claims {
+					if err := rdb.XClaim(ctx, &redis.XClaimArgs{Stream: streamKey(0), Group: tableGroup, Consumer: consumer, Messages: []string{ids[key]}}).Err(); err != nil {
+						panic(err)
+					}
+				}
+			}
+			args = append(args, ids[key], key, mode)
+		}
+		return beginScript.Run(ctx, rdb, beginShardKeys(0), args...)
 	}
 }
 
@@ -297,63 +324,91 @@ const neverFinished = "its handler never finished (the worker died or timed out)
 func TestBeginScript(t *testing.T) {
 	runScriptCases(t, []scriptCase{{
 		name:       "first delivery gets a fence and attempt 1",
-		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "q"}},
-		run:        beginAs("c1", "k"),
-		wantResult: "[ok 1 1]",
-		want: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a"},
-			attempts: map[string]string{"k": "1"}, fence: "1"},
+		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "q@"}},
+		run:        beginAs("c1", 0, "k"),
+		wantResult: "[[ok 1 1 0]]",
+		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a1"}, fence: "1"},
 	}, {
 		name: "a failed key counts on; the fence grows for the shard",
-		init: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "q"},
+		init: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "q@"},
 			attempts: map[string]string{"k": "2"}, lastErr: map[string]string{"k": "boom"}, fence: "41"},
-		run:        beginAs("c1", "k"),
-		wantResult: "[ok 42 3]",
-		want: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a"},
-			attempts: map[string]string{"k": "3"}, lastErr: map[string]string{"k": "boom"}, fence: "42"},
+		run:        beginAs("c1", 0, "k"),
+		wantResult: "[[ok 42 3 2]]",
+		want: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a42"},
+			attempts: map[string]string{"k": "2"}, lastErr: map[string]string{"k": "boom"}, fence: "42"},
 	}, {
-		name: "a reclaimed message of a key marked to run again begins (the run sees the newest state)",
-		init: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d"},
+		name: "one call begins every message of a read, each with the next fence",
+		init: rawShard{pending: map[string]string{"k1": "c1", "k2": "c1", "k3": "c1"},
+			state: map[string]string{"k1": "q@", "k2": "q@", "k3": "q@"}, fence: "10"},
+		run:        beginAs("c1", 0, "k1", "k2", "k3"),
+		wantResult: "[[ok 11 1 0] [ok 12 1 0] [ok 13 1 0]]",
+		want: rawShard{pending: map[string]string{"k1": "c1", "k2": "c1", "k3": "c1"},
+			state: map[string]string{"k1": "a11", "k2": "a12", "k3": "a13"}, fence: "13"},
+	}, {
+		name: "a reclaimed message of a key marked to run again begins (the run sees the newest state); Redis counted the crashed delivery",
+		init: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d5"},
 			attempts: map[string]string{"k": "1"}, fence: "5"},
-		run:        beginAs("c1", "k"),
-		wantResult: "[ok 6 2]",
-		want: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a"},
-			attempts: map[string]string{"k": "2"}, fence: "6"},
+		run:        beginAs("c1", 1, "k:r"),
+		wantResult: "[[ok 6 3 1]]",
+		want: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a6"},
+			attempts: map[string]string{"k": "1"}, fence: "6"},
 	}, {
-		name:       "a message another consumer owns is lost",
-		init:       rawShard{pending: map[string]string{"k": "c2"}, state: map[string]string{"k": "q"}},
-		run:        beginAs("c1", "k"),
-		wantResult: "[lost]",
-		want:       rawShard{pending: map[string]string{"k": "c2"}, state: map[string]string{"k": "q"}},
+		name:       "a reclaimed message another consumer owns is lost",
+		init:       rawShard{pending: map[string]string{"k": "c2"}, state: map[string]string{"k": "a3"}},
+		run:        beginAs("c1", 0, "k:r"),
+		wantResult: "[[lost]]",
+		want:       rawShard{pending: map[string]string{"k": "c2"}, state: map[string]string{"k": "a3"}},
 	}, {
-		name:       "a message delivered to nobody is lost",
-		init:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}},
-		run:        beginAs("c1", "k"),
-		wantResult: "[lost]",
-		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}},
+		name: "a read message that another consumer reclaimed and began meanwhile is lost; the others of the read begin",
+		init: rawShard{pending: map[string]string{"k": "c2", "x": "c1"}, state: map[string]string{"k": "a3", "x": "q@"},
+			fence: "3"},
+		run:        beginAs("c1", 0, "k", "x"),
+		wantResult: "[[lost] [ok 4 1 0]]",
+		want: rawShard{pending: map[string]string{"k": "c2", "x": "c1"}, state: map[string]string{"k": "a3", "x": "a4"},
+			fence: "4"},
+	}, {
+		name:       "a read message its key no longer waits for (finished, then added again) is lost",
+		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "q9-9"}},
+		run:        beginAs("c1", 0, "k"),
+		wantResult: "[[lost]]",
+		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "q9-9"}},
 	}, {
 		name: "past the delivery limit the key is dead-lettered with its last error",
-		init: rawShard{pending: map[string]string{"k": "c1", "x": "c1"}, state: map[string]string{"k": "q", "x": "a"},
+		init: rawShard{pending: map[string]string{"k": "c1", "x": "c1"}, state: map[string]string{"k": "q@", "x": "a1"},
 			attempts: map[string]string{"k": "3", "x": "1"}, lastErr: map[string]string{"k": "boom", "x": "other"}, fence: "7"},
-		run:        beginAs("c1", "k"),
-		wantResult: "[dead boom 3]",
-		want: rawShard{pending: map[string]string{"x": "c1"}, state: map[string]string{"x": "a"},
+		run:        beginAs("c1", 0, "k"),
+		wantResult: "[[dead boom 3]]",
+		want: rawShard{pending: map[string]string{"x": "c1"}, state: map[string]string{"x": "a1"},
 			attempts: map[string]string{"x": "1"}, lastErr: map[string]string{"x": "other"},
 			dead: []string{"k|boom|3"}, fence: "7"},
 	}, {
-		name: "past the limit without an error: deliveries to dead workers counted",
-		init: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a"},
-			attempts: map[string]string{"k": "3"}},
-		run:        beginAs("c1", "k"),
-		wantResult: "[dead " + neverFinished + " 3]",
+		name:       "past the limit without an error: deliveries to dead workers counted",
+		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a2"}},
+		run:        beginAs("c1", 3, "k:r"),
+		wantResult: "[[dead " + neverFinished + " 3]]",
 		want:       rawShard{dead: []string{"k|" + neverFinished + "|3"}},
 	}})
 }
 
-// finish's KEYS and ARGV as consumer.finish passes them.
-func finishAs(consumer, key, status, errText string, at int64) func(context.Context, *redis.Client, map[string]string) *redis.Cmd {
+// finishRun is one run's ARGV for the finish script: its key, fence, "ok" or "failed", earlier
+// failed deliveries, attempt, error and when to run again.
+type finishRun struct {
+	key            string
+	fence          int
+	status         string
+	earlier, tries int
+	err            string
+	at             int64
+}
+
+// finishAs finishes the runs in one call, as the consumer's finisher passes them.
+func finishAs(runs ...finishRun) func(context.Context, *redis.Client, map[string]string) *redis.Cmd {
 	return func(ctx context.Context, rdb *redis.Client, ids map[string]string) *redis.Cmd {
-		return finishScript.Run(ctx, rdb, []string{streamKey(0), stateKey(0), attemptsKey(0), delayedKey(0), lastErrorKey(0)},
-			tableGroup, consumer, ids[key], key, status, errText, at)
+		args := []any{tableGroup, len(runs)}
+		for _, r := range runs {
+			args = append(args, ids[r.key], r.key, r.fence, r.status, r.earlier, r.tries, r.err, r.at)
+		}
+		return finishScript.Run(ctx, rdb, finishShardKeys(0), args...)
 	}
 }
 
@@ -361,75 +416,82 @@ func TestFinishScript(t *testing.T) {
 	handling := func(extra rawShard) rawShard {
 		extra.pending = map[string]string{"k": "c1"}
 		if extra.state == nil {
-			extra.state = map[string]string{"k": "a"}
+			extra.state = map[string]string{"k": "a7"}
 		}
 		return extra
 	}
 	runScriptCases(t, []scriptCase{{
 		name:       "success acknowledges, deletes and resets the attempts",
 		init:       handling(rawShard{attempts: map[string]string{"k": "2"}, lastErr: map[string]string{"k": "boom"}}),
-		run:        finishAs("c1", "k", "ok", "", 0),
-		wantResult: "ok",
+		run:        finishAs(finishRun{"k", 7, "ok", 2, 3, "", 0}),
+		wantResult: "[ok]",
 		want:       rawShard{},
 	}, {
-		name:       "failure keeps the attempts and error and schedules the retry",
-		init:       handling(rawShard{attempts: map[string]string{"k": "2"}, lastErr: map[string]string{"k": "old"}}),
-		run:        finishAs("c1", "k", "failed", "boom", 7000),
-		wantResult: "ok",
+		name:       "failure keeps the attempt and error and schedules the retry",
+		init:       handling(rawShard{attempts: map[string]string{"k": "1"}, lastErr: map[string]string{"k": "old"}}),
+		run:        finishAs(finishRun{"k", 7, "failed", 1, 2, "boom", 7000}),
+		wantResult: "[ok]",
 		want:       rawShard{attempts: map[string]string{"k": "2"}, lastErr: map[string]string{"k": "boom"}, delayed: map[string]int64{"k": 7000}},
 	}, {
 		name:       "run again later",
-		init:       handling(rawShard{attempts: map[string]string{"k": "1"}}),
-		run:        finishAs("c1", "k", "ok", "", 7000),
-		wantResult: "ok",
+		init:       handling(rawShard{}),
+		run:        finishAs(finishRun{"k", 7, "ok", 0, 1, "", 7000}),
+		wantResult: "[ok]",
 		want:       rawShard{delayed: map[string]int64{"k": 7000}},
 	}, {
 		name:       "an earlier schedule is kept",
 		init:       handling(rawShard{delayed: map[string]int64{"k": 3000}}),
-		run:        finishAs("c1", "k", "ok", "", 7000),
-		wantResult: "ok",
+		run:        finishAs(finishRun{"k", 7, "ok", 0, 1, "", 7000}),
+		wantResult: "[ok]",
 		want:       rawShard{delayed: map[string]int64{"k": 3000}},
 	}, {
 		name:       "added while handled: one new message",
-		init:       handling(rawShard{state: map[string]string{"k": "d"}, attempts: map[string]string{"k": "1"}}),
-		run:        finishAs("c1", "k", "ok", "", 7000),
-		wantResult: "ok",
-		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}},
+		init:       handling(rawShard{state: map[string]string{"k": "d7"}}),
+		run:        finishAs(finishRun{"k", 7, "ok", 0, 1, "", 7000}),
+		wantResult: "[ok]",
+		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}},
 	}, {
 		name:       "failed and added while handled: error kept, runs now",
-		init:       handling(rawShard{state: map[string]string{"k": "d"}, attempts: map[string]string{"k": "1"}}),
-		run:        finishAs("c1", "k", "failed", "boom", 7000),
-		wantResult: "ok",
-		want: rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"},
+		init:       handling(rawShard{state: map[string]string{"k": "d7"}}),
+		run:        finishAs(finishRun{"k", 7, "failed", 0, 1, "boom", 7000}),
+		wantResult: "[ok]",
+		want: rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"},
 			attempts: map[string]string{"k": "1"}, lastErr: map[string]string{"k": "boom"}},
 	}, {
-		name:       "lost lease changes nothing",
-		init:       rawShard{pending: map[string]string{"k": "c2"}, state: map[string]string{"k": "a"}, attempts: map[string]string{"k": "2"}},
-		run:        finishAs("c1", "k", "ok", "", 0),
-		wantResult: "lost",
-		want:       rawShard{pending: map[string]string{"k": "c2"}, state: map[string]string{"k": "a"}, attempts: map[string]string{"k": "2"}},
+		name:       "a run whose key a later run took over changes nothing",
+		init:       handling(rawShard{state: map[string]string{"k": "a8"}, attempts: map[string]string{"k": "2"}}),
+		run:        finishAs(finishRun{"k", 7, "ok", 2, 3, "", 0}),
+		wantResult: "[lost]",
+		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a8"}, attempts: map[string]string{"k": "2"}},
+	}, {
+		name: "one call finishes a batch; a stale run in it changes nothing",
+		init: rawShard{pending: map[string]string{"k1": "c1", "k2": "c1", "k3": "c2"},
+			state: map[string]string{"k1": "a1", "k2": "d2", "k3": "a9"}},
+		run:        finishAs(finishRun{"k1", 1, "ok", 0, 1, "", 0}, finishRun{"k3", 3, "ok", 0, 1, "", 0}, finishRun{"k2", 2, "ok", 0, 1, "", 0}),
+		wantResult: "[ok lost ok]",
+		want: rawShard{waiting: []string{"k2"}, pending: map[string]string{"k3": "c2"},
+			state: map[string]string{"k2": "q@", "k3": "a9"}},
 	}})
 }
 
 func TestBuryScript(t *testing.T) {
-	bury := func(consumer string) func(context.Context, *redis.Client, map[string]string) *redis.Cmd {
+	bury := func(fence int) func(context.Context, *redis.Client, map[string]string) *redis.Cmd {
 		return func(ctx context.Context, rdb *redis.Client, ids map[string]string) *redis.Cmd {
-			c := &Consumer{}
-			return buryScript.Run(ctx, rdb, c.shardKeys(0), tableGroup, consumer, ids["k"], "k", "bad input", 2, 1000, 100)
+			return buryScript.Run(ctx, rdb, buryShardKeys(0), tableGroup, ids["k"], "k", fence, "bad input", 2, 1000, 100)
 		}
 	}
-	init := rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d"},
+	init := rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d5"},
 		attempts: map[string]string{"k": "2"}, lastErr: map[string]string{"k": "boom"}}
 	runScriptCases(t, []scriptCase{{
 		name:       "terminal error dead-letters at once",
 		init:       init,
-		run:        bury("c1"),
+		run:        bury(5),
 		wantResult: "ok",
 		want:       rawShard{dead: []string{"k|bad input|2"}},
 	}, {
-		name:       "lost lease changes nothing",
+		name:       "a run whose key a later run took over changes nothing",
 		init:       init,
-		run:        bury("c2"),
+		run:        bury(4),
 		wantResult: "lost",
 		want:       init,
 	}})
@@ -449,13 +511,13 @@ func TestRequeueDeadScript(t *testing.T) {
 		init:       rawShard{dead: []string{"k|boom|3", "x|bad|1"}},
 		run:        requeue("dead:k"),
 		wantResult: "k",
-		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}, dead: []string{"x|bad|1"}},
+		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}, dead: []string{"x|bad|1"}},
 	}, {
 		name:       "key added again meanwhile is not doubled",
-		init:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}, dead: []string{"k|boom|3"}},
+		init:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}, dead: []string{"k|boom|3"}},
 		run:        requeue("dead:k"),
 		wantResult: "k",
-		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q"}},
+		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}},
 	}, {
 		name:       "unknown id",
 		init:       rawShard{dead: []string{"k|boom|3"}},
@@ -475,8 +537,12 @@ func TestRenewScript(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	renew := func(consumer, key string) int64 {
-		n, err := renewScript.Run(ctx, rdb, []string{streamKey(0)}, tableGroup, consumer, ids[key]).Int64()
+	renew := func(consumer string, keys ...string) []int64 {
+		args := []any{tableGroup, consumer, len(keys)}
+		for _, k := range keys {
+			args = append(args, ids[k])
+		}
+		n, err := renewScript.Run(ctx, rdb, []string{streamKey(0)}, args...).Int64Slice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -489,17 +555,30 @@ func TestRenewScript(t *testing.T) {
 		}
 		return p[0]
 	}
-	if n := renew("c1", "mine"); n != 1 {
-		t.Errorf("renewing an owned message = %d, want 1", n)
+	if n := renew("c1", "mine"); !reflect.DeepEqual(n, []int64{1}) {
+		t.Errorf("renewing an owned message = %v, want [1]", n)
 	}
 	if p := pendingOf("mine"); p.Idle > 50*time.Second || p.Consumer != "c1" || p.RetryCount != 1 {
 		t.Errorf("after renewal: %+v, want idle reset, owner c1, delivery count 1", p)
 	}
-	if n := renew("c1", "theirs"); n != 0 {
-		t.Errorf("renewing another consumer's message = %d, want 0", n)
+	if n := renew("c1", "theirs"); !reflect.DeepEqual(n, []int64{0}) {
+		t.Errorf("renewing another consumer's message = %v, want [0]", n)
 	}
 	if p := pendingOf("theirs"); p.Idle < 50*time.Second || p.Consumer != "c2" {
 		t.Errorf("a failed renewal changed the message: %+v", p)
+	}
+	// One call renews what the consumer still owns of all it holds.
+	if err := rdb.Do(ctx, "XCLAIM", streamKey(0), tableGroup, "c1", 0, ids["mine"], "IDLE", 100_000, "JUSTID").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n := renew("c1", "theirs", "mine"); !reflect.DeepEqual(n, []int64{0, 1}) {
+		t.Errorf("renewing both in one call = %v, want [0 1]", n)
+	}
+	if p := pendingOf("mine"); p.Idle > 50*time.Second || p.Consumer != "c1" || p.RetryCount != 1 {
+		t.Errorf("after a batch renewal: %+v, want idle reset, owner c1, delivery count 1", p)
+	}
+	if p := pendingOf("theirs"); p.Idle < 50*time.Second || p.Consumer != "c2" {
+		t.Errorf("a batch renewal changed another consumer's message: %+v", p)
 	}
 }
 

@@ -63,22 +63,27 @@ func (c *Consumer) joinTrace(ctx context.Context, m message) context.Context {
 	return c.q.opts.Propagator.Extract(ctx, entryCarrier(m.fields))
 }
 
-// traceRun runs the message under a queue.handle span, a child of the context the message
-// carries (the request that added the key) or else the root of a new trace. A child rather
-// than a link: the run is the request's consequence, and one trace then shows the request
-// through to the region calls its reconcile made, sampled as one.
-func (c *Consumer) traceRun(ctx context.Context, m message) {
-	ctx, span := c.tracer.Start(ctx, "queue.handle", trace.WithSpanKind(trace.SpanKindConsumer),
+// traceRun starts the queue.handle span of a run, a child of the context the message carries
+// (the request that added the key) or else the root of a new trace. A child rather than a
+// link: the run is the request's consequence, and one trace then shows the request through to
+// the region calls its reconcile made, sampled as one. The span starts when its message's
+// batch was begun and ends when the returned func is told how the run ended, once its
+// outcome is recorded; that func also releases the message.
+func (c *Consumer) traceRun(ctx context.Context, j job) (context.Context, func(runResult)) {
+	m := j.m
+	ctx, span := c.tracer.Start(ctx, "queue.handle", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(j.begun),
 		trace.WithAttributes(attribute.String("queue.key", m.key), attribute.Int("queue.shard", m.shard),
 			attribute.String("queue.message_id", m.id)))
-	defer span.End()
-	r := c.run(ctx, m)
-	span.SetAttributes(attribute.String("queue.outcome", r.outcome))
-	if r.task.Attempt > 0 {
-		span.SetAttributes(attribute.Int("queue.attempt", r.task.Attempt), attribute.Int64("queue.fence", r.task.Fence))
-	}
-	if r.err != nil {
-		span.RecordError(r.err)
-		span.SetStatus(codes.Error, r.err.Error())
+	return ctx, func(r runResult) {
+		span.SetAttributes(attribute.String("queue.outcome", r.outcome))
+		if r.task.Attempt > 0 {
+			span.SetAttributes(attribute.Int("queue.attempt", r.task.Attempt), attribute.Int64("queue.fence", r.task.Fence))
+		}
+		if r.err != nil {
+			span.RecordError(r.err)
+			span.SetStatus(codes.Error, r.err.Error())
+		}
+		span.End()
+		c.release(m)
 	}
 }
