@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"crypto/ed25519"
+	"crypto/rand"
 	"fmt"
 	"net/http"
 	"strings"
@@ -8,6 +10,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/computeql/computeql/auth"
 )
@@ -308,4 +311,92 @@ func TestDashboardShowsTheLease(t *testing.T) {
 	if !strings.HasPrefix(got, want) || !strings.HasSuffix(got, "min left") {
 		t.Errorf("lease shown as %q, want %q… min left", got, want)
 	}
+}
+
+// TestDashboardResize: resizing a running instance from its detail view first shows the dry
+// run's plan (the quota it takes, the restart) and changes nothing; confirmed, the history
+// records the ACTION RESIZE and the instance runs with the new flavor, its addresses kept.
+func TestDashboardResize(t *testing.T) {
+	sys := startSystem(t)
+	b := newBrowser(t, sys.URL)
+	tok := sys.token(t, "alice", auth.Grant{OrganizationID: "acme", ProjectID: "web", Role: auth.RoleMember})
+	id := sys.createInstance(t, tok, "grow-1", "g1.small")
+	signIn(t, b, sys, tok)
+	flavor := func() string {
+		data := sys.graphql(t, tok, `query($id: ID!) { instance(id: $id) { flavorId } }`, map[string]any{"id": id})
+		return data["instance"].(map[string]any)["flavorId"].(string)
+	}
+
+	b.do(t, "open grow-1 once running",
+		visible(cell("grow-1", "power", "RUNNING")),
+		click(row("grow-1")+` td[data-col="name"] a`),
+		present(`#r-flavor option[value="g1.medium"]`),
+	)
+	if small := eval[int](t, b, `document.querySelectorAll('#r-flavor option[value="g1.small"]').length`); small != 0 {
+		t.Error("the resize form offers the flavor the instance has")
+	}
+	ip := b.text(t, `#detail dd[data-key="Private IP"]`)
+	b.do(t, "check a resize to g1.medium",
+		chromedp.Evaluate[chromedp.Void](`(() => { const s = document.querySelector('#r-flavor'); s.value = 'g1.medium'; s.dispatchEvent(new Event('change')); })()`),
+		click("#resize-check"),
+		visible("#resize-plan"),
+	)
+	if p := b.text(t, "#resize-plan"); !strings.Contains(p, "cpus +2") || !strings.Contains(p, "started again") {
+		t.Errorf("plan %q, want the quota it takes and the restart", p)
+	}
+	b.screenshot(t, "dashboard-resize-plan")
+	if f := flavor(); f != "g1.small" {
+		t.Fatalf("flavor is %s after the dry run", f)
+	}
+	b.do(t, "confirm the resize",
+		click("#resize-confirm"),
+		gone("#resize-plan"),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#history').textContent.includes('ACTION RESIZE')`),
+		chromedp.Poll[chromedp.Void](`(() => { const dd = k => document.querySelector('#detail dd[data-key="' + k + '"]').textContent;
+			return dd('Flavor') === 'g1.medium' && dd('Power') === 'RUNNING' && dd('Generation') === '2 of 2 realised'; })()`),
+	)
+	if got := b.text(t, `#detail dd[data-key="Private IP"]`); got != ip {
+		t.Errorf("private IP %s after the resize, want %s kept", got, ip)
+	}
+}
+
+// TestDashboardSSHKeysAndConsole: SSH public keys given in the create form reach the
+// instance, a bad one is shown on its field; the detail view shows the keys and, on a click,
+// the end of the server's console output.
+func TestDashboardSSHKeysAndConsole(t *testing.T) {
+	sys := startSystem(t)
+	b := newBrowser(t, sys.URL)
+	tok := sys.token(t, "alice", auth.Grant{OrganizationID: "acme", ProjectID: "web", Role: auth.RoleMember})
+	signIn(t, b, sys, tok)
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ssh.NewPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(key))) + " alice@laptop"
+
+	b.do(t, "create keyed-1 with a bad key",
+		click("#new-instance"),
+		visible(`#c-sgs input[value="sg-acme-web-eu-ssh"]`),
+		chromedp.SendKeys(chromedp.ID("c-name"), "keyed-1"),
+		chromedp.SetValue(chromedp.ID("c-flavor"), "g1.small"),
+		chromedp.SetValue(chromedp.ID("c-image"), "ubuntu-24.04"),
+		chromedp.SetValue(chromedp.ID("c-sshkeys"), line+"\nssh-dss AAAA broken"),
+		click(`#create button[type="submit"]`),
+		visible(`#create .field.invalid[data-field="sshPublicKeys"] .field-error[data-code="BAD_USER_INPUT"]`),
+	)
+	b.do(t, "create keyed-1 with the good key",
+		chromedp.SetValue(chromedp.ID("c-sshkeys"), line),
+		click(`#create button[type="submit"]`),
+		chromedp.WaitNotVisible(chromedp.ID("create")),
+		visible(cell("keyed-1", "power", "RUNNING")),
+		click(row("keyed-1")+` td[data-col="name"] a`),
+		chromedp.Poll[chromedp.Void](`(document.querySelector('#detail dd[data-key="SSH keys"]')?.textContent || '') === 'ssh-ed25519 alice@laptop'`),
+		click("#console-read"),
+		chromedp.Poll[chromedp.Void](`(document.querySelector('#console-output')?.textContent || '').includes('keyed-1 login:')`),
+	)
+	b.screenshot(t, "dashboard-console")
 }

@@ -17,7 +17,7 @@
     'fragment I on Instance { id name description organizationId projectId networkId flavorId imageId ' +
     'sshCertificateAuthorityId region { id } flavor { id cpus memoryGiB } image { id name } ' +
     'networking { securityGroupIds publicIP allowedSourceAddresses } desiredPowerState generation ' +
-    'observedGeneration deletionProtection expiresAt expiryAction status { provisioningStatus healthStatus powerState privateIP publicIP macAddress ' +
+    'observedGeneration deletionProtection expiresAt expiryAction sshPublicKeys status { provisioningStatus healthStatus powerState privateIP publicIP macAddress ' +
     'conditions { type status reason message lastTransitionTime } } createdAt createdBy updatedAt updatedBy deletedAt }';
   var EVENT_FIELDS = 'cursor kind changedFields occurredAt message actor action outcome instance { ...I }';
 
@@ -716,6 +716,12 @@
     if ($('c-description').value) {
       input.description = $('c-description').value;
     }
+    var keys = $('c-sshkeys').value.split('\n').filter(function (k) {
+      return k.trim() !== '';
+    });
+    if (keys.length) {
+      input.sshPublicKeys = keys;
+    }
     var submit = form.querySelector('button[type="submit"]');
     submit.disabled = true;
     showBanner('');
@@ -781,7 +787,7 @@
     }
     stopDetail();
     closeCreate();
-    var d = { id: id, instance: null, events: [], stop: null, error: '', edit: null };
+    var d = { id: id, instance: null, events: [], stop: null, error: '', edit: null, resize: null, console: null };
     state.detail = d;
     $('detail').hidden = false;
     renderDetail();
@@ -931,6 +937,7 @@
           ['Deletion requested', inst.deletedAt && when(inst.deletedAt) + ' UTC'],
           ['Deletion protection', inst.deletionProtection ? 'on' : 'off'],
           ['Lease', inst.expiresAt && inst.expiryAction + ' at ' + when(inst.expiresAt) + ' UTC, ' + timeLeft(inst.expiresAt)],
+          ['SSH keys', keyNames(inst.sshPublicKeys)],
         ])
       )
     );
@@ -946,7 +953,9 @@
       );
     }
     if (!inst.deletedAt) {
+      box.appendChild(resizeForm(d, inst));
       box.appendChild(editForm(d, inst));
+      box.appendChild(consoleView(d, inst));
     }
     box.appendChild(el('h3', { text: 'History' }));
     var rows = d.events
@@ -973,6 +982,170 @@
     if (focused && $(focused)) {
       $(focused).focus();
     }
+  }
+
+  // keyNames lists SSH public keys by their type and comment, as ssh-add -l does.
+  function keyNames(keys) {
+    return (keys || [])
+      .map(function (k) {
+        var parts = k.split(/\s+/);
+        var at = parts.findIndex(function (p) {
+          return /^(ssh-|ecdsa-|sk-)/.test(p);
+        });
+        return at < 0 ? k : parts[at] + (parts[at + 2] ? ' ' + parts.slice(at + 2).join(' ') : '');
+      })
+      .join(', ');
+  }
+
+  // resizeForm changes the flavor keeping the server. It first asks for a dry run and shows
+  // its plan (the quota it takes, whether the server restarts); the resize itself needs a
+  // second click, which gives the consent to restart when the plan says so.
+  function resizeForm(d, inst) {
+    if (!d.resize || d.resize.id !== inst.id) {
+      d.resize = { id: inst.id, flavorId: '', plan: null, errors: [] };
+    }
+    var r = d.resize;
+    var form = el('form', { id: 'resize', novalidate: true }, el('h3', { text: 'Resize (keeps the disk, IP and MAC addresses)' }));
+    var flavor = el('select', { id: 'r-flavor' });
+    form.appendChild(el('div', { class: 'grid' }, el('div', { class: 'field', 'data-field': 'flavorId' }, el('label', { for: 'r-flavor', text: 'New flavor' }), flavor)));
+    var list = el('ul', { class: 'error' });
+    form.appendChild(list);
+    catalog(inst.region ? inst.region.id : '').then(function (cat) {
+      var disk = null;
+      cat.flavors.forEach(function (f) {
+        if (f.id === inst.flavorId) {
+          disk = f.diskGB;
+        }
+      });
+      // Only flavors whose disk is at least as large: a disk never shrinks.
+      options(
+        flavor,
+        flavorItems(cat.flavors.filter(function (f) {
+          return f.id !== inst.flavorId && (disk === null || f.diskGB >= disk);
+        })),
+        r.flavorId
+      );
+      r.flavorId = flavor.value;
+    });
+    flavor.addEventListener('change', function () {
+      r.flavorId = flavor.value;
+      r.plan = null;
+      renderDetail();
+    });
+    showFieldErrors(form, list, r.errors);
+    var buttons = el('div', { class: 'buttons' });
+    if (r.plan) {
+      var quota = r.plan.quotaChanges
+        .map(function (q) {
+          return q.kind + ' ' + (q.delta > 0 ? '+' : '') + q.delta;
+        })
+        .join(', ');
+      var text = 'Resizing to ' + r.flavorId + (quota ? ' changes the quota used: ' + quota + '.' : '.');
+      if (r.plan.restart) {
+        text += ' The server is stopped, resized and started again.';
+      }
+      buttons.appendChild(el('p', { class: r.plan.restart ? 'warning' : '', id: 'resize-plan', text: text }));
+      buttons.appendChild(
+        el('button', {
+          type: 'button',
+          id: 'resize-confirm',
+          class: r.plan.restart ? 'danger' : '',
+          text: r.plan.restart ? 'Resize and restart' : 'Resize',
+          onclick: function () {
+            resize(d, inst, false);
+          },
+        })
+      );
+      buttons.appendChild(
+        el('button', {
+          type: 'button',
+          text: 'Cancel',
+          onclick: function () {
+            d.resize = null;
+            renderDetail();
+          },
+        })
+      );
+    } else {
+      buttons.appendChild(el('button', { type: 'submit', id: 'resize-check', text: 'Resize…' }));
+    }
+    form.appendChild(buttons);
+    form.addEventListener('submit', function (ev) {
+      ev.preventDefault();
+      resize(d, inst, true);
+    });
+    return form;
+  }
+
+  // resize runs the dry run (check) or the resize the plan described; the restart it needs
+  // is consented to only once the plan said so.
+  function resize(d, inst, check) {
+    var r = d.resize;
+    var input = { id: inst.id, flavorId: r.flavorId, allowRestart: check || (r.plan && r.plan.restart) };
+    if (check) {
+      input.dryRun = true;
+    }
+    gql(
+      'mutation($in: ResizeInstanceInput!) { resizeInstance(input: $in) { instance { id } userErrors { field code message } ' +
+        'plan { restart quotaChanges { kind delta } } } }',
+      { in: input }
+    )
+      .then(function (data) {
+        if (state.detail !== d) {
+          return;
+        }
+        var res = data.resizeInstance;
+        r.errors = res.userErrors;
+        r.plan = res.userErrors.length ? null : res.plan;
+        if (!check && !res.userErrors.length) {
+          d.resize = null;
+        }
+        renderDetail();
+      })
+      .catch(function (err) {
+        r.errors = [{ field: null, code: errorCode(err.errors), message: err.message }];
+        renderDetail();
+      });
+  }
+
+  // consoleView shows the end of the server's serial console (its boot log) when asked:
+  // reading it is not free for the region, so it is read on a click, not on every event.
+  function consoleView(d, inst) {
+    var box = el('section', { id: 'console' }, el('h3', { text: 'Console output' }));
+    box.appendChild(
+      el('button', {
+        type: 'button',
+        id: 'console-read',
+        text: d.console ? 'Refresh' : 'Show the console output',
+        onclick: function () {
+          gql('query($id: ID!) { instanceConsoleOutput(id: $id, tailBytes: 16384) { text truncated capturedAt } }', { id: inst.id })
+            .then(function (data) {
+              if (state.detail === d) {
+                d.console = data.instanceConsoleOutput;
+                renderDetail();
+              }
+            })
+            .catch(function (err) {
+              if (state.detail === d) {
+                d.console = { text: '', error: err.message };
+                renderDetail();
+              }
+            });
+        },
+      })
+    );
+    if (d.console && d.console.error) {
+      box.appendChild(el('p', { class: 'error', role: 'alert', text: d.console.error }));
+    } else if (d.console) {
+      box.appendChild(
+        el('p', {
+          class: 'small',
+          text: 'Captured ' + when(d.console.capturedAt) + ' UTC' + (d.console.truncated ? '; the last 16 KiB' : ''),
+        })
+      );
+      box.appendChild(el('pre', { id: 'console-output', text: d.console.text }));
+    }
+    return box;
   }
 
   // when shows an RFC 3339 time to the millisecond, in UTC like every time the API returns.
