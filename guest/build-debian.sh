@@ -69,11 +69,15 @@ log "mirror $mirror"
 
 work=$(mktemp -d "$out/.build.XXXXXX")
 root=$work/root
-cleanup() {
-	# debootstrap mounts proc/sys in the target while it runs; make sure nothing is left.
+# debootstrap mounts proc/sys in the target while it runs, and leaves one mounted when a
+# process it started in the chroot still holds it; none may be left (nor copied into the image).
+unmount_root() {
 	for m in "$root/proc" "$root/sys" "$root/dev/pts" "$root/dev"; do
 		mountpoint -q "$m" 2>/dev/null && umount -l "$m" || true
 	done
+}
+cleanup() {
+	unmount_root
 	rm -rf "$work"
 }
 trap cleanup EXIT
@@ -169,6 +173,7 @@ cp "$root/boot/vmlinuz-$kver" "$work/vmlinuz"
 cp "$root/boot/initrd.img-$kver" "$work/initrd.img"
 echo "root=/dev/vda ro console=ttyS0 rootfstype=ext4" >"$work/cmdline"
 
+unmount_root
 log "ext4 filesystem ($size) from the root directory"
 mke2fs -q -t ext4 -L root -m 0 -E root_owner=0:0 -d "$root" "$work/disk.raw" "$size"
 log "qcow2 (compressed)"
