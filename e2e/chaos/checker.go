@@ -305,6 +305,9 @@ func (c *Checker) checkServers(s *State) []error {
 		if srv.State != want {
 			v = append(v, fmt.Errorf("instance %s (%s): its server %s is %s, want %s", id, inst.Name, srv.ID, srv.State, want))
 		}
+		if srv.FlavorID != inst.FlavorID {
+			v = append(v, fmt.Errorf("instance %s (%s) has flavor %s, its server %s %s", id, inst.Name, inst.FlavorID, srv.ID, srv.FlavorID))
+		}
 	}
 	return v
 }

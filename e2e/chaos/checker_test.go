@@ -51,7 +51,7 @@ func cleanState() (*Checker, *State) {
 		s.Instances = append(s.Instances, inst)
 		scope := region.Scope{OrganizationID: "acme", ProjectID: "web", RegionID: "eu-west", NetworkID: "net-acme-web-eu"}
 		s.Servers = append(s.Servers, region.Server{ID: "srv-" + id, State: state,
-			ServerSpec: region.ServerSpec{Scope: scope, Name: name, Tags: map[string]string{region.InstanceTag: id}}})
+			ServerSpec: region.ServerSpec{Scope: scope, Name: name, FlavorID: flavor, Tags: map[string]string{region.InstanceTag: id}}})
 		spec := Spec{Description: name + " op 1", FlavorID: flavor, PublicIP: publicIP}
 		stored := &instance.Instance{ID: id, OrganizationID: "acme", ProjectID: "web", Generation: 1, Spec: instance.Spec{
 			Name: name, Description: spec.Description, NetworkID: "net-acme-web-eu", FlavorID: flavor, Networking: instance.Networking{PublicIP: publicIP}}}
@@ -102,6 +102,7 @@ func TestCheckFindsEachViolation(t *testing.T) {
 		}, `server srv-orphan (RUNNING, instance tag "gone") belongs to no instance`},
 		{"server in another scope", func(s *State) { s.Servers[0].NetworkID = "net-acme-web-us" }, "its server srv-i1 is in"},
 		{"server not running", func(s *State) { s.Servers[0].State = region.ServerStopped }, "its server srv-i1 is STOPPED, want RUNNING"},
+		{"server not resized", func(s *State) { s.Servers[0].FlavorID = "g1.medium" }, "i1 (web-1) has flavor g1.small, its server srv-i1 g1.medium"},
 		{"failed build's server running", func(s *State) { s.Servers[1].State = region.ServerRunning }, "its server srv-i2 is RUNNING, want ERROR"},
 		{"work waiting", func(s *State) { s.Backlog["computeql_queue_depth"]["3"] = 1 }, "queue shard 3: computeql_queue_depth is 1, want 0"},
 		{"work pending", func(s *State) { s.Backlog["computeql_queue_pending"]["0"] = 2 }, "computeql_queue_pending is 2"},

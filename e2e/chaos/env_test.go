@@ -284,7 +284,7 @@ func (e *env) report(scenario string, l *Load, faults string) {
 
 func describeCounts(c map[OpKind]map[Outcome]int) string {
 	var parts []string
-	for _, k := range []OpKind{OpCreate, OpUpdate, OpDelete} {
+	for _, k := range OpKinds {
 		part := string(k) + "s:"
 		for _, o := range []Outcome{Acked, Refused, NotFound, Unknown} {
 			if n := c[k][o]; n > 0 {
@@ -304,7 +304,7 @@ func loadSummary(c map[OpKind]map[Outcome]int) string {
 			total += n
 		}
 	}
-	return fmt.Sprintf("%d mutations (%d creates, %d updates, %d deletes)", total, sum(c[OpCreate]), sum(c[OpUpdate]), sum(c[OpDelete]))
+	return fmt.Sprintf("%d mutations (%d creates, %d updates, %d resizes, %d deletes)", total, sum(c[OpCreate]), sum(c[OpUpdate]), sum(c[OpResize]), sum(c[OpDelete]))
 }
 
 func sum(m map[Outcome]int) int {

@@ -10,7 +10,8 @@ import (
 )
 
 // Spec is the part of an instance the load sets. Every create and update sets all of it, so
-// each acknowledged mutation alone determines what the store must hold afterwards.
+// each acknowledged mutation alone determines what the store must hold afterwards; a resize
+// sets only the flavor.
 type Spec struct {
 	Description string
 	FlavorID    string
@@ -25,7 +26,11 @@ const (
 	OpCreate OpKind = "create"
 	OpUpdate OpKind = "update"
 	OpDelete OpKind = "delete"
+	OpResize OpKind = "resize"
 )
+
+// OpKinds are the mutations, in the order reports list them.
+var OpKinds = []OpKind{OpCreate, OpUpdate, OpResize, OpDelete}
 
 // Outcome is what the API answered a mutation.
 type Outcome int
@@ -53,7 +58,7 @@ type Op struct {
 	Outcome Outcome
 	// At is when the answer arrived (for Unknown, when the call gave up).
 	At time.Time
-	// Spec is what a create or an update sets.
+	// Spec is what a create or an update sets; of a resize, only its FlavorID.
 	Spec Spec
 }
 
@@ -184,7 +189,18 @@ func (l *Ledger) Check(stored []*instance.Instance, lost func(time.Time) bool) [
 func (e *entry) allowed(lost func(time.Time) bool) (map[held]bool, error) {
 	possible := map[held]bool{{}: true}
 	for i, op := range e.ops {
-		after := held{exists: op.Kind != OpDelete, spec: op.Spec}
+		// A create or an update leads to one state; a resize changes the flavor of whichever
+		// state the instance was in.
+		afters := map[held]bool{{exists: op.Kind != OpDelete, spec: op.Spec}: true}
+		if op.Kind == OpResize {
+			afters = map[held]bool{}
+			for h := range possible {
+				if h.exists {
+					h.spec.FlavorID = op.Spec.FlavorID
+					afters[h] = true
+				}
+			}
+		}
 		switch {
 		case op.Outcome == Refused:
 		case op.Outcome == NotFound:
@@ -193,9 +209,14 @@ func (e *entry) allowed(lost func(time.Time) bool) (map[held]bool, error) {
 			}
 			possible = map[held]bool{{}: true}
 		case op.Outcome == Acked && !lost(op.At):
-			possible = map[held]bool{after: true}
+			if len(afters) == 0 {
+				return nil, fmt.Errorf("%s #%d was acknowledged, but after the answers before it the instance cannot exist (%s)", op.Kind, i+1, e.describe())
+			}
+			possible = afters
 		default: // acknowledged but possibly lost with Redis, or unknown
-			possible[after] = true
+			for h := range afters {
+				possible[h] = true
+			}
 		}
 	}
 	return possible, nil

@@ -22,6 +22,10 @@ func TestLedgerCheck(t *testing.T) {
 	create := func(o Outcome, at time.Time) Op { return Op{Kind: OpCreate, Outcome: o, At: at, Spec: a} }
 	update := func(o Outcome, at time.Time) Op { return Op{Kind: OpUpdate, Outcome: o, At: at, Spec: b} }
 	del := func(o Outcome, at time.Time) Op { return Op{Kind: OpDelete, Outcome: o, At: at} }
+	resize := func(o Outcome, at time.Time) Op {
+		return Op{Kind: OpResize, Outcome: o, At: at, Spec: Spec{FlavorID: "g1.medium"}}
+	}
+	aResized := Spec{Description: a.Description, FlavorID: "g1.medium"}
 	for _, tc := range []struct {
 		name   string
 		ops    []Op
@@ -43,6 +47,14 @@ func TestLedgerCheck(t *testing.T) {
 		{"unknown create, present", []Op{create(Unknown, t0)}, stored(a), nil, ""},
 		{"unknown delete then acked update", []Op{create(Acked, t0), del(Unknown, t0), update(Acked, t0)}, absent, nil, "the store holds absent"},
 		{"not found after an acked create", []Op{create(Acked, t0), update(NotFound, t0)}, absent, nil, "answered NOT_FOUND, but"},
+		{"acked resize applied", []Op{create(Acked, t0), resize(Acked, t0)}, stored(aResized), nil, ""},
+		{"acked resize lost", []Op{create(Acked, t0), resize(Acked, t0)}, stored(a), nil, "may hold only"},
+		{"refused resize changes nothing", []Op{create(Acked, t0), resize(Refused, t0)}, stored(a), nil, ""},
+		{"unknown resize, applied", []Op{create(Acked, t0), resize(Unknown, t0)}, stored(aResized), nil, ""},
+		{"unknown resize, not applied", []Op{create(Acked, t0), resize(Unknown, t0)}, stored(a), nil, ""},
+		{"resize after an unknown update keeps either", []Op{create(Acked, t0), update(Unknown, t0), resize(Acked, t0)}, stored(b), nil, ""},
+		{"acked resize of what cannot exist", []Op{create(Acked, t0), del(Acked, t0), resize(Acked, t0)}, absent, nil, "cannot exist"},
+		{"unknown create retried with its key", []Op{create(Unknown, t0), create(Acked, t0)}, stored(a), nil, ""},
 		{"still being deleted", []Op{create(Acked, t0), del(Acked, t0)}, func() []*instance.Instance {
 			s := stored(a)
 			s[0].DeletedAt = &t0

@@ -57,9 +57,14 @@ type Load struct {
 	Timeout time.Duration
 
 	answered atomic.Int64
-	mu       sync.Mutex
-	counts   map[OpKind]map[Outcome]int
+	// retries counts creates sent again with their idempotency key after an unknown outcome.
+	retries atomic.Int64
+	mu      sync.Mutex
+	counts  map[OpKind]map[Outcome]int
 }
+
+// Retries returns how many creates were sent again with their idempotency key.
+func (l *Load) Retries() int { return int(l.retries.Load()) }
 
 // Answered returns how many mutations were answered so far.
 func (l *Load) Answered() int { return int(l.answered.Load()) }
@@ -69,7 +74,10 @@ func (l *Load) record(ref Ref, id string, op Op) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.counts == nil {
-		l.counts = map[OpKind]map[Outcome]int{OpCreate: {}, OpUpdate: {}, OpDelete: {}}
+		l.counts = map[OpKind]map[Outcome]int{}
+		for _, k := range OpKinds {
+			l.counts[k] = map[Outcome]int{}
+		}
 	}
 	l.counts[op.Kind][op.Outcome]++
 }
@@ -78,7 +86,10 @@ func (l *Load) record(ref Ref, id string, op Op) {
 func (l *Load) Counts() map[OpKind]map[Outcome]int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := map[OpKind]map[Outcome]int{OpCreate: {}, OpUpdate: {}, OpDelete: {}}
+	out := map[OpKind]map[Outcome]int{}
+	for _, k := range OpKinds {
+		out[k] = map[Outcome]int{}
+	}
 	for k, byOutcome := range l.counts {
 		for o, n := range byOutcome {
 			out[k][o] = n
@@ -150,9 +161,12 @@ func (l *Load) step(ctx context.Context, a *actor) {
 		l.create(ctx, a)
 	default:
 		i := a.rng.IntN(len(a.live))
-		if o := a.live[i]; o.deleting || r < 0.55 {
+		switch o := a.live[i]; {
+		case o.deleting || r < 0.55:
 			l.delete(ctx, a, i)
-		} else {
+		case r < 0.7:
+			l.resize(ctx, a, o)
+		default:
 			l.update(ctx, a, o)
 		}
 	}
@@ -172,12 +186,26 @@ func (l *Load) create(ctx context.Context, a *actor) {
 		"description": spec.Description, "flavorId": spec.FlavorID, "imageId": "ubuntu-24.04",
 		"networking": map[string]any{"publicIP": spec.PublicIP},
 	}
+	// A create whose answer was lost is sent once more with the same idempotency key: the
+	// instance it made (if it did) is the answer, never a second one.
+	in["idempotencyKey"] = name
 	var data struct {
 		CreateInstance payload `json:"createInstance"`
 	}
-	err := a.client.Do(ctx, `mutation($in: CreateInstanceInput!) { createInstance(input: $in) { instance { id } userErrors { code } } }`,
-		map[string]any{"in": in}, &data)
-	out := outcome(err, data.CreateInstance)
+	send := func(ctx context.Context) Outcome {
+		data.CreateInstance = payload{}
+		err := a.client.Do(ctx, `mutation($in: CreateInstanceInput!) { createInstance(input: $in) { instance { id } userErrors { code } } }`,
+			map[string]any{"in": in}, &data)
+		return outcome(err, data.CreateInstance)
+	}
+	out := send(ctx)
+	if out == Unknown {
+		l.record(ref, "", Op{Kind: OpCreate, Outcome: out, At: time.Now(), Spec: spec})
+		l.retries.Add(1)
+		retry, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.Timeout)
+		defer cancel()
+		out = send(retry)
+	}
 	id := ""
 	if out == Acked {
 		id = data.CreateInstance.Instance.ID
@@ -207,6 +235,22 @@ func (l *Load) update(ctx context.Context, a *actor, o *owned) {
 		a.forget(o)
 	}
 	l.record(o.ref, o.id, Op{Kind: OpUpdate, Outcome: out, At: time.Now(), Spec: spec})
+}
+
+// resize sends resizeInstance to g1.medium, consenting to the restart: refused while the
+// instance is not provisioned, or has that flavor already (a disk never shrinks, so no resize
+// goes back).
+func (l *Load) resize(ctx context.Context, a *actor, o *owned) {
+	var data struct {
+		ResizeInstance payload `json:"resizeInstance"`
+	}
+	err := a.client.Do(ctx, `mutation($in: ResizeInstanceInput!) { resizeInstance(input: $in) { instance { id } userErrors { code } } }`,
+		map[string]any{"in": map[string]any{"id": o.id, "flavorId": flavors[1], "allowRestart": true}}, &data)
+	out := outcome(err, data.ResizeInstance)
+	if out == NotFound {
+		a.forget(o)
+	}
+	l.record(o.ref, o.id, Op{Kind: OpResize, Outcome: out, At: time.Now(), Spec: Spec{FlavorID: flavors[1]}})
 }
 
 func (l *Load) delete(ctx context.Context, a *actor, i int) {
