@@ -31,6 +31,7 @@ func TestChaosWorkerKills(t *testing.T) {
 	t.Parallel()
 	sz := sizeOf(t)
 	e := newEnv(t, harness.StartRedis(t), envOptions{apis: 1, workers: 2})
+	leased := e.leases(4, 2*sz.killEvery)
 	l := &Load{Ops: sz.killOps, Rate: sz.killRate}
 	done, _ := e.load(l)
 	kills, held := 0, int64(0)
@@ -57,7 +58,36 @@ kill:
 		t.Fatal("no worker was killed: the load ended before the first kill")
 	}
 	e.finish(l)
-	e.report("Worker kills", l, fmt.Sprintf("%d × SIGKILL of one of 2 workers at a moment it held work (%d queue messages in all), restarted at once", kills, held))
+	e.logf("%d leases ended with DELETE while workers were killed: each instance is gone, its quota released", leased)
+	e.report("Worker kills", l, fmt.Sprintf("%d × SIGKILL of one of 2 workers at a moment it held work (%d queue messages in all), restarted at once; %d leases ending meanwhile; %d creates sent again with their idempotency key",
+		kills, held, leased, l.Retries()))
+}
+
+// leases creates n instances whose leases end with DELETE after d, a second apart, and
+// records each lease's end in the ledger as the delete it is: the final check then wants them
+// gone, with their quota released, however the workers carrying them out were killed.
+func (e *env) leases(n int, d time.Duration) int {
+	ctx, cancel := context.WithTimeout(context.Background(), stepLimit)
+	defer cancel()
+	for i := range n {
+		ref := Ref{Org: "acme", Project: "web", Network: "net-acme-web-eu", Name: fmt.Sprintf("leased-%d", i)}
+		spec := Spec{Description: ref.Name, FlavorID: flavors[0]}
+		end := time.Now().Add(d + time.Duration(i)*time.Second)
+		var data struct {
+			CreateInstance payload `json:"createInstance"`
+		}
+		err := e.clients[0].Do(ctx, `mutation($in: CreateInstanceInput!) { createInstance(input: $in) { instance { id } userErrors { code } } }`,
+			map[string]any{"in": map[string]any{"organizationId": ref.Org, "projectId": ref.Project, "networkId": ref.Network, "name": ref.Name,
+				"description": spec.Description, "flavorId": spec.FlavorID, "imageId": "ubuntu-24.04",
+				"expiresAt": end.UTC().Format(time.RFC3339Nano), "expiryAction": "DELETE"}}, &data)
+		if out := outcome(err, data.CreateInstance); out != Acked {
+			e.t.Fatalf("create %s with a lease: %v (%v)", ref.Name, out, err)
+		}
+		id := data.CreateInstance.Instance.ID
+		e.ledger.Record(ref, id, Op{Kind: OpCreate, Outcome: Acked, At: time.Now(), Spec: spec})
+		e.ledger.Record(ref, id, Op{Kind: OpDelete, Outcome: Acked, At: end})
+	}
+	return n
 }
 
 // awaitHolding waits until the worker holds work and returns how much, or 0 once the load is
