@@ -153,12 +153,19 @@ type Consumer struct {
 	tracer  trace.Tracer // nil: no spans
 
 	// room holds a token per message the consumer may still take: twice its handlers, so that
-	// the next batch is taken while one is handled, and a batch is as large as the handlers
-	// that came free meanwhile. A taken message waits for a handler at most one batch long,
-	// renewed as a running one is.
+	// the next batch is taken while one is handled, and at least one per shard, so that a
+	// read can take the next message of every shard at once. A taken message waits for a
+	// handler at most about one batch long, renewed as a running one is.
 	room chan struct{}
 	// finishes carries handlers' outcomes to the one goroutine that records them in batches.
 	finishes chan *finishReq
+	// While taking says the reader takes messages in script calls (messages are waiting, on a
+	// standalone Redis), finished runs are deferred to its next call; deferredReady wakes it
+	// for them when it waits for room.
+	deferMu       sync.Mutex
+	taking        bool
+	deferred      []*finishReq
+	deferredReady chan struct{}
 
 	// held holds the messages this consumer has taken and not done with: the renewer keeps
 	// their leases. The consumer's own reclaimer can claim a message again that it still holds
@@ -240,13 +247,14 @@ func (c *Consumer) Start(ctx context.Context) error {
 	handlerCtx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelHandlers()
 
-	c.room = make(chan struct{}, 2*c.opts.Concurrency)
+	c.room = make(chan struct{}, max(2*c.opts.Concurrency, c.q.opts.Shards))
 	for range cap(c.room) {
 		c.room <- struct{}{}
 	}
 	// Never more jobs are out than tokens, so sending one never waits.
 	work := make(chan job, cap(c.room))
 	c.finishes = make(chan *finishReq, c.opts.Concurrency)
+	c.deferredReady = make(chan struct{}, 1)
 	var finisher sync.WaitGroup
 	finisher.Go(c.recordFinishes)
 	renewing, stopRenewing := context.WithCancel(context.WithoutCancel(ctx))
@@ -320,6 +328,34 @@ func (c *Consumer) roomFor(ctx context.Context) int {
 	return min(n, maxBatch)
 }
 
+// reserveOrFinish takes room as reserve does, unless runs wait to be finished (or come to
+// wait meanwhile): then it takes only the room there is, perhaps none. It returns -1 when ctx
+// ended first.
+func (c *Consumer) reserveOrFinish(ctx context.Context, n int, finish bool) int {
+	if ctx.Err() != nil {
+		return -1
+	}
+	took := 0
+	if !finish {
+		select {
+		case <-c.room:
+			took = 1
+		case <-c.deferredReady:
+		case <-ctx.Done():
+			return -1
+		}
+	}
+	for took < n {
+		select {
+		case <-c.room:
+			took++
+		default:
+			return took
+		}
+	}
+	return took
+}
+
 // reserve takes a token for each message it can, at least one (waiting for it), and returns
 // how many it took; 0 when ctx ended first.
 func (c *Consumer) reserve(ctx context.Context, n int) int {
@@ -376,26 +412,37 @@ func (c *Consumer) read(ctx context.Context, shards []int, work chan<- job) {
 	for range shards {
 		args.Streams = append(args.Streams, ">")
 	}
+	// Only a standalone Redis's one reader reads every shard, and so can finish any run.
+	finishing := !c.q.cluster()
+	defer c.stopTaking()
 	waiting := false
 	for first := 0; ; first = (first + 1) % len(shards) {
 		if waiting {
-			n := c.reserve(ctx, maxBatch)
-			if n == 0 {
+			var fin []*finishReq
+			if finishing {
+				fin = c.startTaking()
+			}
+			n := c.reserveOrFinish(ctx, maxBatch, len(fin) > 0)
+			if n < 0 {
 				return
 			}
-			jobs, err := c.take(ctx, shards, first, n)
+			if finishing {
+				fin = append(fin, c.startTaking()...)
+			}
+			jobs, err := c.take(ctx, shards, first, n, fin)
 			for range n - len(jobs) {
 				c.room <- struct{}{}
 			}
 			if err != nil {
 				c.logError(ctx, "take", err)
-				waiting = false
-				continue
 			}
 			for _, j := range jobs {
 				work <- j
 			}
-			waiting = len(jobs) == n
+			waiting = err == nil && len(jobs) == n
+			if !waiting {
+				c.stopTaking()
+			}
 			continue
 		}
 		args.Count = int64(c.roomFor(ctx))
@@ -421,32 +468,80 @@ func (c *Consumer) read(ctx context.Context, shards []int, work chan<- job) {
 	}
 }
 
-// take reads up to n new messages of the shards and begins them, in one script call, starting
-// with shards[first]. Like begin it is not cut short by ctx.
-func (c *Consumer) take(ctx context.Context, shards []int, first, n int) ([]job, error) {
+// take finishes the runs and then reads up to n new messages of the shards and begins them,
+// in one script call, starting with shards[first]; the runs are ended with their replies.
+// Like begin it is not cut short by ctx.
+func (c *Consumer) take(ctx context.Context, shards []int, first, n int, fin []*finishReq) ([]job, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWriteTimeout)
 	defer cancel()
-	keys := make([]string, 0, 6*len(shards))
-	for _, shard := range shards {
-		keys = append(keys, beginShardKeys(shard)...)
+	place := make(map[int]int, len(shards))
+	keys := make([]string, 0, 7*len(shards))
+	for i, shard := range shards {
+		place[shard] = i
+		keys = append(keys, takeShardKeys(shard)...)
+	}
+	byPlace := make([][]*finishReq, len(shards))
+	for _, r := range fin {
+		p := place[r.j.m.shard]
+		byPlace[p] = append(byPlace[p], r)
+	}
+	args := []any{c.q.opts.Group, c.opts.Name, c.q.opts.MaxDeliveries, c.q.opts.Now().UnixMilli(), c.q.opts.DeadLetterMaxLen, n, first}
+	order := make([]*finishReq, 0, len(fin))
+	for _, rs := range byPlace {
+		args = append(args, len(rs))
+		for _, r := range rs {
+			args = append(args, r.finishArgs()...)
+			order = append(order, r)
+		}
 	}
 	begun := time.Now()
-	res, err := takeScript.Run(ctx, c.q.rdb, keys, c.q.opts.Group, c.opts.Name, c.q.opts.MaxDeliveries,
-		c.q.opts.Now().UnixMilli(), c.q.opts.DeadLetterMaxLen, n, first).Slice()
+	jobs, finished, err := c.parseTake(takeScript.Run(ctx, c.q.rdb, keys, args...), shards, begun)
+	if err == nil && len(finished) != len(order) {
+		err = fmt.Errorf("take: %d replies for %d runs", len(finished), len(order))
+	}
+	for i, r := range order {
+		if err != nil {
+			c.recorded(r, "", err)
+		} else {
+			c.recorded(r, finished[i], nil)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
-	jobs := make([]job, 0, len(res))
-	for _, r := range res {
+	for _, j := range jobs {
+		c.hold(j.m) // a new message: never held already
+	}
+	return jobs, nil
+}
+
+// parseTake reads the take script's reply: the messages taken, and the verdicts of the runs
+// finished.
+func (c *Consumer) parseTake(cmd *redis.Cmd, shards []int, begun time.Time) ([]job, []string, error) {
+	res, err := cmd.Slice()
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(res) != 2 {
+		return nil, nil, fmt.Errorf("take: unexpected reply %v", res)
+	}
+	verdicts, _ := res[0].([]any)
+	finished := make([]string, len(verdicts))
+	for i, v := range verdicts {
+		finished[i], _ = v.(string)
+	}
+	taken, _ := res[1].([]any)
+	jobs := make([]job, 0, len(taken))
+	for _, r := range taken {
 		e, _ := r.([]any)
 		if len(e) != 4 {
-			return nil, fmt.Errorf("take: unexpected reply %v", r)
+			return nil, nil, fmt.Errorf("take: unexpected reply %v", r)
 		}
 		place, _ := e[0].(int64)
 		id, _ := e[1].(string)
 		flat, _ := e[2].([]any)
 		if place < 0 || int(place) >= len(shards) {
-			return nil, fmt.Errorf("take: unexpected reply %v", r)
+			return nil, nil, fmt.Errorf("take: unexpected reply %v", r)
 		}
 		fields := make(map[string]any, len(flat)/2)
 		for i := 0; i+1 < len(flat); i += 2 {
@@ -459,10 +554,46 @@ func (c *Consumer) take(ctx context.Context, shards []int, first, n int) ([]job,
 		j.parse(e[3])
 		jobs = append(jobs, j)
 	}
-	for _, j := range jobs {
-		c.hold(j.m) // a new message: never held already
+	return jobs, finished, nil
+}
+
+// startTaking marks the reader as taking: finished runs wait for its next take call, which
+// finishes them too, rather than cost a round trip of their own. It returns those waiting.
+func (c *Consumer) startTaking() []*finishReq {
+	c.deferMu.Lock()
+	defer c.deferMu.Unlock()
+	c.taking = true
+	fin := c.deferred
+	c.deferred = nil
+	return fin
+}
+
+// stopTaking ends taking, finishing the runs that waited for it.
+func (c *Consumer) stopTaking() {
+	c.deferMu.Lock()
+	c.taking = false
+	fin := c.deferred
+	c.deferred = nil
+	c.deferMu.Unlock()
+	if len(fin) > 0 {
+		c.finishBatch(fin)
 	}
-	return jobs, nil
+}
+
+// deferToTaker leaves the runs to the reader's next take call while it takes, and reports
+// whether it did.
+func (c *Consumer) deferToTaker(reqs []*finishReq) bool {
+	c.deferMu.Lock()
+	defer c.deferMu.Unlock()
+	if !c.taking {
+		return false
+	}
+	c.deferred = append(c.deferred, reqs...)
+	select {
+	case c.deferredReady <- struct{}{}:
+	default:
+	}
+	return true
 }
 
 func toMessage(shard int, xm redis.XMessage, reclaimed bool) message {
@@ -879,6 +1010,11 @@ func (c *Consumer) finish(ctx context.Context, j job, again time.Duration, herr 
 	c.finishes <- req
 }
 
+// finishArgs are the run's eight fields in a finish or take script call.
+func (r *finishReq) finishArgs() []any {
+	return []any{r.j.m.id, r.j.m.key, r.j.task.Fence, r.status, r.j.earlier, r.j.task.Attempt, r.errText, r.at}
+}
+
 // recorded ends a run whose finish Redis answered: res is the script's reply for it, err
 // Redis's error.
 func (c *Consumer) recorded(r *finishReq, res string, err error) {
@@ -914,7 +1050,9 @@ func (c *Consumer) recordFinishes() {
 				break more
 			}
 		}
-		c.finishBatch(reqs)
+		if !c.deferToTaker(reqs) {
+			c.finishBatch(reqs)
+		}
 	}
 }
 
@@ -929,7 +1067,7 @@ func (c *Consumer) finishBatch(reqs []*finishReq) {
 		finishShardKeys,
 		func(args []any, r *finishReq) []any {
 			order = append(order, r)
-			return append(args, r.j.m.id, r.j.m.key, r.j.task.Fence, r.status, r.j.earlier, r.j.task.Attempt, r.errText, r.at)
+			return append(args, r.finishArgs()...)
 		})
 	c.q.runCalls(ctx, finishScript, calls)
 	for _, call := range calls {

@@ -36,6 +36,11 @@ func beginShardKeys(shard int) []string {
 	return []string{streamKey(shard), stateKey(shard), attemptsKey(shard), fenceKey(shard), deadKey(shard), lastErrorKey(shard)}
 }
 
+// takeShardKeys are the KEYS of one shard in a take script call.
+func takeShardKeys(shard int) []string {
+	return append(beginShardKeys(shard), delayedKey(shard))
+}
+
 // finishShardKeys are the KEYS of one shard in a finish script call.
 func finishShardKeys(shard int) []string {
 	return []string{streamKey(shard), stateKey(shard), attemptsKey(shard), delayedKey(shard), lastErrorKey(shard)}

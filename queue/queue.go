@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -75,6 +76,12 @@ func (o *Options) applyDefaults() error {
 type Queue struct {
 	rdb  redis.UniversalClient
 	opts Options
+
+	// adding says an enqueue round trip is under way; added holds the keys that wait for the
+	// next.
+	addMu  sync.Mutex
+	adding bool
+	added  []*addReq
 }
 
 // New returns a queue on the client with opts' defaults applied.
@@ -117,13 +124,87 @@ func (q *Queue) Setup(ctx context.Context) error {
 // A new message carries the trace context of ctx's span, if there is one. Runs the queue
 // starts by itself (the follow-up of a key added while it was handled, delayed runs, retries,
 // requeued dead letters) carry none and begin traces of their own.
+//
+// Enqueues made while another's round trip is under way share the next one: one script call
+// adds them all.
 func (q *Queue) Enqueue(ctx context.Context, key string) error {
-	shard := q.Shard(key)
-	err := enqueueScript.Run(ctx, q.rdb, []string{streamKey(shard), stateKey(shard), delayedKey(shard)}, q.enqueueArgs(ctx, key)...).Err()
-	if err != nil {
-		return fmt.Errorf("enqueue %s: %w", key, err)
+	r := &addReq{shard: q.Shard(key), key: key, fields: q.traceFields(ctx), done: make(chan error, 1)}
+	q.addMu.Lock()
+	if q.adding {
+		q.added = append(q.added, r)
+		q.addMu.Unlock()
+	} else {
+		q.adding = true
+		q.addMu.Unlock()
+		q.add([]*addReq{r})
+		q.addMu.Lock()
+		if len(q.added) == 0 {
+			q.adding = false
+		} else {
+			go q.addWaiting()
+		}
+		q.addMu.Unlock()
 	}
-	return nil
+	select {
+	case err := <-r.done:
+		if err != nil {
+			return fmt.Errorf("enqueue %s: %w", key, err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("enqueue %s: %w", key, ctx.Err())
+	}
+}
+
+// addReq is one Enqueue's key on its way to Redis; done receives Redis's answer.
+type addReq struct {
+	shard  int
+	key    string
+	fields []any
+	done   chan error
+}
+
+// addTimeout bounds one shared enqueue round trip: it serves several callers, so none's
+// context may cut it short.
+const addTimeout = 5 * time.Second
+
+// add runs the enqueue script for the keys in one round trip and tells each caller.
+func (q *Queue) add(reqs []*addReq) {
+	ctx, cancel := context.WithTimeout(context.Background(), addTimeout)
+	defer cancel()
+	var order []*addReq
+	calls := batch(q, reqs, func(r *addReq) int { return r.shard },
+		func() []any { return nil },
+		func(shard int) []string { return []string{streamKey(shard), stateKey(shard), delayedKey(shard)} },
+		func(args []any, r *addReq) []any {
+			order = append(order, r)
+			return append(append(args, r.key, len(r.fields)), r.fields...)
+		})
+	q.runCalls(ctx, enqueueScript, calls)
+	for _, call := range calls {
+		err := call.cmd.Err()
+		for _, r := range order[:call.n] {
+			r.done <- err
+		}
+		order = order[call.n:]
+	}
+}
+
+// addWaiting adds the keys that came while a round trip was under way, batch after batch,
+// until none is left.
+func (q *Queue) addWaiting() {
+	for {
+		q.addMu.Lock()
+		reqs := q.added
+		q.added = nil
+		if len(reqs) == 0 {
+			q.adding = false
+			q.addMu.Unlock()
+			return
+		}
+		q.addMu.Unlock()
+		q.add(reqs)
+	}
 }
 
 // Backlog is one shard's work as Redis holds it.

@@ -55,15 +55,32 @@ local function owns(group, consumer, id)
 end
 `
 
-// enqueueScript adds a key now.
+// enqueueScript adds keys now, of one or more shards. A delayed run of a key is dropped: it
+// would only repeat the run this one asks for.
 //
-// KEYS[1] stream, KEYS[2] state, KEYS[3] delayed
-// ARGV[1] key, ARGV[2…] optional field/value pairs stored with a new message
-// Returns "queued", "again" or "coalesced". A delayed run of the key is dropped: it would
-// only repeat the run this one asks for.
+// KEYS, per shard: stream, state, delayed
+// ARGV, per shard: how many keys, then per key: the key, how many field/value items follow,
+// and those (stored with a new message)
+// Returns per key, in order: "queued", "again" or "coalesced".
 var enqueueScript = redis.NewScript(enqueueLua + `
-redis.call('ZREM', KEYS[3], ARGV[1])
-return enqueue(KEYS[1], KEYS[2], ARGV[1], unpack(ARGV, 2))
+local out = {}
+local a = 1
+for k = 0, #KEYS - 1, 3 do
+  local n = tonumber(ARGV[a])
+  local keys, at = {}, a + 1
+  for i = 1, n do
+    keys[i] = ARGV[at]
+    at = at + 2 + tonumber(ARGV[at + 1])
+  end
+  redis.call('ZREM', KEYS[k + 3], unpack(keys))
+  a = a + 1
+  for _ = 1, n do
+    local fields = tonumber(ARGV[a + 1])
+    out[#out + 1] = enqueue(KEYS[k + 1], KEYS[k + 2], ARGV[a], unpack(ARGV, a + 2, a + 1 + fields))
+    a = a + 2 + fields
+  end
+end
+return out
 `)
 
 // enqueueAfterScript schedules a key, keeping an earlier schedule if there is one.
@@ -174,25 +191,43 @@ end
 return out
 `)
 
-// takeScript reads new messages of one or more shards and begins them, in one call: what a
-// consumer does while messages are waiting, instead of a read and then a begin. It reads
-// without blocking, shard after shard from the given one, until it has as many as asked.
+// takeScript finishes handler runs and then reads new messages of one or more shards and
+// begins them, in one call: what a consumer does while messages are waiting, instead of a
+// finish, a read and a begin. It reads without blocking, shard after shard from the given one,
+// until it has as many as asked.
 //
-// KEYS, per shard: beginShardKeys
+// KEYS, per shard: takeShardKeys
 // ARGV[1] group, ARGV[2] consumer, ARGV[3] max deliveries, ARGV[4] now (Unix ms),
 // ARGV[5] dead-letter stream cap, ARGV[6] most messages to take, ARGV[7] the shard (its place
-// among the call's, from 0) to read first
-// Returns per message taken: {its shard's place, id, fields, verdict (beginLua)}.
-var takeScript = redis.NewScript(beginLua + `
+// among the call's, from 0) to read first, then per shard: how many runs to finish, then each
+// run's eight fields (finishLua)
+// Returns {the verdict of each run finished, in order ("ok" or "lost"), per message taken:
+// {its shard's place, id, fields, verdict (beginLua)}}.
+var takeScript = redis.NewScript(beginLua + finishLua + `
+local shards = #KEYS / 7
+local finished = {}
+local a = 8
+for g = 0, shards - 1 do
+  local k = g * 7
+  local batch = {}
+  for i = 1, tonumber(ARGV[a]) do
+    batch[i] = {unpack(ARGV, a + 8 * i - 7, a + 8 * i)}
+  end
+  a = a + 8 * #batch + 1
+  if #batch > 0 then
+    for _, v in ipairs(finish(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 7], KEYS[k + 6], ARGV[1], batch)) do
+      finished[#finished + 1] = v
+    end
+  end
+end
 local want = tonumber(ARGV[6])
-local shards = #KEYS / 6
-local out = {}
+local taken = {}
 for j = 0, shards - 1 do
   if want == 0 then
     break
   end
   local g = (tonumber(ARGV[7]) + j) % shards
-  local k = g * 6
+  local k = g * 7
   local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', KEYS[k + 1], '>')
   if r then
     local entries = r[1][2]
@@ -206,38 +241,31 @@ for j = 0, shards - 1 do
     end
     local verdicts = begin(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6], msgs)
     for i, e in ipairs(entries) do
-      out[#out + 1] = {g, e[1], e[2], verdicts[i]}
+      taken[#taken + 1] = {g, e[1], e[2], verdicts[i]}
     end
     want = want - #entries
   end
 end
-return out
+return {finished, taken}
 `)
 
-// finishScript ends handler runs, of one or more shards: it acknowledges and deletes their
-// messages (so the stream holds only entries still waiting or pending), records each outcome,
-// and adds each key again if it was added while being handled, or schedules it. A run whose
-// fence no longer holds its key (a later run took it over) changes nothing.
+// finishLua ends handler runs of one shard: it acknowledges and deletes their messages (so the
+// stream holds only entries still waiting or pending), records each outcome, and adds each key
+// again if it was added while being handled, or schedules it. A run whose fence no longer
+// holds its key (a later run took it over) changes nothing. batch holds the runs: {message id, key, fence,
+// "ok" (attempts reset) or "failed" (attempt and error kept), earlier failed deliveries (when
+// 0 there is nothing to reset), attempt, error message, when to run again (Unix ms; 0 for not
+// at all)}, all strings.
 //
-// KEYS, per shard: finishShardKeys
-// ARGV[1] group, then per shard: how many runs, then per run: message id, key, fence,
-// "ok" (attempts reset) or "failed" (attempt and error kept), earlier failed deliveries (when 0
-// there is nothing to reset), attempt, error message, when to run again (Unix ms; 0 for not at
-// all)
 // Returns per run, in order: "ok", or "lost" when another run has the key now.
-var finishScript = redis.NewScript(runsLua + `
-local group = ARGV[1]
-local out = {}
-local a = 2
-for k = 0, #KEYS - 1, 5 do
-  local stream, state, attempts, delayed, lastErr = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
-  local acked, idle = {}, {}
-  for _ = 1, tonumber(ARGV[a]) do
-    local id, key, fence, status, earlier, attempt, err, at = unpack(ARGV, a + 1, a + 8)
-    a = a + 8
+const finishLua = runsLua + `
+local function finish(stream, state, attempts, delayed, lastErr, group, batch)
+  local verdicts, acked, idle = {}, {}, {}
+  for i, r in ipairs(batch) do
+    local id, key, fence, status, earlier, attempt, err, at = unpack(r)
     local st = redis.call('HGET', state, key)
     if not runs(st, fence) then
-      out[#out + 1] = 'lost'
+      verdicts[i] = 'lost'
     else
       acked[#acked + 1] = id
       if status == 'ok' then
@@ -257,7 +285,7 @@ for k = 0, #KEYS - 1, 5 do
           redis.call('ZADD', delayed, 'LT', at, key)
         end
       end
-      out[#out + 1] = 'ok'
+      verdicts[i] = 'ok'
     end
   end
   if #acked > 0 then
@@ -267,7 +295,27 @@ for k = 0, #KEYS - 1, 5 do
   if #idle > 0 then
     redis.call('HDEL', state, unpack(idle))
   end
-  a = a + 1
+  return verdicts
+end
+`
+
+// finishScript ends handler runs, of one or more shards, in one call (finishLua).
+//
+// KEYS, per shard: finishShardKeys
+// ARGV[1] group, then per shard: how many runs, then each run's eight fields (finishLua)
+// Returns per run, in order: "ok" or "lost".
+var finishScript = redis.NewScript(finishLua + `
+local out = {}
+local a = 2
+for k = 0, #KEYS - 1, 5 do
+  local batch = {}
+  for i = 1, tonumber(ARGV[a]) do
+    batch[i] = {unpack(ARGV, a + 8 * i - 7, a + 8 * i)}
+  end
+  a = a + 8 * #batch + 1
+  for _, v in ipairs(finish(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], ARGV[1], batch)) do
+    out[#out + 1] = v
+  end
 end
 return out
 `)

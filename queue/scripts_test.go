@@ -187,50 +187,61 @@ func runScriptCases(t *testing.T, cases []scriptCase) {
 func TestEnqueueScript(t *testing.T) {
 	enqueue := func(key string) func(context.Context, *redis.Client, map[string]string) *redis.Cmd {
 		return func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
-			return enqueueScript.Run(ctx, rdb, []string{streamKey(0), stateKey(0), delayedKey(0)}, key)
+			return enqueueScript.Run(ctx, rdb, []string{streamKey(0), stateKey(0), delayedKey(0)}, 1, key, 0)
 		}
 	}
 	runScriptCases(t, []scriptCase{{
 		name:       "idle key is queued",
 		run:        enqueue("k"),
-		wantResult: "queued",
+		wantResult: "[queued]",
 		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}},
 	}, {
 		name:       "waiting key is left alone",
 		init:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}},
 		run:        enqueue("k"),
-		wantResult: "coalesced",
+		wantResult: "[coalesced]",
 		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}},
 	}, {
 		name:       "key being handled runs once more",
 		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a7"}},
 		run:        enqueue("k"),
-		wantResult: "again",
+		wantResult: "[again]",
 		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d7"}},
 	}, {
 		name:       "key already marked to run again is left alone",
 		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d7"}},
 		run:        enqueue("k"),
-		wantResult: "coalesced",
+		wantResult: "[coalesced]",
 		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d7"}},
 	}, {
 		name:       "delayed key runs now and loses its schedule",
 		init:       rawShard{delayed: map[string]int64{"k": 5000, "other": 6000}},
 		run:        enqueue("k"),
-		wantResult: "queued",
+		wantResult: "[queued]",
 		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}, delayed: map[string]int64{"other": 6000}},
 	}, {
 		name:       "delayed key being handled loses its schedule",
 		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a7"}, delayed: map[string]int64{"k": 5000}},
 		run:        enqueue("k"),
-		wantResult: "again",
+		wantResult: "[again]",
 		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d7"}},
 	}, {
 		name:       "other keys are untouched",
 		init:       rawShard{waiting: []string{"x"}, state: map[string]string{"x": "q@"}},
 		run:        enqueue("k"),
-		wantResult: "queued",
+		wantResult: "[queued]",
 		want:       rawShard{waiting: []string{"x", "k"}, state: map[string]string{"x": "q@", "k": "q@"}},
+	}, {
+		name: "one call adds several keys, each as alone, with its own fields",
+		init: rawShard{waiting: []string{"w"}, pending: map[string]string{"busy": "c1"},
+			state: map[string]string{"w": "q@", "busy": "a4"}, delayed: map[string]int64{"new": 5000}},
+		run: func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
+			return enqueueScript.Run(ctx, rdb, []string{streamKey(0), stateKey(0), delayedKey(0)},
+				4, "new", 2, "traceparent", "00-x", "w", 0, "busy", 0, "other", 0)
+		},
+		wantResult: "[queued coalesced again queued]",
+		want: rawShard{waiting: []string{"w", "new", "other"}, pending: map[string]string{"busy": "c1"},
+			state: map[string]string{"w": "q@", "busy": "d4", "new": "q@", "other": "q@"}},
 	}})
 }
 

@@ -15,16 +15,15 @@ import (
 // keyField is the stream-entry field holding the key.
 const keyField = "k"
 
-// enqueueArgs returns the enqueue script's arguments: the key, then the trace context of
-// ctx's span as field/value pairs. A context without a span costs nothing more: no
-// propagator runs and the message holds only the key.
-func (q *Queue) enqueueArgs(ctx context.Context, key string) []any {
-	args := []any{key}
+// traceFields returns the trace context of ctx's span as field/value pairs for a new
+// message. A context without a span costs nothing more: no propagator runs and the message
+// holds only the key.
+func (q *Queue) traceFields(ctx context.Context) []any {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
-		return args
+		return nil
 	}
 	// A variable of its own: the carrier escapes to the heap, and only here.
-	carrier := argsCarrier(args)
+	var carrier argsCarrier
 	q.opts.Propagator.Inject(ctx, &carrier)
 	return carrier
 }
