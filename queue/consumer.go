@@ -335,25 +335,17 @@ func (c *Consumer) reserveOrFinish(ctx context.Context, n int, finish bool) int 
 	if ctx.Err() != nil {
 		return -1
 	}
-	took := 0
-	if !finish {
-		select {
-		case <-c.room:
-			took = 1
-		case <-c.deferredReady:
-		case <-ctx.Done():
-			return -1
-		}
+	if finish {
+		return c.moreRoom(n)
 	}
-	for took < n {
-		select {
-		case <-c.room:
-			took++
-		default:
-			return took
-		}
+	select {
+	case <-c.room:
+		return 1 + c.moreRoom(n-1)
+	case <-c.deferredReady:
+		return c.moreRoom(n)
+	case <-ctx.Done():
+		return -1
 	}
-	return took
 }
 
 // reserve takes a token for each message it can, at least one (waiting for it), and returns
@@ -364,19 +356,22 @@ func (c *Consumer) reserve(ctx context.Context, n int) int {
 	}
 	select {
 	case <-c.room:
+		return 1 + c.moreRoom(n-1)
 	case <-ctx.Done():
 		return 0
 	}
-	took := 1
-	for took < n {
+}
+
+// moreRoom takes up to n tokens that are free now, and returns how many.
+func (c *Consumer) moreRoom(n int) int {
+	for took := 0; took < n; took++ {
 		select {
 		case <-c.room:
-			took++
 		default:
 			return took
 		}
 	}
-	return took
+	return n
 }
 
 // readGroups splits the shards into sets that one blocking read can wait on. Each waiting read
@@ -399,9 +394,9 @@ func (c *Consumer) readGroups() [][]int {
 }
 
 // read takes new messages of the shards, as many at a time as there is room for, and begins
-// them. While messages are waiting (the last take got all it asked for) one script
-// call reads and begins them; otherwise a blocking read waits for the next, and a begin
-// follows.
+// them. While messages are waiting (the last take got all it asked for) one script call reads
+// and begins them, and finishes the runs that ended meanwhile; otherwise a blocking read waits
+// for the next, and a begin follows.
 func (c *Consumer) read(ctx context.Context, shards []int, work chan<- job) {
 	args := &redis.XReadGroupArgs{Group: c.q.opts.Group, Consumer: c.opts.Name, Block: c.opts.Block}
 	shardOf := map[string]int{}
@@ -820,7 +815,13 @@ func (c *Consumer) run(ctx context.Context, j job, end func(runResult)) {
 	task := j.task
 
 	taskCtx, cancelTask := context.WithCancel(ctx)
-	h := c.running(m, cancelTask)
+	h, ok := c.running(m, cancelTask)
+	if !ok {
+		cancelTask()
+		c.metrics.handled.WithLabelValues("lost").Inc()
+		end(runResult{task: task, outcome: "lost"})
+		return
+	}
 	c.metrics.inflight.Inc()
 	start := time.Now()
 	again, herr := c.call(taskCtx, task)
@@ -862,18 +863,19 @@ func (c *Consumer) hold(m message) bool {
 }
 
 // running records that the held message's handler runs with the cancel func, and returns its
-// holding; a message lost before its handler ran has its context ended at once.
-func (c *Consumer) running(m message, cancel context.CancelFunc) *holding {
+// holding; false when the message was lost while it waited for a handler, which then must
+// not run.
+func (c *Consumer) running(m message, cancel context.CancelFunc) (*holding, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	h := c.held[m.ref()]
-	h.cancel = cancel
 	select {
 	case <-h.lost:
-		cancel()
+		return h, false
 	default:
 	}
-	return h
+	h.cancel = cancel
+	return h, true
 }
 
 func (c *Consumer) release(m message) {
