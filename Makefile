@@ -4,7 +4,7 @@ PKGS := ./...
 # Where make images writes the guest images the libvirt tests boot (ignored by git).
 IMAGES_DIR ?= $(CURDIR)/images
 
-.PHONY: run test clients images virt-test bench-virt bench-publish cluster-test chaos vet fmt-check generate generate-check bench gobench bench-compile fuzz lint
+.PHONY: run test clients images virt-test bench-virt bench-publish cluster-test chaos vet fmt-check generate generate-check bench gobench bench-compile bench-queue fuzz lint
 
 ## run: the whole system in one process with an embedded in-memory Redis and demo data.
 run:
@@ -86,8 +86,21 @@ generate-check: generate
 		echo "generated code is not current; run make generate and commit:"; \
 		git status --porcelain -- graph; git diff --stat -- graph; exit 1; fi
 
+## bench-compile: every Go benchmark compiled and run once, and the queue benchmark's module
+## (bench/queue, below) built and vetted, so that none rots.
 bench-compile:
 	$(GO) test -run='^$$' -bench=. -benchtime=1x $(PKGS)
+	cd bench/queue && $(GO) build -o /dev/null . && $(GO) vet ./...
+
+## bench-queue: the work queue beside bare Redis Streams commands and asynq, on one
+## redis-server it starts itself on a free loopback port: 50,000 distinct keys, no-op handlers,
+## 4 and 16 handlers, ROUNDS interleaved rounds (under a minute each here), the medians of
+## items/s and Redis CPU per 1,000 items as a markdown table (docs/performance.md). bench/queue
+## is a module of its own, so that only it depends on asynq; on a fresh machine its first run
+## downloads its modules through the Go module proxy.
+ROUNDS ?= 3
+bench-queue:
+	cd bench/queue && $(GO) run . -rounds $(ROUNDS)
 
 ## bench: the load tool at its default sizes (under 3 minutes): the whole system, started with a
 ## real redis-server, against the machine's limits; writes bench-results/latest.{json,md}

@@ -1,0 +1,391 @@
+// Command queue-bench measures the work queue (package queue) beside bare Redis Streams
+// commands and asynq, on one redis-server it starts itself on a free loopback port: the same
+// distinct keys, producers and no-op handlers for each, in interleaved rounds, and prints the
+// medians as a markdown table (docs/performance.md, "The work queue beside raw streams and
+// asynq"). It is a module of its own so that the product's module does not depend on asynq.
+//
+//	go run . [-rounds 3] [-keys 50000] [-handlers 4,16] [-producers 4]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/computeql/computeql/queue"
+	"github.com/computeql/computeql/redisproc"
+)
+
+func main() {
+	rounds := flag.Int("rounds", 3, "rounds of every system at every handler count; the table shows medians")
+	keys := flag.Int("keys", 50_000, "distinct keys added and handled per run")
+	handlerList := flag.String("handlers", "4,16", "comma-separated handler counts, each a column of runs")
+	producers := flag.Int("producers", 4, "goroutines adding keys, one add at a time each")
+	asynqCheck := flag.Duration("asynq-check-interval", 10*time.Millisecond,
+		"asynq's TaskCheckInterval: how long its idle handlers sleep when the queue is empty (asynq polls; its default is 1s)")
+	flag.Parse()
+	var handlers []int
+	for _, f := range strings.Split(*handlerList, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "bad -handlers %q\n", *handlerList)
+			os.Exit(2)
+		}
+		handlers = append(handlers, n)
+	}
+	if err := run(*rounds, *keys, *producers, handlers, *asynqCheck); err != nil {
+		fmt.Fprintln(os.Stderr, "queue-bench:", err)
+		os.Exit(1)
+	}
+}
+
+// system is one way of moving keys from producers to handlers.
+type system struct {
+	name string
+	// start readies the consumers with n handlers, each calling handled once per key, and
+	// returns how to add a key and how to wait for the consumers to stop once ctx ended.
+	start func(ctx context.Context, n int, handled func()) (add func(ctx context.Context, key string) error, stop func(), err error)
+}
+
+// result is one run's figures.
+type result struct {
+	perSec    float64
+	cpuPer1k  float64 // Redis CPU, ms per 1,000 keys
+	wallClock time.Duration
+}
+
+func run(rounds, keys, producers int, handlers []int, asynqCheck time.Duration) error {
+	srv, err := redisproc.Start()
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+	// An interrupted run stops its redis-server too, which would otherwise outlive it.
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-stop
+		srv.Stop()
+		os.Exit(130)
+	}()
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer admin.Close()
+	ctx := context.Background()
+	version, _ := admin.InfoMap(ctx, "server").Result()
+	systems := []system{rawStreams(srv.Addr), ourQueue(srv.Addr), asynqSystem(srv.Addr, asynqCheck)}
+
+	// results[h][s] holds every round's figures of system s at handler count h.
+	results := make([][][]result, len(handlers))
+	for h := range handlers {
+		results[h] = make([][]result, len(systems))
+	}
+	started := time.Now()
+	load0 := loadAverage()
+	for round := range rounds {
+		for h, n := range handlers {
+			for s, sys := range systems {
+				r, err := measure(ctx, admin, sys, n, keys, producers)
+				if err != nil {
+					return fmt.Errorf("%s, %d handlers, round %d: %w", sys.name, n, round+1, err)
+				}
+				results[h][s] = append(results[h][s], r)
+				fmt.Fprintf(os.Stderr, "round %d/%d  %-12s %2d handlers  %8.0f keys/s  %6.1f ms Redis CPU per 1,000 keys  (%s)\n",
+					round+1, rounds, sys.name, n, r.perSec, r.cpuPer1k, r.wallClock.Round(time.Millisecond))
+			}
+		}
+	}
+
+	redisVersion := ""
+	if v, ok := version["Server"]["redis_version"]; ok {
+		redisVersion = "Redis " + v
+	}
+	fmt.Printf("\n%d distinct keys per run added by %d producers, no-op handlers; median of %d interleaved rounds "+
+		"(raw, ours, asynq at each handler count in turn) on one redis-server on loopback (%s); %d cores, %s, GOMAXPROCS %d; "+
+		"load average %s at the start, %s at the end; %s in all.\n\n",
+		keys, producers, rounds, redisVersion, runtime.NumCPU(), runtime.Version(), runtime.GOMAXPROCS(0),
+		load0, loadAverage(), time.Since(started).Round(time.Second))
+	fmt.Println("| handlers | figure | raw streams | our queue | asynq v0.26.0 | ours ÷ raw | ours ÷ asynq |")
+	fmt.Println("| --- | --- | --- | --- | --- | --- | --- |")
+	for h, n := range handlers {
+		var perSec, cpu [3]float64
+		for s := range systems {
+			perSec[s] = median(results[h][s], func(r result) float64 { return r.perSec })
+			cpu[s] = median(results[h][s], func(r result) float64 { return r.cpuPer1k })
+		}
+		fmt.Printf("| %d | keys/s | %s | %s | %s | %.2f× | %.2f× |\n", n,
+			thousands(perSec[0]), thousands(perSec[1]), thousands(perSec[2]), perSec[1]/perSec[0], perSec[1]/perSec[2])
+		fmt.Printf("| %d | Redis CPU per 1,000 keys | %.1f ms | %.1f ms | %.1f ms | %.2f× | %.2f× |\n", n,
+			cpu[0], cpu[1], cpu[2], cpu[1]/cpu[0], cpu[1]/cpu[2])
+	}
+	return nil
+}
+
+// measure runs one system once on an empty database: producers add the keys while the
+// consumers handle them; the run lasts from the first add to the last key handled.
+func measure(ctx context.Context, admin *redis.Client, sys system, handlers, keys, producers int) (result, error) {
+	if err := admin.FlushAll(ctx).Err(); err != nil {
+		return result{}, err
+	}
+	var handled atomic.Int64
+	all := make(chan struct{})
+	runCtx, cancel := context.WithCancel(ctx)
+	add, wait, err := sys.start(runCtx, handlers, func() {
+		if handled.Add(1) == int64(keys) {
+			close(all)
+		}
+	})
+	if err != nil {
+		cancel()
+		return result{}, err
+	}
+	// The consumers are gone before the next run's FLUSHALL.
+	stop := func() { cancel(); wait() }
+	cpu0, err := redisCPU(ctx, admin)
+	if err != nil {
+		stop()
+		return result{}, err
+	}
+	began := time.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, producers)
+	for range producers {
+		wg.Go(func() {
+			for i := next.Add(1) - 1; i < int64(keys); i = next.Add(1) - 1 {
+				if err := add(runCtx, "k"+strconv.FormatInt(i, 10)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		stop()
+		return result{}, fmt.Errorf("add: %w", err)
+	}
+	select {
+	case <-all:
+	case <-time.After(5 * time.Minute):
+		stop()
+		return result{}, fmt.Errorf("%d of %d keys handled after 5 minutes", handled.Load(), keys)
+	}
+	elapsed := time.Since(began)
+	cpu1, err := redisCPU(ctx, admin)
+	stop()
+	if err != nil {
+		return result{}, err
+	}
+	return result{
+		perSec:    float64(keys) / elapsed.Seconds(),
+		cpuPer1k:  (cpu1 - cpu0) * 1000 / float64(keys) * 1000,
+		wallClock: elapsed,
+	}, nil
+}
+
+// redisCPU is the server's CPU time so far, user and system, in seconds (INFO cpu).
+func redisCPU(ctx context.Context, admin *redis.Client) (float64, error) {
+	info, err := admin.InfoMap(ctx, "cpu").Result()
+	if err != nil {
+		return 0, err
+	}
+	var total float64
+	for _, f := range []string{"used_cpu_sys", "used_cpu_user"} {
+		v, err := strconv.ParseFloat(info["CPU"][f], 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO cpu %s: %q", f, info["CPU"][f])
+		}
+		total += v
+	}
+	return total, nil
+}
+
+// streams is how many streams the raw system spreads its keys over: as many as the queue's
+// shards.
+const streams = 16
+
+// rawStreams is the limit: XADD to 16 streams, one blocking XREADGROUP over all of them for
+// as many messages as there are handlers (as the queue's consumer reads), an XACK per
+// message; no coalescing, leases, fencing, retries or dead letters.
+func rawStreams(addr string) system {
+	return system{name: "raw streams", start: func(ctx context.Context, n int, handled func()) (func(context.Context, string) error, func(), error) {
+		producer := redis.NewClient(&redis.Options{Addr: addr})
+		consumer := redis.NewClient(&redis.Options{Addr: addr})
+		names := make([]string, 0, 2*streams)
+		for s := range streams {
+			name := "raw:" + strconv.Itoa(s)
+			if err := consumer.XGroupCreateMkStream(ctx, name, "g", "0").Err(); err != nil {
+				producer.Close()
+				consumer.Close()
+				return nil, nil, err
+			}
+			names = append(names, name)
+		}
+		for range streams {
+			names = append(names, ">")
+		}
+		var wg sync.WaitGroup
+		type msg struct {
+			stream string
+			id     string
+		}
+		jobs := make(chan msg, n)
+		for range n {
+			wg.Go(func() {
+				for m := range jobs {
+					if err := consumer.XAck(context.WithoutCancel(ctx), m.stream, "g", m.id).Err(); err != nil {
+						fmt.Fprintln(os.Stderr, "raw XACK:", err)
+						continue
+					}
+					handled()
+				}
+			})
+		}
+		var reader sync.WaitGroup
+		reader.Go(func() {
+			defer close(jobs)
+			for ctx.Err() == nil {
+				res, err := consumer.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "raw", Streams: names,
+					Count: int64(n), Block: time.Second}).Result()
+				if err != nil {
+					continue
+				}
+				for _, s := range res {
+					for _, m := range s.Messages {
+						jobs <- msg{s.Stream, m.ID}
+					}
+				}
+			}
+		})
+		var seq atomic.Int64
+		add := func(ctx context.Context, key string) error {
+			s := seq.Add(1) % streams
+			return producer.XAdd(ctx, &redis.XAddArgs{Stream: "raw:" + strconv.FormatInt(s, 10), Values: []any{"k", key}}).Err()
+		}
+		stop := func() {
+			reader.Wait()
+			wg.Wait()
+			producer.Close()
+			consumer.Close()
+		}
+		return add, stop, nil
+	}}
+}
+
+// ourQueue is package queue with its defaults (16 shards, 30 s lease, 1 s blocking read), one
+// consumer of n handlers.
+func ourQueue(addr string) system {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	return system{name: "our queue", start: func(ctx context.Context, n int, handled func()) (func(context.Context, string) error, func(), error) {
+		producer := redis.NewClient(&redis.Options{Addr: addr})
+		consumer := redis.NewClient(&redis.Options{Addr: addr})
+		pq, err := queue.New(producer, queue.Options{})
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := pq.Setup(ctx); err != nil {
+			return nil, nil, err
+		}
+		cq, err := queue.New(consumer, queue.Options{})
+		if err != nil {
+			return nil, nil, err
+		}
+		c, err := cq.NewConsumer(queue.HandlerFunc(func(context.Context, queue.Task) (time.Duration, error) {
+			handled()
+			return 0, nil
+		}), queue.ConsumerOptions{Name: "bench", Concurrency: n, Logger: quiet})
+		if err != nil {
+			return nil, nil, err
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() { c.Start(ctx) })
+		stop := func() {
+			wg.Wait()
+			producer.Close()
+			consumer.Close()
+		}
+		return pq.Enqueue, stop, nil
+	}}
+}
+
+// asynqSystem is asynq with n handlers on one queue; each key is a task whose ID is the key,
+// so that a key already waiting is refused, as the queue coalesces it. Its idle handlers poll
+// every checkInterval (asynq has no blocking read).
+func asynqSystem(addr string, checkInterval time.Duration) system {
+	return system{name: "asynq", start: func(ctx context.Context, n int, handled func()) (func(context.Context, string) error, func(), error) {
+		producer := redis.NewClient(&redis.Options{Addr: addr})
+		consumer := redis.NewClient(&redis.Options{Addr: addr})
+		client := asynq.NewClientFromRedisClient(producer)
+		srv := asynq.NewServerFromRedisClient(consumer, asynq.Config{
+			Concurrency: n, Queues: map[string]int{"default": 1}, TaskCheckInterval: checkInterval,
+			LogLevel: asynq.ErrorLevel,
+		})
+		if err := srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+			handled()
+			return nil
+		})); err != nil {
+			return nil, nil, err
+		}
+		add := func(ctx context.Context, key string) error {
+			_, err := client.EnqueueContext(ctx, asynq.NewTask("key", nil), asynq.TaskID(key))
+			if errors.Is(err, asynq.ErrTaskIDConflict) {
+				return nil
+			}
+			return err
+		}
+		stop := func() {
+			srv.Shutdown()
+			client.Close()
+			producer.Close()
+			consumer.Close()
+		}
+		return add, stop, nil
+	}}
+}
+
+func median(rs []result, f func(result) float64) float64 {
+	v := make([]float64, len(rs))
+	for i, r := range rs {
+		v[i] = f(r)
+	}
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
+// thousands formats a rate as 12,345.
+func thousands(f float64) string {
+	s := strconv.FormatInt(int64(f+0.5), 10)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+// loadAverage is the machine's 1-minute load average, or "?" where /proc does not say.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(b))[0]
+}
