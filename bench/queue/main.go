@@ -58,9 +58,10 @@ func main() {
 // system is one way of moving keys from producers to handlers.
 type system struct {
 	name string
-	// start readies the consumers with n handlers, each calling handled once per key, and
-	// returns how to add a key and how to wait for the consumers to stop once ctx ended.
-	start func(ctx context.Context, n int, handled func()) (add func(ctx context.Context, key string) error, stop func(), err error)
+	// start readies the consumers with n handlers, each calling handled once per key, on
+	// clients made with newClient, and returns how to add a key and how to wait for the
+	// consumers to stop once ctx ended.
+	start func(ctx context.Context, n int, newClient func() *redis.Client, handled func()) (add func(ctx context.Context, key string) error, stop func(), err error)
 }
 
 // result is one run's figures.
@@ -68,6 +69,9 @@ type result struct {
 	perSec    float64
 	cpuPer1k  float64 // Redis CPU, ms per 1,000 keys
 	wallClock time.Duration
+	// Per key: round trips the system's clients made (a pipeline is one), scripts Redis ran,
+	// and commands Redis ran (those of scripts included, the script calls not).
+	trips, scripts, commands float64
 }
 
 func run(rounds, keys, producers int, handlers []int, asynqCheck time.Duration) error {
@@ -88,7 +92,7 @@ func run(rounds, keys, producers int, handlers []int, asynqCheck time.Duration) 
 	defer admin.Close()
 	ctx := context.Background()
 	version, _ := admin.InfoMap(ctx, "server").Result()
-	systems := []system{rawStreams(srv.Addr), ourQueue(srv.Addr), asynqSystem(srv.Addr, asynqCheck)}
+	systems := []system{rawStreams(), ourQueue(), asynqSystem(asynqCheck)}
 
 	// results[h][s] holds every round's figures of system s at handler count h.
 	results := make([][][]result, len(handlers))
@@ -100,13 +104,13 @@ func run(rounds, keys, producers int, handlers []int, asynqCheck time.Duration) 
 	for round := range rounds {
 		for h, n := range handlers {
 			for s, sys := range systems {
-				r, err := measure(ctx, admin, sys, n, keys, producers)
+				r, err := measure(ctx, admin, srv.Addr, sys, n, keys, producers)
 				if err != nil {
 					return fmt.Errorf("%s, %d handlers, round %d: %w", sys.name, n, round+1, err)
 				}
 				results[h][s] = append(results[h][s], r)
-				fmt.Fprintf(os.Stderr, "round %d/%d  %-12s %2d handlers  %8.0f keys/s  %6.1f ms Redis CPU per 1,000 keys  (%s)\n",
-					round+1, rounds, sys.name, n, r.perSec, r.cpuPer1k, r.wallClock.Round(time.Millisecond))
+				fmt.Fprintf(os.Stderr, "round %d/%d  %-12s %2d handlers  %8.0f keys/s  %6.1f ms Redis CPU per 1,000 keys  per key: %.2f round trips, %.2f scripts, %.1f commands  (%s)\n",
+					round+1, rounds, sys.name, n, r.perSec, r.cpuPer1k, r.trips, r.scripts, r.commands, r.wallClock.Round(time.Millisecond))
 			}
 		}
 	}
@@ -123,29 +127,44 @@ func run(rounds, keys, producers int, handlers []int, asynqCheck time.Duration) 
 	fmt.Println("| handlers | figure | raw streams | our queue | asynq v0.26.0 | ours ÷ raw | ours ÷ asynq |")
 	fmt.Println("| --- | --- | --- | --- | --- | --- | --- |")
 	for h, n := range handlers {
-		var perSec, cpu [3]float64
-		for s := range systems {
-			perSec[s] = median(results[h][s], func(r result) float64 { return r.perSec })
-			cpu[s] = median(results[h][s], func(r result) float64 { return r.cpuPer1k })
+		for _, f := range []struct {
+			name   string
+			value  func(result) float64
+			format func(float64) string
+		}{
+			{"keys/s", func(r result) float64 { return r.perSec }, thousands},
+			{"Redis CPU per 1,000 keys", func(r result) float64 { return r.cpuPer1k }, func(v float64) string { return fmt.Sprintf("%.1f ms", v) }},
+			{"round trips per key", func(r result) float64 { return r.trips }, func(v float64) string { return fmt.Sprintf("%.2f", v) }},
+			{"scripts per key", func(r result) float64 { return r.scripts }, func(v float64) string { return fmt.Sprintf("%.2f", v) }},
+			{"commands per key (in scripts too)", func(r result) float64 { return r.commands }, func(v float64) string { return fmt.Sprintf("%.1f", v) }},
+		} {
+			var v [3]float64
+			for s := range systems {
+				v[s] = median(results[h][s], f.value)
+			}
+			fmt.Printf("| %d | %s | %s | %s | %s | %s | %s |\n", n, f.name, f.format(v[0]), f.format(v[1]), f.format(v[2]),
+				ratio(v[1], v[0]), ratio(v[1], v[2]))
 		}
-		fmt.Printf("| %d | keys/s | %s | %s | %s | %.2f× | %.2f× |\n", n,
-			thousands(perSec[0]), thousands(perSec[1]), thousands(perSec[2]), perSec[1]/perSec[0], perSec[1]/perSec[2])
-		fmt.Printf("| %d | Redis CPU per 1,000 keys | %.1f ms | %.1f ms | %.1f ms | %.2f× | %.2f× |\n", n,
-			cpu[0], cpu[1], cpu[2], cpu[1]/cpu[0], cpu[1]/cpu[2])
 	}
 	return nil
 }
 
 // measure runs one system once on an empty database: producers add the keys while the
 // consumers handle them; the run lasts from the first add to the last key handled.
-func measure(ctx context.Context, admin *redis.Client, sys system, handlers, keys, producers int) (result, error) {
+func measure(ctx context.Context, admin *redis.Client, addr string, sys system, handlers, keys, producers int) (result, error) {
 	if err := admin.FlushAll(ctx).Err(); err != nil {
 		return result{}, err
 	}
-	var handled atomic.Int64
+	var handled, trips atomic.Int64
+	var counting atomic.Bool
+	newClient := func() *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		c.AddHook(tripCounter{counting: &counting, n: &trips})
+		return c
+	}
 	all := make(chan struct{})
 	runCtx, cancel := context.WithCancel(ctx)
-	add, wait, err := sys.start(runCtx, handlers, func() {
+	add, wait, err := sys.start(runCtx, handlers, newClient, func() {
 		if handled.Add(1) == int64(keys) {
 			close(all)
 		}
@@ -157,10 +176,14 @@ func measure(ctx context.Context, admin *redis.Client, sys system, handlers, key
 	// The consumers are gone before the next run's FLUSHALL.
 	stop := func() { cancel(); wait() }
 	cpu0, err := redisCPU(ctx, admin)
+	if err == nil {
+		err = admin.ConfigResetStat(ctx).Err()
+	}
 	if err != nil {
 		stop()
 		return result{}, err
 	}
+	counting.Store(true)
 	began := time.Now()
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -189,15 +212,83 @@ func measure(ctx context.Context, admin *redis.Client, sys system, handlers, key
 	}
 	elapsed := time.Since(began)
 	cpu1, err := redisCPU(ctx, admin)
+	n := trips.Load()
+	var scripts, commands int64
+	if err == nil {
+		scripts, commands, err = commandCalls(ctx, admin)
+	}
 	stop()
 	if err != nil {
 		return result{}, err
 	}
+	k := float64(keys)
 	return result{
-		perSec:    float64(keys) / elapsed.Seconds(),
-		cpuPer1k:  (cpu1 - cpu0) * 1000 / float64(keys) * 1000,
+		perSec:    k / elapsed.Seconds(),
+		cpuPer1k:  (cpu1 - cpu0) * 1000 / k * 1000,
 		wallClock: elapsed,
+		trips:     float64(n) / k, scripts: float64(scripts) / k, commands: float64(commands) / k,
 	}, nil
+}
+
+// tripCounter counts a client's round trips once counting is set: every command or pipeline
+// sent.
+type tripCounter struct {
+	counting *atomic.Bool
+	n        *atomic.Int64
+}
+
+func (t tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (t tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if t.counting.Load() {
+			t.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (t tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if t.counting.Load() {
+			t.n.Add(1)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// commandCalls reads INFO commandstats since the last CONFIG RESETSTAT: how many scripts
+// Redis ran (EVALSHA and EVAL), and how many commands (those run by scripts included, the
+// script calls and the INFO itself not).
+func commandCalls(ctx context.Context, admin *redis.Client) (scripts, commands int64, err error) {
+	info, err := admin.InfoMap(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, 0, err
+	}
+	for name, stats := range info["Commandstats"] {
+		var calls int64
+		for _, f := range strings.Split(stats, ",") {
+			if v, ok := strings.CutPrefix(f, "calls="); ok {
+				calls, _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+		switch strings.TrimPrefix(name, "cmdstat_") {
+		case "evalsha", "eval":
+			scripts += calls
+		case "info", "config|resetstat":
+		default:
+			commands += calls
+		}
+	}
+	return scripts, commands, nil
+}
+
+// ratio formats a÷b.
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
 }
 
 // redisCPU is the server's CPU time so far, user and system, in seconds (INFO cpu).
@@ -224,10 +315,9 @@ const streams = 16
 // rawStreams is the limit: XADD to 16 streams, one blocking XREADGROUP over all of them for
 // as many messages as there are handlers (as the queue's consumer reads), an XACK per
 // message; no coalescing, leases, fencing, retries or dead letters.
-func rawStreams(addr string) system {
-	return system{name: "raw streams", start: func(ctx context.Context, n int, handled func()) (func(context.Context, string) error, func(), error) {
-		producer := redis.NewClient(&redis.Options{Addr: addr})
-		consumer := redis.NewClient(&redis.Options{Addr: addr})
+func rawStreams() system {
+	return system{name: "raw streams", start: func(ctx context.Context, n int, newClient func() *redis.Client, handled func()) (func(context.Context, string) error, func(), error) {
+		producer, consumer := newClient(), newClient()
 		names := make([]string, 0, 2*streams)
 		for s := range streams {
 			name := "raw:" + strconv.Itoa(s)
@@ -291,11 +381,10 @@ func rawStreams(addr string) system {
 
 // ourQueue is package queue with its defaults (16 shards, 30 s lease, 1 s blocking read), one
 // consumer of n handlers.
-func ourQueue(addr string) system {
+func ourQueue() system {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return system{name: "our queue", start: func(ctx context.Context, n int, handled func()) (func(context.Context, string) error, func(), error) {
-		producer := redis.NewClient(&redis.Options{Addr: addr})
-		consumer := redis.NewClient(&redis.Options{Addr: addr})
+	return system{name: "our queue", start: func(ctx context.Context, n int, newClient func() *redis.Client, handled func()) (func(context.Context, string) error, func(), error) {
+		producer, consumer := newClient(), newClient()
 		pq, err := queue.New(producer, queue.Options{})
 		if err != nil {
 			return nil, nil, err
@@ -328,10 +417,9 @@ func ourQueue(addr string) system {
 // asynqSystem is asynq with n handlers on one queue; each key is a task whose ID is the key,
 // so that a key already waiting is refused, as the queue coalesces it. Its idle handlers poll
 // every checkInterval (asynq has no blocking read).
-func asynqSystem(addr string, checkInterval time.Duration) system {
-	return system{name: "asynq", start: func(ctx context.Context, n int, handled func()) (func(context.Context, string) error, func(), error) {
-		producer := redis.NewClient(&redis.Options{Addr: addr})
-		consumer := redis.NewClient(&redis.Options{Addr: addr})
+func asynqSystem(checkInterval time.Duration) system {
+	return system{name: "asynq", start: func(ctx context.Context, n int, newClient func() *redis.Client, handled func()) (func(context.Context, string) error, func(), error) {
+		producer, consumer := newClient(), newClient()
 		client := asynq.NewClientFromRedisClient(producer)
 		srv := asynq.NewServerFromRedisClient(consumer, asynq.Config{
 			Concurrency: n, Queues: map[string]int{"default": 1}, TaskCheckInterval: checkInterval,
