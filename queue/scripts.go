@@ -193,8 +193,9 @@ return out
 
 // takeScript finishes handler runs and then reads new messages of one or more shards and
 // begins them, in one call: what a consumer does while messages are waiting, instead of a
-// finish, a read and a begin. It reads without blocking, shard after shard from the given one,
-// until it has as many as asked.
+// finish, a read and a begin. It reads without blocking, never more than asked: an even share
+// of as many shards as messages are asked for, from the given one on, in one read; then, while
+// more are wanted, more of the shards that had their share or were not read, one by one.
 //
 // KEYS, per shard: takeShardKeys
 // ARGV[1] group, ARGV[2] consumer, ARGV[3] max deliveries, ARGV[4] now (Unix ms),
@@ -222,28 +223,55 @@ for g = 0, shards - 1 do
 end
 local want = tonumber(ARGV[6])
 local taken = {}
+local function take(g, entries)
+  local k = g * 7
+  local msgs = {}
+  for i, e in ipairs(entries) do
+    local key = ''
+    for f = 1, #e[2], 2 do
+      if e[2][f] == 'k' then key = e[2][f + 1] end
+    end
+    msgs[i] = {e[1], key}
+  end
+  local verdicts = begin(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6], msgs)
+  for i, e in ipairs(entries) do
+    taken[#taken + 1] = {g, e[1], e[2], verdicts[i]}
+  end
+  want = want - #entries
+end
+-- First an even share of as many shards as messages are wanted (all, at most), in one read;
+-- then, while more are wanted, more of the shards that had their share or were not read.
+local first = tonumber(ARGV[7])
+local read = math.min(want, shards)
+local visited, full = {}, {}
+if want > 0 then
+  local share = math.floor(want / read)
+  local args = {'XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', share, 'STREAMS'}
+  local place = {}
+  for j = 0, read - 1 do
+    local g = (first + j) % shards
+    visited[g] = true
+    place[KEYS[g * 7 + 1]] = g
+    args[#args + 1] = KEYS[g * 7 + 1]
+  end
+  for _ = 1, read do
+    args[#args + 1] = '>'
+  end
+  for _, r in ipairs(redis.call(unpack(args)) or {}) do
+    take(place[r[1]], r[2])
+    full[place[r[1]]] = #r[2] == share
+  end
+end
 for j = 0, shards - 1 do
   if want == 0 then
     break
   end
-  local g = (tonumber(ARGV[7]) + j) % shards
-  local k = g * 7
-  local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', KEYS[k + 1], '>')
-  if r then
-    local entries = r[1][2]
-    local msgs = {}
-    for i, e in ipairs(entries) do
-      local key = ''
-      for f = 1, #e[2], 2 do
-        if e[2][f] == 'k' then key = e[2][f + 1] end
-      end
-      msgs[i] = {e[1], key}
+  local g = (first + j) % shards
+  if full[g] or not visited[g] then
+    local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', KEYS[g * 7 + 1], '>')
+    if r then
+      take(g, r[1][2])
     end
-    local verdicts = begin(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6], msgs)
-    for i, e in ipairs(entries) do
-      taken[#taken + 1] = {g, e[1], e[2], verdicts[i]}
-    end
-    want = want - #entries
   end
 end
 return {finished, taken}

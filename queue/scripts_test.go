@@ -646,3 +646,53 @@ func TestPruneConsumersScript(t *testing.T) {
 		t.Errorf("pending = %d, want 1", n)
 	}
 }
+
+func TestTakeScript(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		want  int
+		taken []string // keys taken, in order, each begun with the next fence
+	}{
+		{"finishes the runs, then reads and begins as many as asked and no more", 2, []string{"w1", "w2"}},
+		{"asked for none, only finishes", 0, nil},
+		{"asked for more than wait, takes all", 5, []string{"w1", "w2", "w3"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb, _ := newTestQueue(t, Options{Shards: 1, Group: tableGroup})
+			ids := seedShard(t, rdb, rawShard{pending: map[string]string{"k": "c1"}, waiting: []string{"w1", "w2", "w3"},
+				state: map[string]string{"k": "a5", "w1": "q@", "w2": "q@", "w3": "q@"}, fence: "5"})
+			res, err := takeScript.Run(ctx, rdb, takeShardKeys(0), tableGroup, "c1", 3, 1000, 100, tc.want, 0,
+				1, ids["k"], "k", 5, "ok", 0, 1, "", 0).Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := fmt.Sprint(res[0]); got != "[ok]" {
+				t.Errorf("finished = %s, want [ok]", got)
+			}
+			taken, _ := res[1].([]any)
+			want := rawShard{pending: map[string]string{}, state: map[string]string{}, fence: "5"}
+			if len(taken) != len(tc.taken) {
+				t.Fatalf("took %v, want %v", taken, tc.taken)
+			}
+			for i, key := range tc.taken {
+				fence := 6 + i
+				if got, wantTaken := fmt.Sprint(taken[i]), fmt.Sprintf("[0 %s [k %s] [ok %d 1 0]]", ids[key], key, fence); got != wantTaken {
+					t.Errorf("taken[%d] = %s, want %s", i, got, wantTaken)
+				}
+				want.pending[key] = "c1"
+				want.state[key] = fmt.Sprint("a", fence)
+				want.fence = fmt.Sprint(fence)
+			}
+			for _, key := range []string{"w1", "w2", "w3"} {
+				if _, ok := want.pending[key]; !ok {
+					want.waiting = append(want.waiting, key)
+					want.state[key] = "q@"
+				}
+			}
+			if after := dumpShard(t, rdb); !reflect.DeepEqual(after, want.normalized()) {
+				t.Errorf("state after:\n got %+v\nwant %+v", after, want.normalized())
+			}
+		})
+	}
+}
