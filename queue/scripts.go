@@ -194,8 +194,8 @@ return out
 // takeScript finishes handler runs and then reads new messages of one or more shards and
 // begins them, in one call: what a consumer does while messages are waiting, instead of a
 // finish, a read and a begin. It reads without blocking, never more than asked: an even share
-// of as many shards as messages are asked for, from the given one on, in one read; then, while
-// more are wanted, more of the shards that had their share or were not read, one by one.
+// of a few shards, from the given one on, in one read; then, while more are wanted, more of the
+// shards that had their share or were not read, one by one.
 //
 // KEYS, per shard: takeShardKeys
 // ARGV[1] group, ARGV[2] consumer, ARGV[3] max deliveries, ARGV[4] now (Unix ms),
@@ -239,10 +239,12 @@ local function take(g, entries)
   end
   want = want - #entries
 end
--- First an even share of as many shards as messages are wanted (all, at most), in one read;
--- then, while more are wanted, more of the shards that had their share or were not read.
+-- First an even share of a quarter as many shards as messages are wanted, in one read: a few
+-- messages of each shard read share its XREADGROUP, INCRBY, XACK, XDEL and HDEL, and the shard
+-- read first turns with every call. Then, while more are wanted, more of the shards that had
+-- their share or were not read.
 local first = tonumber(ARGV[7])
-local read = math.min(want, shards)
+local read = math.min(math.ceil(want / 4), shards)
 local visited, full = {}, {}
 if want > 0 then
   local share = math.floor(want / read)
