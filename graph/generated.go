@@ -2554,6 +2554,8 @@ type QuotaLimit {
 input SetQuotaInput {
   organizationId: ID!
   limits: [QuotaLimitInput!]!
+  "Makes a retry safe, as on createInstance: a retry is answered with the quota as it is now."
+  idempotencyKey: String
 }
 
 input QuotaLimitInput {
@@ -10713,7 +10715,7 @@ func (ec *executionContext) unmarshalInputSetQuotaInput(ctx context.Context, obj
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"organizationId", "limits"}
+	fieldsInOrder := [...]string{"organizationId", "limits", "idempotencyKey"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -10734,6 +10736,13 @@ func (ec *executionContext) unmarshalInputSetQuotaInput(ctx context.Context, obj
 				return it, err
 			}
 			it.Limits = data
+		case "idempotencyKey":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("idempotencyKey"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.IdempotencyKey = data
 		}
 	}
 	return it, nil

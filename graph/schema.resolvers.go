@@ -259,7 +259,7 @@ func (r *mutationResolver) SnapshotInstance(ctx context.Context, input model.Sna
 
 // SetQuota is the resolver for the setQuota field.
 func (r *mutationResolver) SetQuota(ctx context.Context, input model.SetQuotaInput) (*model.SetQuotaPayload, error) {
-	q, err := r.Service.SetQuota(ctx, input.OrganizationID, input.Limits)
+	q, err := r.Service.SetQuota(ctx, input.OrganizationID, input.Limits, input.IdempotencyKey)
 	problems, err := splitUserErrors(err)
 	if err != nil {
 		return nil, err

@@ -247,7 +247,7 @@ func (e *env) setLimits(t testing.TB, org string, limits map[quota.Kind]int64) {
 			reqs = append(reqs, instance.LimitRequest{Kind: string(k), Limit: v})
 		}
 	}
-	if _, err := e.svc.SetQuota(as("quota-admin", org, "", auth.RoleAdmin), org, reqs); err != nil {
+	if _, err := e.svc.SetQuota(as("quota-admin", org, "", auth.RoleAdmin), org, reqs, nil); err != nil {
 		t.Fatalf("set quota of %s: %v", org, err)
 	}
 }

@@ -55,9 +55,16 @@ func (s *Service) readQuota(ctx context.Context, org string) (*Quota, error) {
 	return q, nil
 }
 
+// setQuotaRequest is what a setQuota idempotency key's fingerprint covers.
+type setQuotaRequest struct {
+	Org    string
+	Limits []LimitRequest
+}
+
 // SetQuota sets limits of an organization; only its admins may. A limit below current usage
-// is accepted: it refuses new charges but takes nothing away.
-func (s *Service) SetQuota(ctx context.Context, org string, reqs []LimitRequest) (*Quota, error) {
+// is accepted: it refuses new charges but takes nothing away. A retry with its idempotency key
+// is answered with the quota as it is now.
+func (s *Service) SetQuota(ctx context.Context, org string, reqs []LimitRequest, idempotencyKey *string) (*Quota, error) {
 	pr, err := Principal(ctx)
 	if err != nil {
 		return nil, err
@@ -89,11 +96,26 @@ func (s *Service) SetQuota(ctx context.Context, org string, reqs []LimitRequest)
 	if len(reqs) == 0 {
 		p.add(CodeBadUserInput, path("limits"), "give at least one limit")
 	}
-	if p.any() {
-		return nil, p.err()
+	idem, err := newIdempotency(pr, idempotencyKey, "setQuota", setQuotaRequest{org, reqs})
+	if err != nil {
+		return nil, err
 	}
-	if err := s.store.SetLimits(ctx, org, limits); err != nil {
+	prior, err := s.recorded(ctx, org, idem)
+	if err == nil && prior == "" && !p.any() {
+		prior, err = s.store.SetLimits(ctx, org, limits, idem.record(org))
+	}
+	switch {
+	case err != nil:
 		return nil, internal("set quota", err)
+	case prior != "":
+		// A retry: the limits it set may have been changed since, and the quota as it is now
+		// is the answer, as for an instance.
+		if _, err := idem.replayOf(prior); err != nil {
+			return nil, err
+		}
+		return s.readQuota(ctx, org)
+	case p.any():
+		return nil, p.err()
 	}
 	s.log.InfoContext(ctx, "quota set", "org", org, "by", pr.Subject, "limits", limits)
 	return s.readQuota(ctx, org)

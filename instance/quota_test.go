@@ -174,7 +174,7 @@ func TestSetQuota(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				e := newEnv(t)
-				_, err := e.svc.SetQuota(tc.ctx, tc.org, []instance.LimitRequest{{Kind: "servers", Limit: 1}})
+				_, err := e.svc.SetQuota(tc.ctx, tc.org, []instance.LimitRequest{{Kind: "servers", Limit: 1}}, nil)
 				wantCode(t, err, tc.want)
 				if limits, _ := e.quota(t, "acme"); limits[quota.Servers] != 50 {
 					t.Errorf("servers limit changed to %d", limits[quota.Servers])
@@ -205,7 +205,7 @@ func TestSetQuota(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				e := newEnv(t)
-				_, err := e.svc.SetQuota(acmeAdmin, "acme", tc.reqs)
+				_, err := e.svc.SetQuota(acmeAdmin, "acme", tc.reqs, nil)
 				wantProblems(t, err, tc.want...)
 				limits, _ := e.quota(t, "acme")
 				if limits[quota.Servers] != 50 || limits[quota.GPUs] != 4 || limits[quota.CPUs] != 256 {
@@ -220,7 +220,7 @@ func TestSetQuota(t *testing.T) {
 		e.create(t, acmeMember, validCreate())
 		q, err := e.svc.SetQuota(acmeAdmin, "acme", []instance.LimitRequest{
 			{Kind: "gpus", Limit: 0}, {Kind: "cpus", Limit: instance.MaxQuotaLimit},
-		})
+		}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

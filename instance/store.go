@@ -51,8 +51,9 @@ type Store interface {
 	Count(ctx context.Context, org, project string) (int, error)
 	// Quota returns the limits set with SetLimits (kinds never set are absent) and the usage.
 	Quota(ctx context.Context, org string) (limits, used quota.Amounts, err error)
-	// SetLimits sets limits for the given kinds.
-	SetLimits(ctx context.Context, org string, limits quota.Amounts) error
+	// SetLimits sets limits for the given kinds, and records an idempotency key in the same
+	// step as Create does: replayed is what the key records already, and then nothing is set.
+	SetLimits(ctx context.Context, org string, limits quota.Amounts, idem Idempotency) (replayed string, err error)
 	// PutTicket keeps a stream ticket standing for the principal for ttl.
 	PutTicket(ctx context.Context, ticket string, p auth.Principal, ttl time.Duration) error
 	// TakeTicket returns the principal of a stream ticket and forgets the ticket, in one step;

@@ -203,3 +203,37 @@ func TestIdempotentVerbs(t *testing.T) {
 		t.Errorf("a reboot's key sent with a stop: %s, want CONFLICT on input.idempotencyKey", res.Raw)
 	}
 }
+
+// TestIdempotentSetQuota: setQuota retried with its key is answered with the quota as it is
+// now, even after the limits changed meanwhile, without setting them again; the same key for
+// other limits is CONFLICT and writes nothing.
+func TestIdempotentSetQuota(t *testing.T) {
+	a := newAPI(t)
+	tok := a.admin(t)
+	const doc = `mutation($l: Int!, $key: String) { setQuota(input: {organizationId: "acme", limits: [{kind: "servers", limit: $l}], idempotencyKey: $key}) {
+	  quota { limits { kind limit } } userErrors { field code message } } }`
+	servers := func(res *gqlResponse) any {
+		for _, l := range res.Data["setQuota"].(map[string]any)["quota"].(map[string]any)["limits"].([]any) {
+			if m := l.(map[string]any); m["kind"] == "servers" {
+				return m["limit"]
+			}
+		}
+		return nil
+	}
+	if got := servers(a.mustPost(t, tok, doc, map[string]any{"l": 7, "key": "q-7"})); got != float64(7) {
+		t.Fatalf("servers limit %v after setQuota, want 7", got)
+	}
+	// Changed since by a call without a key: the retry answers 9, as the quota is now.
+	a.mustPost(t, tok, doc, map[string]any{"l": 9})
+	if got := servers(a.mustPost(t, tok, doc, map[string]any{"l": 7, "key": "q-7"})); got != float64(9) {
+		t.Errorf("servers limit %v after a retry, want 9: the retry must not set 7 again", got)
+	}
+	before := redistest.State(t, a.rdb)
+	res := a.post(t, tok, doc, map[string]any{"l": 8, "key": "q-7"})
+	if !strings.Contains(string(res.Raw), `"field":["input","idempotencyKey"],"code":"CONFLICT"`) {
+		t.Errorf("the key with other limits: %s, want CONFLICT on input.idempotencyKey", res.Raw)
+	}
+	if !maps.Equal(before, redistest.State(t, a.rdb)) {
+		t.Error("a key reused for other limits changed Redis")
+	}
+}

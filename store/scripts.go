@@ -301,6 +301,22 @@ recordIdem(KEYS[5], ARGV[8], ARGV[9])
 return {'ok'}
 `)
 
+// setLimitsScript sets quota limits and records their idempotency key.
+//
+// KEYS[1] quota, KEYS[2] idempotency key
+// ARGV[1] what the idempotency key records ("" for none), ARGV[2] its time to live in seconds,
+// ARGV[3..] field and limit pairs
+// Returns {"ok"}, or {"replay", value} when the key records a write already.
+var setLimitsScript = redis.NewScript(idemLua + `
+local prior = priorIdem(KEYS[2], ARGV[1])
+if prior then
+  return {'replay', prior}
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+recordIdem(KEYS[2], ARGV[1], ARGV[2])
+return {'ok'}
+`)
+
 // historyScript reads a page of one instance's history: its index from the position after
 // which to start (or from the oldest event the log still keeps), then each event by its id.
 // Its work is the page's, however long the organization's log is.

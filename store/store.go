@@ -721,17 +721,21 @@ func (s *Store) Quota(ctx context.Context, org string) (limits, used quota.Amoun
 }
 
 // SetLimits implements instance.Store.
-func (s *Store) SetLimits(ctx context.Context, org string, limits quota.Amounts) error {
-	args := make([]any, 0, 2*len(limits))
+func (s *Store) SetLimits(ctx context.Context, org string, limits quota.Amounts, idem instance.Idempotency) (string, error) {
+	args := []any{idemValue(idem), idemTTLSeconds}
 	for _, k := range quota.Kinds {
 		if v, ok := limits[k]; ok {
 			args = append(args, "limit:"+string(k), v)
 		}
 	}
-	if err := s.rdb.HSet(ctx, quotaKey(org), args...).Err(); err != nil {
-		return failed("set quota limits", err)
+	reply, err := setLimitsScript.Run(ctx, s.rdb, []string{quotaKey(org), idemKey(org, idem.Key)}, args...).StringSlice()
+	if err != nil {
+		return "", failed("set quota limits", err)
 	}
-	return nil
+	if len(reply) == 2 && reply[0] == "replay" {
+		return reply[1], nil
+	}
+	return "", nil
 }
 
 // failed wraps an error of a call to Redis. Conditions that pass (Redis loading its data after

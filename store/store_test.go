@@ -258,7 +258,7 @@ func TestQuotaLimits(t *testing.T) {
 	rdb := redisServer.Client(t)
 	s := New(rdb)
 	rdb.HSet(ctx, quotaKey("acme"), "used:servers", 3)
-	if err := s.SetLimits(ctx, "acme", quota.Amounts{quota.Servers: 5, quota.GPUs: 0}); err != nil {
+	if _, err := s.SetLimits(ctx, "acme", quota.Amounts{quota.Servers: 5, quota.GPUs: 0}, instance.Idempotency{}); err != nil {
 		t.Fatal(err)
 	}
 	limits, used, err := s.Quota(ctx, "acme")

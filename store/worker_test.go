@@ -105,7 +105,7 @@ func TestForgetReleasesAndDeletesEverything(t *testing.T) {
 	gone = create(t, s, gone)
 	kept := create(t, s, newInstance("acme", "web", "b"))
 	create(t, s, newInstance("globex", "web", "a"))
-	if err := s.SetLimits(ctx, "acme", quota.Amounts{quota.Servers: 10}); err != nil {
+	if _, err := s.SetLimits(ctx, "acme", quota.Amounts{quota.Servers: 10}, instance.Idempotency{}); err != nil {
 		t.Fatal(err)
 	}
 	globexBefore := snapshot(t, rdb)

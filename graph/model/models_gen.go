@@ -141,6 +141,8 @@ type SSHKey struct {
 type SetQuotaInput struct {
 	OrganizationID string                  `json:"organizationId"`
 	Limits         []instance.LimitRequest `json:"limits"`
+	// Makes a retry safe, as on createInstance: a retry is answered with the quota as it is now.
+	IdempotencyKey *string `json:"idempotencyKey,omitempty"`
 }
 
 type SetQuotaPayload struct {
