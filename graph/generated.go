@@ -2508,6 +2508,11 @@ type InstancePowerPayload {
 
 input CreateConsoleSessionInput {
   id: ID!
+  """
+  Makes a retry safe, as on createInstance: a retry is answered with the same session while it
+  is valid (the key is kept only that long), then opens another.
+  """
+  idempotencyKey: String
 }
 
 type ConsoleSession {
@@ -2525,6 +2530,11 @@ input SnapshotInstanceInput {
   "Name of the new image."
   name: String!
   tags: [TagInput!]
+  """
+  Makes a retry safe, as on createInstance: a retry is answered with the image the first call
+  made (found by its tag compute/request, even if the first call's answer was lost), as it is now.
+  """
+  idempotencyKey: String
 }
 
 type SnapshotInstancePayload {
@@ -10244,7 +10254,7 @@ func (ec *executionContext) unmarshalInputCreateConsoleSessionInput(ctx context.
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"id"}
+	fieldsInOrder := [...]string{"id", "idempotencyKey"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -10258,6 +10268,13 @@ func (ec *executionContext) unmarshalInputCreateConsoleSessionInput(ctx context.
 				return it, err
 			}
 			it.ID = data
+		case "idempotencyKey":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("idempotencyKey"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.IdempotencyKey = data
 		}
 	}
 	return it, nil
@@ -10759,7 +10776,7 @@ func (ec *executionContext) unmarshalInputSnapshotInstanceInput(ctx context.Cont
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"id", "name", "tags"}
+	fieldsInOrder := [...]string{"id", "name", "tags", "idempotencyKey"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -10787,6 +10804,13 @@ func (ec *executionContext) unmarshalInputSnapshotInstanceInput(ctx context.Cont
 				return it, err
 			}
 			it.Tags = data
+		case "idempotencyKey":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("idempotencyKey"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.IdempotencyKey = data
 		}
 	}
 	return it, nil

@@ -235,7 +235,7 @@ func (r *mutationResolver) RebootInstance(ctx context.Context, input model.Reboo
 
 // CreateConsoleSession is the resolver for the createConsoleSession field.
 func (r *mutationResolver) CreateConsoleSession(ctx context.Context, input model.CreateConsoleSessionInput) (*model.CreateConsoleSessionPayload, error) {
-	session, err := r.Service.Console(ctx, input.ID)
+	session, err := r.Service.Console(ctx, input.ID, input.IdempotencyKey)
 	problems, err := splitVerbErrors(err)
 	if err != nil {
 		return nil, err
@@ -249,7 +249,7 @@ func (r *mutationResolver) CreateConsoleSession(ctx context.Context, input model
 
 // SnapshotInstance is the resolver for the snapshotInstance field.
 func (r *mutationResolver) SnapshotInstance(ctx context.Context, input model.SnapshotInstanceInput) (*model.SnapshotInstancePayload, error) {
-	img, err := r.Service.Snapshot(ctx, instance.SnapshotRequest{ID: input.ID, Name: input.Name, Tags: input.Tags})
+	img, err := r.Service.Snapshot(ctx, instance.SnapshotRequest{ID: input.ID, Name: input.Name, Tags: input.Tags, IdempotencyKey: input.IdempotencyKey})
 	problems, err := splitVerbErrors(err)
 	if err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"strings"
+	"time"
 
 	"github.com/computeql/computeql/auth"
 )
@@ -61,6 +62,17 @@ func (i idempotency) record(id string) Idempotency {
 	return Idempotency{Key: i.key, Value: i.fingerprint + " " + id}
 }
 
+// recordWith is record with what a retry is answered from besides the instance (a console
+// session), kept for ttl.
+func (i idempotency) recordWith(id, answer string, ttl time.Duration) Idempotency {
+	rec := i.record(id)
+	if rec.Key != "" {
+		rec.Value += " " + answer
+		rec.TTL = ttl
+	}
+	return rec
+}
+
 // forget is what a write that undoes the key's change passes: the key goes with it.
 func (i idempotency) forget() Idempotency {
 	if i.key == "" {
@@ -72,13 +84,20 @@ func (i idempotency) forget() Idempotency {
 // replayOf reads what a recorded key says: the id of the instance the first call made or
 // changed, or CONFLICT when the key was used for another request.
 func (i idempotency) replayOf(recorded string) (string, error) {
-	fingerprint, id, _ := strings.Cut(recorded, " ")
+	id, _, err := i.replayWith(recorded)
+	return id, err
+}
+
+// replayWith is replayOf that also returns what recordWith recorded besides the id.
+func (i idempotency) replayWith(recorded string) (id, answer string, err error) {
+	fingerprint, rest, _ := strings.Cut(recorded, " ")
+	id, answer, _ = strings.Cut(rest, " ")
 	if fingerprint != i.fingerprint {
 		var p problems
 		p.add(CodeConflict, path("idempotencyKey"), "this idempotency key was used in the last 24 hours for a different request: use a new key for a new request")
-		return "", p.err()
+		return "", "", p.err()
 	}
-	return id, nil
+	return id, answer, nil
 }
 
 // replayIn answers a retried call from what its key records in the organization: done is

@@ -89,6 +89,8 @@ type Refusal struct {
 // a retry is answered from).
 type Idempotency struct {
 	Key, Value string
+	// TTL is how long the key is kept when it must not be kept a day: 0 for a day.
+	TTL time.Duration
 	// Forget deletes the key instead: the change it recorded was undone.
 	Forget bool
 }

@@ -2,6 +2,7 @@ package instance
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -93,14 +94,41 @@ func (s *Service) Reboot(ctx context.Context, id string, hard bool, idempotencyK
 	return inst, nil
 }
 
-// Console opens a short-lived console session on the instance's running server.
-func (s *Service) Console(ctx context.Context, id string) (region.ConsoleSession, error) {
+// Console opens a short-lived console session on the instance's running server. A retry with
+// the idempotency key is answered with the same session while it is valid (the key is kept
+// only that long, since the session's URL is a credential); after that, it opens another.
+func (s *Service) Console(ctx context.Context, id string, idempotencyKey *string) (region.ConsoleSession, error) {
 	var session region.ConsoleSession
-	err := s.act(ctx, id, ActionConsole, func(_ *Instance, srv *region.Server) (string, error) {
+	pr, inst, err := s.operable(ctx, id)
+	if err != nil {
+		return session, err
+	}
+	idem, err := newIdempotency(pr, idempotencyKey, "createConsoleSession", id)
+	if err != nil {
+		return session, err
+	}
+	prior, err := s.recorded(ctx, inst.OrganizationID, idem)
+	if err != nil {
+		return session, err
+	}
+	if prior != "" {
+		_, answer, err := idem.replayWith(prior)
+		if err != nil {
+			return session, err
+		}
+		if err := json.Unmarshal([]byte(answer), &session); err != nil {
+			return session, internal("replay a console session", err)
+		}
+		return session, nil
+	}
+	var rec Idempotency
+	err = s.actOn(ctx, pr, inst, ActionConsole, &rec, func(_ *Instance, srv *region.Server) (string, error) {
 		var err error
 		if session, err = s.region.ConsoleSession(ctx, srv.ID); err != nil {
 			return "", err
 		}
+		answer, _ := json.Marshal(session) // a session always encodes
+		rec = idem.recordWith(inst.ID, string(answer), time.Until(session.ExpiresAt))
 		return "A console session valid until " + session.ExpiresAt.UTC().Format("15:04:05 MST") + " was opened.", nil
 	})
 	return session, err
@@ -130,10 +158,22 @@ type SnapshotRequest struct {
 	ID   string
 	Name string
 	Tags []Tag
+	// IdempotencyKey makes a retry safe (see idempotency.go).
+	IdempotencyKey *string
+}
+
+// fingerprinted is the request as its idempotency key's fingerprint covers it.
+func (r SnapshotRequest) fingerprinted() SnapshotRequest {
+	r.IdempotencyKey = nil
+	return r
 }
 
 // ProvenanceTag names, on a snapshot image, the instance it was made from.
 const ProvenanceTag = ReservedTagPrefix + "source-instance-id"
+
+// RequestTag names, on a snapshot image, the idempotency key of the call that made it (hashed
+// with its caller): a retry finds the image by it, even when the call's record was lost.
+const RequestTag = ReservedTagPrefix + "request"
 
 // Snapshot makes an image of the instance's server. Caller tags under the reserved prefix are
 // dropped, so an image cannot pretend to come from another instance; the provenance tag is
@@ -167,13 +207,44 @@ func (s *Service) Snapshot(ctx context.Context, req SnapshotRequest) (*region.Im
 		}
 		return nil, p.err()
 	}
+	pr, inst, err := s.operable(ctx, req.ID)
+	if err != nil {
+		return nil, err
+	}
+	idem, err := newIdempotency(pr, req.IdempotencyKey, "snapshotInstance", req.fingerprinted())
+	if err != nil {
+		return nil, err
+	}
+	if idem.key != "" {
+		prior, err := s.recorded(ctx, inst.OrganizationID, idem)
+		if err != nil {
+			return nil, err
+		}
+		if prior != "" {
+			if _, err := idem.replayOf(prior); err != nil {
+				return nil, err
+			}
+		}
+		// The image the first call made, found by its tag: recorded or not (the call may have
+		// ended between the region's answer and its record), it is the answer. Recorded and
+		// gone since, the answer is no image.
+		made, err := s.imageOf(ctx, inst, idem.key)
+		if err != nil || made != nil || prior != "" {
+			return made, err
+		}
+	}
 	var img region.Image
-	err := s.act(ctx, req.ID, ActionSnapshot, func(inst *Instance, srv *region.Server) (string, error) {
-		m := make(map[string]string, len(tags)+1)
+	var rec Idempotency
+	err = s.actOn(ctx, pr, inst, ActionSnapshot, &rec, func(inst *Instance, srv *region.Server) (string, error) {
+		m := make(map[string]string, len(tags)+2)
 		for _, t := range tags {
 			m[t.Name] = t.Value
 		}
 		m[ProvenanceTag] = inst.ID
+		if idem.key != "" {
+			m[RequestTag] = idem.key
+			rec = idem.record(inst.ID)
+		}
 		var err error
 		if img, err = s.region.Snapshot(ctx, srv.ID, region.ImageRequest{Name: req.Name, Tags: m}); err != nil {
 			return "", err
@@ -184,6 +255,20 @@ func (s *Service) Snapshot(ctx context.Context, req SnapshotRequest) (*region.Im
 		return nil, err
 	}
 	return &img, nil
+}
+
+// imageOf returns the image of the instance's project that the request key made, or nil.
+func (s *Service) imageOf(ctx context.Context, inst *Instance, key string) (*region.Image, error) {
+	imgs, err := s.region.Images(ctx, inst.OrganizationID, inst.ProjectID)
+	if err != nil {
+		return nil, regionError(err, "the images of project "+strconv.Quote(inst.ProjectID))
+	}
+	for i := range imgs {
+		if imgs[i].Tags[RequestTag] == key {
+			return &imgs[i], nil
+		}
+	}
+	return nil, nil
 }
 
 // TagsOf lists a region resource's tags ordered by name.
@@ -347,13 +432,23 @@ func (s *Service) act(ctx context.Context, id string, action Action, fn func(*In
 	if err != nil {
 		return err
 	}
+	return s.actOn(ctx, pr, inst, action, nil, fn)
+}
+
+// actOn is act on an instance read already. fn may set *idem (nil: none) to the idempotency
+// key its success records with the ACTION.
+func (s *Service) actOn(ctx context.Context, pr auth.Principal, inst *Instance, action Action, idem *Idempotency, fn func(*Instance, *region.Server) (string, error)) error {
 	msg, err := s.perform(ctx, inst, func(srv *region.Server) (string, error) {
 		if srv == nil || srv.State.Provisioning() {
 			return "", Errorf(CodeUnprocessable, "the server of instance %q is still being built", inst.ID)
 		}
 		return fn(inst, srv)
 	})
-	return s.record(ctx, inst, ActionEvent{Actor: pr.Subject, Action: action, Outcome: outcome(err), Message: msg, At: s.now().UTC()}, err)
+	ev := ActionEvent{Actor: pr.Subject, Action: action, Outcome: outcome(err), Message: msg, At: s.now().UTC()}
+	if err == nil && idem != nil {
+		ev.Idem = *idem
+	}
+	return s.record(ctx, inst, ev, err)
 }
 
 // operable returns the caller and the instance, if the caller may act on it.

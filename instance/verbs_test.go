@@ -116,7 +116,7 @@ func verbs(svc *instance.Service) []verb {
 			return err
 		}},
 		{"console", instance.ActionConsole, region.ServerRunning, func(ctx context.Context, id string) error {
-			_, err := svc.Console(ctx, id)
+			_, err := svc.Console(ctx, id, nil)
 			return err
 		}},
 		{"ssh key", instance.ActionSSHKey, region.ServerRunning, func(ctx context.Context, id string) error {

@@ -237,3 +237,82 @@ func TestIdempotentSetQuota(t *testing.T) {
 		t.Error("a key reused for other limits changed Redis")
 	}
 }
+
+// TestIdempotentSnapshotAndConsole: a snapshot retried with its key is answered with the
+// image the first call made, one image in all, even when the first call's record was lost
+// (the image is found by its request tag); a console session retried with its key is the same
+// session while it is valid.
+func TestIdempotentSnapshotAndConsole(t *testing.T) {
+	a, s := wsServer(t)
+	a.realise(t)
+	op := a.operator(t)
+	c := subscribeWS(t, s, protoTransportWS, op, verbSubQuery)
+	id := a.mustCreate(t, a.admin(t), createInput("imaged")).ID
+	c.await(power(id, "RUNNING", "RUNNING"))
+
+	const snap = `mutation($id: ID!, $name: String!, $key: String) { snapshotInstance(input: {id: $id, name: $name, idempotencyKey: $key}) {
+	  image { id } userErrors { field code message } } }`
+	imageID := func(res *gqlResponse) string {
+		img, _ := res.Data["snapshotInstance"].(map[string]any)["image"].(map[string]any)
+		id, _ := img["id"].(string)
+		return id
+	}
+	first := imageID(a.mustPost(t, op, snap, map[string]any{"id": id, "name": "nightly", "key": "snap-1"}))
+	if again := imageID(a.mustPost(t, op, snap, map[string]any{"id": id, "name": "nightly", "key": "snap-1"})); first == "" || again != first {
+		t.Fatalf("snapshot %q, its retry %q: want the same image", first, again)
+	}
+	res := a.post(t, op, snap, map[string]any{"id": id, "name": "weekly", "key": "snap-1"})
+	if !strings.Contains(string(res.Raw), `"field":["input","idempotencyKey"],"code":"CONFLICT"`) {
+		t.Errorf("the key for another snapshot: %s, want CONFLICT on input.idempotencyKey", res.Raw)
+	}
+	// The first call's record lost (its key deleted, as a crash between the region's answer
+	// and the record would leave it): the retry still finds the image by its tag.
+	idemKeys := func() []string {
+		keys, err := a.rdb.Keys(context.Background(), "*:idem:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return keys
+	}
+	keys := idemKeys()
+	if len(keys) != 1 {
+		t.Fatalf("idempotency keys %v, want the snapshot's one", keys)
+	}
+	a.rdb.Del(context.Background(), keys[0])
+	if again := imageID(a.mustPost(t, op, snap, map[string]any{"id": id, "name": "nightly", "key": "snap-1"})); again != first {
+		t.Errorf("a retry whose record was lost answered image %q, want %q", again, first)
+	}
+	n := 0
+	for _, img := range a.images(t, op) {
+		if img.Name == "nightly" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d images named nightly, want 1", n)
+	}
+
+	const console = `mutation($id: ID!, $key: String) { createConsoleSession(input: {id: $id, idempotencyKey: $key}) {
+	  consoleSession { url expiresAt } userErrors { field code message } } }`
+	url := func(res *gqlResponse) string {
+		cs, _ := res.Data["createConsoleSession"].(map[string]any)["consoleSession"].(map[string]any)
+		u, _ := cs["url"].(string)
+		return u
+	}
+	u1 := url(a.mustPost(t, op, console, map[string]any{"id": id, "key": "console-1"}))
+	if u2 := url(a.mustPost(t, op, console, map[string]any{"id": id, "key": "console-1"})); u1 == "" || u2 != u1 {
+		t.Errorf("console session %q, its retry %q: want the same", u1, u2)
+	}
+	if u3 := url(a.mustPost(t, op, console, map[string]any{"id": id})); u3 == u1 {
+		t.Error("a console session without the key is the keyed one")
+	}
+	if got := a.actionsOf(t, op, id); got["SNAPSHOT"] != 1 || got["CONSOLE"] != 2 {
+		t.Errorf("actions %v, want one SNAPSHOT and two CONSOLE (the keyed one and the other)", got)
+	}
+	// The session's key is kept only while the session is valid: its URL is a credential.
+	for _, k := range idemKeys() {
+		if ttl := a.rdb.TTL(context.Background(), k).Val(); ttl <= 0 || ttl > 10*time.Minute {
+			t.Errorf("the console session's key %s is kept %s, want at most the session's 10 minutes", k, ttl)
+		}
+	}
+}

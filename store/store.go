@@ -125,7 +125,7 @@ func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim strin
 	}, eventKeys(org, inst.ID)...)
 	keys = append(keys, idemKey(org, idem.Key))
 	args := chargeArgs([]any{inst.ID, spec, status, inst.ProjectID, inst.CreatedAt.UnixMilli(), large[0], large[1], large[2],
-		idemValue(idem), idemTTLSeconds}, inst.Charge, limits)
+		idemValue(idem), idemTTL(idem)}, inst.Charge, limits)
 	reply, err := createScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return nil, failed("create", err)
@@ -140,6 +140,15 @@ func (s *Store) UpdateSpec(ctx context.Context, inst *instance.Instance, delta, 
 
 // idemTTLSeconds is how long an idempotency key is remembered: a day, as the API promises.
 const idemTTLSeconds = 24 * 60 * 60
+
+// idemTTL is how long the key is remembered, in whole seconds: its own time to live (rounded
+// up), or a day.
+func idemTTL(idem instance.Idempotency) int64 {
+	if idem.TTL > 0 {
+		return int64((idem.TTL + time.Second - 1) / time.Second)
+	}
+	return idemTTLSeconds
+}
 
 // idemValue is what a script is given for the key: what it records, or idemForget.
 func idemValue(idem instance.Idempotency) string {
@@ -205,7 +214,7 @@ func (s *Store) updateSpec(ctx context.Context, inst *instance.Instance, delta, 
 	keys = append(keys, idemKey(org, idem.Key))
 	args := chargeArgs([]any{inst.Generation, spec, expectSV, statusJSON, inst.ID, strings.Join(changed, ","), at.UnixMilli(),
 		string(kind), ev.Actor, string(ev.Action), string(ev.Outcome), instance.BoundMessage(ev.Message), large[0], large[1], large[2],
-		idemValue(idem), idemTTLSeconds}, delta, limits)
+		idemValue(idem), idemTTL(idem)}, delta, limits)
 	reply, err := updateSpecScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return nil, failed("update spec", err)
@@ -333,7 +342,7 @@ func (s *Store) noteIdem(ctx context.Context, inst *instance.Instance, kind inst
 	keys := append([]string{instanceKey(org, inst.ID)}, eventKeys(org, inst.ID)...)
 	keys = append(keys, idemKey(org, ev.Idem.Key))
 	reply, err := noteScript.Run(ctx, s.rdb, keys, inst.ID, ev.At.UnixMilli(), string(kind), instance.BoundMessage(ev.Message),
-		ev.Actor, string(ev.Action), string(ev.Outcome), idemValue(ev.Idem), idemTTLSeconds).StringSlice()
+		ev.Actor, string(ev.Action), string(ev.Outcome), idemValue(ev.Idem), idemTTL(ev.Idem)).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("record %s event: %w", strings.ToLower(string(kind)), err)
 	}
@@ -722,7 +731,7 @@ func (s *Store) Quota(ctx context.Context, org string) (limits, used quota.Amoun
 
 // SetLimits implements instance.Store.
 func (s *Store) SetLimits(ctx context.Context, org string, limits quota.Amounts, idem instance.Idempotency) (string, error) {
-	args := []any{idemValue(idem), idemTTLSeconds}
+	args := []any{idemValue(idem), idemTTL(idem)}
 	for _, k := range quota.Kinds {
 		if v, ok := limits[k]; ok {
 			args = append(args, "limit:"+string(k), v)

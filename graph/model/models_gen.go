@@ -17,6 +17,9 @@ type ConsoleSession struct {
 
 type CreateConsoleSessionInput struct {
 	ID string `json:"id"`
+	// Makes a retry safe, as on createInstance: a retry is answered with the same session while it
+	// is valid (the key is kept only that long), then opens another.
+	IdempotencyKey *string `json:"idempotencyKey,omitempty"`
 }
 
 type CreateConsoleSessionPayload struct {
@@ -155,6 +158,9 @@ type SnapshotInstanceInput struct {
 	// Name of the new image.
 	Name string         `json:"name"`
 	Tags []instance.Tag `json:"tags,omitempty"`
+	// Makes a retry safe, as on createInstance: a retry is answered with the image the first call
+	// made (found by its tag compute/request, even if the first call's answer was lost), as it is now.
+	IdempotencyKey *string `json:"idempotencyKey,omitempty"`
 }
 
 type SnapshotInstancePayload struct {
