@@ -119,10 +119,10 @@ func run(rounds, keys, producers int, handlers []int, asynqCheck time.Duration) 
 	if v, ok := version["Server"]["redis_version"]; ok {
 		redisVersion = "Redis " + v
 	}
-	fmt.Printf("\n%d distinct keys per run added by %d producers, no-op handlers; median of %d interleaved rounds "+
+	fmt.Printf("\n%s distinct keys per run added by %d producers, no-op handlers; median of %d interleaved rounds "+
 		"(raw, ours, asynq at each handler count in turn) on one redis-server on loopback (%s); %d cores, %s, GOMAXPROCS %d; "+
 		"load average %s at the start, %s at the end; %s in all.\n\n",
-		keys, producers, rounds, redisVersion, runtime.NumCPU(), runtime.Version(), runtime.GOMAXPROCS(0),
+		thousands(float64(keys)), producers, rounds, redisVersion, runtime.NumCPU(), runtime.Version(), runtime.GOMAXPROCS(0),
 		load0, loadAverage(), time.Since(started).Round(time.Second))
 	fmt.Println("| handlers | figure | raw streams | our queue | asynq v0.26.0 | ours ÷ raw | ours ÷ asynq |")
 	fmt.Println("| --- | --- | --- | --- | --- | --- | --- |")
