@@ -126,8 +126,13 @@ func (q *Queue) Setup(ctx context.Context) error {
 // requeued dead letters) carry none and begin traces of their own.
 //
 // Enqueues made while another's round trip is under way share the next one: one script call
-// adds them all.
+// adds them all. That round trip is not cut short by any one caller's context: an Enqueue
+// whose context ends while it waits returns the context's error, and the key may be added
+// all the same.
 func (q *Queue) Enqueue(ctx context.Context, key string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("enqueue %s: %w", key, err)
+	}
 	r := &addReq{shard: q.Shard(key), key: key, fields: q.traceFields(ctx), done: make(chan error, 1)}
 	q.addMu.Lock()
 	if q.adding {
