@@ -26,10 +26,13 @@ const (
 	sshLimit        = 4 * time.Minute
 )
 
-// TestLibvirtDebianSSH boots two Debian cloud images and logs in to each the two ways a user
-// can: one without an SSH certificate authority, with the project key pair's private key from
+// TestLibvirtDebianSSH boots two Debian cloud images and logs in to each the ways a user can:
+// one without an SSH certificate authority, with the project key pair's private key from
 // instanceSSHKey, reading what its cloud-init user data wrote; one with the project's SSH
-// certificate authority, with a user certificate the CA signed. Each refuses the other way in.
+// certificate authority, with a user certificate the CA signed, and with a key of the user's
+// own given in sshPublicKeys. Each refuses the other's way in. Then the first one's console
+// output shows its boot, and a resize gives it more CPUs and a larger disk, keeping what was
+// written on it and its address.
 func TestLibvirtDebianSSH(t *testing.T) {
 	t.Parallel()
 	paths := imagePaths(t, "debian", "disk.qcow2", "vmlinuz", "initrd.img", "cmdline")
@@ -42,7 +45,7 @@ func TestLibvirtDebianSSH(t *testing.T) {
 	catalog := writeCatalog(t, host, catalogue{
 		// The image's disk is 2 GiB; the flavor's 4 GB holds it, and cloud-init grows the
 		// filesystem to it.
-		flavors: []map[string]any{flavor("small", 1, 1, 4, nil)},
+		flavors: []map[string]any{flavor("small", 1, 1, 4, nil), flavor("medium", 2, 1, 6, nil)},
 		images: []map[string]any{image("debian-12", 2, map[string]any{
 			"file": paths[0], "kernel": paths[1], "initrd": paths[2], "cmdline": strings.TrimSpace(string(cmdline))})},
 		cas: []map[string]any{{"id": "ca-web", "name": "web CA", "organizationId": org, "projectId": project,
@@ -59,8 +62,9 @@ func TestLibvirtDebianSSH(t *testing.T) {
 	// Created together: they boot at the same time, so the second costs little more.
 	withKey := lab.mustCreate(ctx, t, map[string]any{"name": "deb-key", "flavorId": "small", "imageId": "debian-12",
 		"userData": base64.StdEncoding.EncodeToString([]byte(script))})
+	ownKey := newSigner(t)
 	withCA := lab.mustCreate(ctx, t, map[string]any{"name": "deb-ca", "flavorId": "small", "imageId": "debian-12",
-		"sshCertificateAuthorityId": "ca-web"})
+		"sshCertificateAuthorityId": "ca-web", "sshPublicKeys": []string{strings.TrimSpace(string(ssh.MarshalAuthorizedKey(ownKey.PublicKey()))) + " me@laptop"}})
 	clock.step("created deb-key %s and deb-ca %s", withKey, withCA)
 	running := map[string]instance{}
 	f.until(t, debianBootLimit, "both RUNNING", func(ev event) bool {
@@ -108,6 +112,66 @@ func TestLibvirtDebianSSH(t *testing.T) {
 			t.Errorf("instanceSSHKey of an instance with an SSH CA: %v, want one UNPROCESSABLE error", err)
 		}
 	})
+
+	step(t, "with a key of its own", func(t *testing.T) {
+		if out := sshRun(t, host, caIP, "debian", ssh.PublicKeys(ownKey), "id -un"); out != "debian\n" {
+			t.Errorf("output %q, want debian", out)
+		}
+		clock.step("deb-ca: logged in with the key given in sshPublicKeys")
+	})
+
+	step(t, "console output", func(t *testing.T) {
+		var data struct {
+			InstanceConsoleOutput struct {
+				Text      string `json:"text"`
+				Truncated bool   `json:"truncated"`
+			} `json:"instanceConsoleOutput"`
+		}
+		if err := lab.client.Do(ctx, `query($id: ID!) { instanceConsoleOutput(id: $id) { text truncated } }`, map[string]any{"id": withKey}, &data); err != nil {
+			t.Fatal(err)
+		}
+		// The kernel's first line and the login prompt systemd starts on the serial port.
+		if text := data.InstanceConsoleOutput.Text; !strings.Contains(text, "Linux version") || !strings.Contains(text, "deb-key login:") {
+			t.Errorf("console output (%d bytes, truncated %t) lacks the kernel's banner or the login prompt; its end: %q",
+				len(text), data.InstanceConsoleOutput.Truncated, text[max(0, len(text)-2000):])
+		}
+		clock.step("deb-key: its console output shows the boot")
+	})
+
+	step(t, "resize keeps the disk", func(t *testing.T) {
+		auth := ssh.PublicKeys(projectKey)
+		if out := sshRun(t, host, keyIP, "debian", auth, "echo "+token+" >/var/tmp/kept; sync; nproc"); out != "1\n" {
+			t.Fatalf("before the resize: %q, want 1 CPU", out)
+		}
+		lab.verb(ctx, t, "resizeInstance", withKey, map[string]any{"flavorId": "medium", "allowRestart": true})
+		f.until(t, time.Minute, "ACTION RESIZE", of(withKey, action("RESIZE")))
+		resized := f.until(t, debianBootLimit, "deb-key RUNNING with flavor medium", of(withKey, func(ev event) bool {
+			return ev.Instance.FlavorID == "medium" && ev.Instance.running() && hasReason(ev.Instance, "Provisioned")
+		}))
+		if resized.Instance.Status.PrivateIP != keyIP || resized.Instance.Status.MACAddress != running[withKey].Status.MACAddress {
+			t.Errorf("after the resize: %s, want address %s and MAC %s kept", resized.Instance, keyIP, running[withKey].Status.MACAddress)
+		}
+		clock.step("deb-key: resized and RUNNING again")
+		out := sshRun(t, host, keyIP, "debian", auth, "cat /var/tmp/kept; nproc; lsblk -bdno SIZE /dev/vda")
+		if want := token + "\n2\n6000000000\n"; out != want {
+			t.Errorf("after the resize: %q, want %q (what was written, 2 CPUs, a 6 GB disk)", out, want)
+		}
+		clock.step("deb-key: the file written before is there, with 2 CPUs and a 6 GB disk")
+	})
+}
+
+// newSigner makes an ed25519 key of a user's own.
+func newSigner(t *testing.T) ssh.Signer {
+	t.Helper()
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := ssh.NewSignerFromKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return signer
 }
 
 // sshKey reads the instance's project key pair through instanceSSHKey.

@@ -259,6 +259,7 @@ func (l *lab) tryVerb(ctx context.Context, mutation, id string, extra map[string
 type instance struct {
 	ID                string  `json:"id"`
 	Name              string  `json:"name"`
+	FlavorID          string  `json:"flavorId"`
 	DesiredPowerState string  `json:"desiredPowerState"`
 	DeletedAt         *string `json:"deletedAt"`
 	Status            struct {
@@ -278,7 +279,7 @@ type condition struct {
 	Message string `json:"message"`
 }
 
-const instanceFields = `id name desiredPowerState deletedAt
+const instanceFields = `id name flavorId desiredPowerState deletedAt
 	status { provisioningStatus powerState healthStatus privateIP macAddress conditions { type status reason message } }`
 
 func (i instance) running() bool {
