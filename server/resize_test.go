@@ -28,15 +28,7 @@ type resizePayload struct {
 		Generation int    `json:"generation"`
 	} `json:"instance"`
 	UserErrors []userError `json:"userErrors"`
-	Plan       *struct {
-		Rebuild       bool     `json:"rebuild"`
-		Restart       bool     `json:"restart"`
-		ChangedFields []string `json:"changedFields"`
-		QuotaChanges  []struct {
-			Kind  string `json:"kind"`
-			Delta int    `json:"delta"`
-		} `json:"quotaChanges"`
-	} `json:"plan"`
+	Plan       *gqlPlan    `json:"plan"`
 }
 
 func (a *api) resize(tb testing.TB, token string, in map[string]any) (*gqlResponse, resizePayload) {

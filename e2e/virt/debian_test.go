@@ -199,41 +199,22 @@ type certificateAuthority struct {
 
 func newCA(t *testing.T) *certificateAuthority {
 	t.Helper()
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer, err := ssh.NewSignerFromKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &certificateAuthority{signer: signer}
+	return &certificateAuthority{signer: newSigner(t)}
 }
 
 // userCert makes a new ed25519 key and a user certificate of it for the principal, signed by
 // the CA, and returns the signer that presents the certificate.
 func (ca *certificateAuthority) userCert(t *testing.T, principal string) ssh.Signer {
 	t.Helper()
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := ssh.NewPublicKey(pub)
-	if err != nil {
-		t.Fatal(err)
-	}
+	userSigner := newSigner(t)
 	now := time.Now()
 	cert := &ssh.Certificate{
-		Key: key, Serial: 1, CertType: ssh.UserCert, KeyId: "computeql-e2e", ValidPrincipals: []string{principal},
+		Key: userSigner.PublicKey(), Serial: 1, CertType: ssh.UserCert, KeyId: "computeql-e2e", ValidPrincipals: []string{principal},
 		// The guest's clock comes from the host's, but a few minutes of slack cost nothing.
 		ValidAfter: uint64(now.Add(-10 * time.Minute).Unix()), ValidBefore: uint64(now.Add(time.Hour).Unix()),
 		Permissions: ssh.Permissions{Extensions: map[string]string{"permit-pty": ""}},
 	}
 	if err := cert.SignCert(rand.Reader, ca.signer); err != nil {
-		t.Fatal(err)
-	}
-	userSigner, err := ssh.NewSignerFromKey(priv)
-	if err != nil {
 		t.Fatal(err)
 	}
 	certSigner, err := ssh.NewCertSigner(cert, userSigner)
