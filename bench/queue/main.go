@@ -66,8 +66,11 @@ type system struct {
 
 // result is one run's figures.
 type result struct {
-	perSec    float64
-	cpuPer1k  float64 // Redis CPU, ms per 1,000 keys
+	perSec   float64
+	cpuPer1k float64 // Redis CPU, ms per 1,000 keys
+	// goPer1k is this process's CPU (producers, consumers and their clients), ms per 1,000
+	// keys: it shares the machine with Redis.
+	goPer1k   float64
 	wallClock time.Duration
 	// Per key: round trips the system's clients made (a pipeline is one), scripts Redis ran,
 	// and commands Redis ran (those of scripts included, the script calls not).
@@ -109,8 +112,8 @@ func run(rounds, keys, producers int, handlers []int, asynqCheck time.Duration) 
 					return fmt.Errorf("%s, %d handlers, round %d: %w", sys.name, n, round+1, err)
 				}
 				results[h][s] = append(results[h][s], r)
-				fmt.Fprintf(os.Stderr, "round %d/%d  %-12s %2d handlers  %8.0f keys/s  %6.1f ms Redis CPU per 1,000 keys  per key: %.2f round trips, %.2f scripts, %.1f commands  (%s)\n",
-					round+1, rounds, sys.name, n, r.perSec, r.cpuPer1k, r.trips, r.scripts, r.commands, r.wallClock.Round(time.Millisecond))
+				fmt.Fprintf(os.Stderr, "round %d/%d  %-12s %2d handlers  %8.0f keys/s  per 1,000 keys: %6.1f ms Redis CPU, %6.1f ms client CPU  per key: %.2f round trips, %.2f scripts, %.1f commands  (%s)\n",
+					round+1, rounds, sys.name, n, r.perSec, r.cpuPer1k, r.goPer1k, r.trips, r.scripts, r.commands, r.wallClock.Round(time.Millisecond))
 			}
 		}
 	}
@@ -134,6 +137,7 @@ func run(rounds, keys, producers int, handlers []int, asynqCheck time.Duration) 
 		}{
 			{"keys/s", func(r result) float64 { return r.perSec }, thousands},
 			{"Redis CPU per 1,000 keys", func(r result) float64 { return r.cpuPer1k }, func(v float64) string { return fmt.Sprintf("%.1f ms", v) }},
+			{"client CPU per 1,000 keys (producers and consumers)", func(r result) float64 { return r.goPer1k }, func(v float64) string { return fmt.Sprintf("%.1f ms", v) }},
 			{"round trips per key", func(r result) float64 { return r.trips }, func(v float64) string { return fmt.Sprintf("%.2f", v) }},
 			{"scripts per key", func(r result) float64 { return r.scripts }, func(v float64) string { return fmt.Sprintf("%.2f", v) }},
 			{"commands per key (in scripts too)", func(r result) float64 { return r.commands }, func(v float64) string { return fmt.Sprintf("%.1f", v) }},
@@ -184,6 +188,7 @@ func measure(ctx context.Context, admin *redis.Client, addr string, sys system, 
 		return result{}, err
 	}
 	counting.Store(true)
+	go0 := processCPU()
 	began := time.Now()
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -211,6 +216,7 @@ func measure(ctx context.Context, admin *redis.Client, addr string, sys system, 
 		return result{}, fmt.Errorf("%d of %d keys handled after 5 minutes", handled.Load(), keys)
 	}
 	elapsed := time.Since(began)
+	go1 := processCPU()
 	cpu1, err := redisCPU(ctx, admin)
 	n := trips.Load()
 	var scripts, commands int64
@@ -225,9 +231,19 @@ func measure(ctx context.Context, admin *redis.Client, addr string, sys system, 
 	return result{
 		perSec:    k / elapsed.Seconds(),
 		cpuPer1k:  (cpu1 - cpu0) * 1000 / k * 1000,
+		goPer1k:   (go1 - go0).Seconds() * 1000 / k * 1000,
 		wallClock: elapsed,
 		trips:     float64(n) / k, scripts: float64(scripts) / k, commands: float64(commands) / k,
 	}, nil
+}
+
+// processCPU is this process's CPU time so far, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // tripCounter counts a client's round trips once counting is set: every command or pipeline
