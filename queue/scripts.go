@@ -2,9 +2,9 @@ package queue
 
 import "github.com/redis/go-redis/v9"
 
-// enqueueLua is shared by the scripts that add a key. With KEYS[1] the stream and KEYS[2]
-// the state hash, enqueue(key, ...) appends a message only for an idle key: a key already
-// waiting is left alone, and a key being handled is marked to run once more when its handler
+// enqueueLua is shared by the scripts that add a key. enqueue(stream, state, key, ...)
+// appends a message only for an idle key: a key already waiting is left alone, and a key being
+// handled (its state starts with "a", byte 97) is marked to run once more when its handler
 // ends. The optional field/value pairs after the key (the adder's trace context) are stored
 // with the message; a message without them is as valid.
 //
@@ -307,7 +307,7 @@ local function finish(stream, state, attempts, delayed, lastErr, group, batch)
         redis.call('HSET', attempts, key, attempt)
         redis.call('HSET', lastErr, key, err)
       end
-      if string.byte(st) == 100 then
+      if string.byte(st) == 100 then -- "d": added again while handled
         redis.call('HSET', state, key, 'q' .. redis.call('XADD', stream, '*', 'k', key))
       else
         idle[#idle + 1] = key
