@@ -43,7 +43,7 @@ var allVerbs = []verbCall{
 		_, err := svc.Reboot(operator, id, true, nil)
 		return err
 	}},
-	{"console", instance.ActionConsole, func(svc *instance.Service, id string) error { _, err := svc.Console(operator, id); return err }},
+	{"console", instance.ActionConsole, func(svc *instance.Service, id string) error { _, err := svc.Console(operator, id, nil); return err }},
 	{"ssh key", instance.ActionSSHKey, func(svc *instance.Service, id string) error { _, err := svc.SSHKey(operator, id); return err }},
 	{"snapshot", instance.ActionSnapshot, func(svc *instance.Service, id string) error {
 		_, err := svc.Snapshot(operator, instance.SnapshotRequest{ID: id, Name: "snap"})
@@ -214,7 +214,7 @@ func TestVerbsWithTwoServersAreConsistencyErrors(t *testing.T) {
 	if err := e.probe.DeleteServer(bg, extra.ID); err != nil {
 		t.Fatal(err)
 	}
-	session, err := e.svc.Console(operator, inst.ID)
+	session, err := e.svc.Console(operator, inst.ID, nil)
 	if err != nil {
 		t.Fatalf("console with one server left: %v", err)
 	}
