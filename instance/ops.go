@@ -364,38 +364,12 @@ func (s *Service) Update(ctx context.Context, req UpdateRequest) (*Instance, err
 	if err != nil {
 		return nil, err
 	}
-	cur := u.cur
-	pr, _ := Principal(ctx) // prepareUpdate has it
-	idem, err := newIdempotency(pr, req.IdempotencyKey, "updateInstance", req.fingerprinted())
-	if err != nil {
-		return nil, err
-	}
 	// A retry is answered from its key before the update is checked again: its
 	// expectedGeneration, for one, is the first call's.
-	if inst, done, err := s.replayIn(ctx, pr, cur.OrganizationID, idem); done {
-		return inst, err
-	}
-	if u.p.any() {
-		if err := s.precheckQuota(ctx, &u.p, cur.OrganizationID, u.delta); err != nil {
-			return nil, internal("update instance", err)
-		}
-		return nil, u.p.err()
-	}
-	inst := *cur
-	inst.Spec = u.next
-	refusal, err := s.store.UpdateSpec(ctx, &inst, u.delta, s.limits(cur.OrganizationID), nil, SpecChanges(cur.Spec, u.next), idem.record(cur.ID))
-	if err != nil {
-		return nil, internal("update instance", err)
-	}
-	if refusal != nil && refusal.Replayed != "" {
-		return s.replay(ctx, pr, idem, refusal.Replayed)
-	}
-	if refusal != nil {
-		return nil, s.updateRefused(refusal, req.ID, req.ExpectedGeneration != nil)
-	}
-	inst.Generation++
-	s.enqueue(ctx, &inst)
-	return &inst, nil
+	return s.commit(ctx, u, "updateInstance", req.fingerprinted(), req.IdempotencyKey, req.ExpectedGeneration != nil,
+		func(inst *Instance, limits quota.Amounts, idem Idempotency) (*Refusal, error) {
+			return s.store.UpdateSpec(ctx, inst, u.delta, limits, nil, SpecChanges(u.cur.Spec, u.next), idem)
+		})
 }
 
 // DryRunUpdate validates an update as Update does, the quota included, and says what it would
@@ -405,31 +379,74 @@ func (s *Service) DryRunUpdate(ctx context.Context, req UpdateRequest) (*Plan, e
 	if err != nil {
 		return nil, err
 	}
-	if err := s.precheckQuota(ctx, &u.p, u.cur.OrganizationID, u.delta); err != nil {
-		return nil, internal("update instance", err)
+	if err := s.refusePrepared(ctx, u); err != nil {
+		return nil, err
 	}
-	if u.p.any() {
-		return nil, u.p.err()
-	}
-	changed := SpecChanges(u.cur.Spec, u.next)
-	if changed == nil {
-		changed = []string{}
-	}
-	return &Plan{Rebuild: u.next.RebuildGeneration > u.cur.RebuildGeneration, ChangedFields: changed, QuotaChanges: quotaChanges(u.delta)}, nil
+	return &Plan{Rebuild: u.next.RebuildGeneration > u.cur.RebuildGeneration, ChangedFields: u.changed(), QuotaChanges: quotaChanges(u.delta)}, nil
 }
 
-// preparedUpdate is an update checked: the instance, its spec as the update leaves it, the
-// quota it takes or gives back, and the problems found.
-type preparedUpdate struct {
+// preparedChange is an update or a resize checked: the instance, its spec as the change leaves
+// it, the quota it takes or gives back, and the problems found.
+type preparedChange struct {
 	cur   *Instance
 	next  Spec
 	delta quota.Amounts
 	p     problems
 }
 
+// changed lists the fields the change changes, [] for none.
+func (c *preparedChange) changed() []string {
+	if f := SpecChanges(c.cur.Spec, c.next); f != nil {
+		return f
+	}
+	return []string{}
+}
+
+// refusePrepared returns the change's problems, with the quota's, as one refusal, or nil when
+// there are none.
+func (s *Service) refusePrepared(ctx context.Context, c *preparedChange) error {
+	if err := s.precheckQuota(ctx, &c.p, c.cur.OrganizationID, c.delta); err != nil {
+		return internal("change instance", err)
+	}
+	return c.p.err()
+}
+
+// commit is what an update and a resize do once checked: answer a retry from its idempotency
+// key, refuse with every problem found, else write the change with write (compare-and-set on
+// the generation, recording the key) and queue the instance.
+func (s *Service) commit(ctx context.Context, c *preparedChange, mutation string, req any, key *string, expectedGiven bool,
+	write func(inst *Instance, limits quota.Amounts, idem Idempotency) (*Refusal, error)) (*Instance, error) {
+	pr, _ := Principal(ctx) // preparing the change had it
+	idem, err := newIdempotency(pr, key, mutation, req)
+	if err != nil {
+		return nil, err
+	}
+	if inst, done, err := s.replayIn(ctx, pr, c.cur.OrganizationID, idem); done {
+		return inst, err
+	}
+	if c.p.any() {
+		return nil, s.refusePrepared(ctx, c)
+	}
+	inst := *c.cur
+	inst.Spec = c.next
+	refusal, err := write(&inst, s.limits(c.cur.OrganizationID), idem.record(c.cur.ID))
+	if err != nil {
+		return nil, internal(mutation, err)
+	}
+	if refusal != nil && refusal.Replayed != "" {
+		return s.replay(ctx, pr, idem, refusal.Replayed)
+	}
+	if refusal != nil {
+		return nil, s.updateRefused(refusal, c.cur.ID, expectedGiven)
+	}
+	inst.Generation++
+	s.enqueue(ctx, &inst)
+	return &inst, nil
+}
+
 // prepareUpdate checks an update against the instance. An error is a refusal of the whole
 // request (not found, not allowed, being deleted).
-func (s *Service) prepareUpdate(ctx context.Context, req UpdateRequest) (*preparedUpdate, error) {
+func (s *Service) prepareUpdate(ctx context.Context, req UpdateRequest) (*preparedChange, error) {
 	pr, err := Principal(ctx)
 	if err != nil {
 		return nil, err
@@ -546,7 +563,7 @@ func (s *Service) prepareUpdate(ctx context.Context, req UpdateRequest) (*prepar
 	next.Charge = cost
 	next.UpdatedAt = s.now().UTC()
 	next.UpdatedBy = pr.Subject
-	return &preparedUpdate{cur: cur, next: next, delta: delta, p: p}, nil
+	return &preparedChange{cur: cur, next: next, delta: delta, p: p}, nil
 }
 
 // Plan is what a create or an update would do, as a dry run reports it instead of doing it.

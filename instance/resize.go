@@ -37,44 +37,19 @@ func (s *Service) Resize(ctx context.Context, req ResizeRequest) (*Instance, err
 	if err != nil {
 		return nil, err
 	}
-	cur := r.cur
 	pr, _ := Principal(ctx) // prepareResize has it
-	idem, err := newIdempotency(pr, req.IdempotencyKey, "resizeInstance", req.fingerprinted())
-	if err != nil {
-		return nil, err
-	}
-	if inst, done, err := s.replayIn(ctx, pr, cur.OrganizationID, idem); done {
-		return inst, err
-	}
-	if r.p.any() {
-		if err := s.precheckQuota(ctx, &r.p, cur.OrganizationID, r.delta); err != nil {
-			return nil, internal("resize instance", err)
-		}
-		return nil, r.p.err()
-	}
-	inst := *cur
-	inst.Spec = r.next
 	ev := ActionEvent{
 		Actor: pr.Subject, Action: ActionResize, At: r.next.UpdatedAt,
-		Message: fmt.Sprintf("Resize from flavor %s to %s asked.", cur.FlavorID, r.next.FlavorID),
-		Idem:    idem.record(cur.ID),
+		Message: fmt.Sprintf("Resize from flavor %s to %s asked.", r.cur.FlavorID, r.next.FlavorID),
 	}
 	if r.next.ResizeRestart {
-		ev.Message = fmt.Sprintf("Resize from flavor %s to %s asked: the server is stopped, resized and started again.", cur.FlavorID, r.next.FlavorID)
+		ev.Message = fmt.Sprintf("Resize from flavor %s to %s asked: the server is stopped, resized and started again.", r.cur.FlavorID, r.next.FlavorID)
 	}
-	refusal, err := s.store.Resize(ctx, &inst, r.delta, s.limits(cur.OrganizationID), SpecChanges(cur.Spec, r.next), ev)
-	if err != nil {
-		return nil, internal("resize instance", err)
-	}
-	if refusal != nil && refusal.Replayed != "" {
-		return s.replay(ctx, pr, idem, refusal.Replayed)
-	}
-	if refusal != nil {
-		return nil, s.updateRefused(refusal, req.ID, false)
-	}
-	inst.Generation++
-	s.enqueue(ctx, &inst)
-	return &inst, nil
+	return s.commit(ctx, r, "resizeInstance", req.fingerprinted(), req.IdempotencyKey, false,
+		func(inst *Instance, limits quota.Amounts, idem Idempotency) (*Refusal, error) {
+			ev.Idem = idem
+			return s.store.Resize(ctx, inst, r.delta, limits, SpecChanges(r.cur.Spec, r.next), ev)
+		})
 }
 
 // DryRunResize checks a resize as Resize does, the quota included, and says what it would do,
@@ -84,29 +59,17 @@ func (s *Service) DryRunResize(ctx context.Context, req ResizeRequest) (*Plan, e
 	if err != nil {
 		return nil, err
 	}
-	if err := s.precheckQuota(ctx, &r.p, r.cur.OrganizationID, r.delta); err != nil {
-		return nil, internal("resize instance", err)
+	if err := s.refusePrepared(ctx, r); err != nil {
+		return nil, err
 	}
-	if r.p.any() {
-		return nil, r.p.err()
-	}
-	return &Plan{Restart: r.next.ResizeRestart, ChangedFields: SpecChanges(r.cur.Spec, r.next), QuotaChanges: quotaChanges(r.delta)}, nil
-}
-
-// preparedResize is a resize checked: the instance, its spec after the resize, the quota it
-// takes or gives back, and the problems found.
-type preparedResize struct {
-	cur   *Instance
-	next  Spec
-	delta quota.Amounts
-	p     problems
+	return &Plan{Restart: r.next.ResizeRestart, ChangedFields: r.changed(), QuotaChanges: quotaChanges(r.delta)}, nil
 }
 
 // prepareResize checks a resize against the instance: the new flavor must be offered where
 // the instance runs, fit its image, differ from the current one and have a disk at least as
 // large; the server must be built and not in the middle of another resize; a server that is
 // not stopped needs AllowRestart.
-func (s *Service) prepareResize(ctx context.Context, req ResizeRequest) (*preparedResize, error) {
+func (s *Service) prepareResize(ctx context.Context, req ResizeRequest) (*preparedChange, error) {
 	pr, err := Principal(ctx)
 	if err != nil {
 		return nil, err
@@ -127,7 +90,7 @@ func (s *Service) prepareResize(ctx context.Context, req ResizeRequest) (*prepar
 		p.add(CodeUnprocessable, path("id"), "instance %q is %s: only a provisioned instance can be resized", req.ID, cur.Status.ProvisioningStatus)
 	}
 	if p.any() {
-		return &preparedResize{cur: cur, p: p}, nil
+		return &preparedChange{cur: cur, p: p}, nil
 	}
 	next := cur.Spec
 	flavor := checkFlavor(&p, s.cat, req.FlavorID, cur.RegionID)
@@ -165,7 +128,7 @@ func (s *Service) prepareResize(ctx context.Context, req ResizeRequest) (*prepar
 	next.ResizeRestart = restart
 	next.UpdatedAt = s.now().UTC()
 	next.UpdatedBy = pr.Subject
-	return &preparedResize{cur: cur, next: next, delta: cost.Sub(cur.Charge), p: p}, nil
+	return &preparedChange{cur: cur, next: next, delta: cost.Sub(cur.Charge), p: p}, nil
 }
 
 // ConsoleOutput returns the end of the serial console output of the instance's server: the
