@@ -172,7 +172,7 @@ func TailText(out []byte, tailBytes int, capturedAt time.Time) ConsoleOutput {
 	if truncated {
 		out = out[len(out)-tailBytes:]
 		// A character whose first bytes fell before the tail is dropped, not garbled.
-		for i := 0; i < len(out) && i < utf8.UTFMax && !utf8.RuneStart(out[0]); i++ {
+		for i := 0; i < utf8.UTFMax && len(out) > 0 && !utf8.RuneStart(out[0]); i++ {
 			out = out[1:]
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
@@ -64,11 +65,7 @@ func (d *Driver) ResizeServer(ctx context.Context, id, flavorID string) (region.
 // disk has none to grow.
 func (d *Driver) growDisk(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, s *server, sizeBytes uint64) error {
 	name := namePrefix + s.id + ".qcow2"
-	owns := false
-	for _, v := range s.rec.Volumes {
-		owns = owns || v == name
-	}
-	if !owns {
+	if !slices.Contains(s.rec.Volumes, name) {
 		return nil
 	}
 	vol, err := conn.StorageVolLookupByName(pool, name)
