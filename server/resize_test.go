@@ -279,17 +279,20 @@ func TestResizeRules(t *testing.T) {
 	})
 
 	t.Run("under way", func(t *testing.T) {
-		// The region's clock stands still: the server stays STOPPING, the resize under way.
-		clock = a.realise(t)
-		clock.freeze()
+		// The region has no room for the new flavor: the server stopped for the resize stays
+		// stopped, the resize under way, until the workers stop.
+		gate := &resizeGate{Client: a.region, sentinel: region.ErrNoCapacity}
+		stop := a.runWorkers(t, func(o *worker.Options) {
+			o.Region, o.Yield, o.CapacityRetry = gate, 20*time.Millisecond, 20*time.Millisecond
+		})
 		res, p := a.resize(t, member, with2(small, "flavorId", "g1.medium"))
 		if p.Instance == nil {
 			t.Fatalf("resize: %s", res.Raw)
 		}
-		awaitResize(c, "the server stopping for the resize", func(ev resizeEvent) bool {
-			return ev.Instance.ID == id && ev.Instance.Status.PowerState == "STOPPING" && ev.reason() == "Resizing"
+		awaitResize(c, "the stopped server waiting for room", func(ev resizeEvent) bool {
+			return ev.Instance.ID == id && ev.Instance.Status.PowerState == "STOPPED" && ev.reason() == "NoCapacity"
 		})
-		clock.stopWorkers()
+		stop()
 		refused(t, with2(small, "flavorId", "g1.large"), fc("UNPROCESSABLE", "input", "id"))
 		before := redistest.State(t, a.rdb)
 		res, pp := a.powerVerb(t, member, startDoc, "startInstance", map[string]any{"id": id})
