@@ -68,8 +68,11 @@ type config struct {
 	rateLimit float64
 	rateBurst int
 	// What stays open: sockets of the process and of one principal, subscriptions of one
-	// socket and of one principal.
+	// socket and of one principal, consoles of the process and of one principal.
 	maxSockets, maxPrincipalSockets, maxSocketSubscriptions, maxPrincipalSubscriptions int
+	maxConsoles, maxPrincipalConsoles                                                  int
+	// Where clients reach the API; empty: as each request reached it.
+	publicURL string
 	// Whether the API answers introspection queries.
 	introspection bool
 	// Address of Go's profiler; empty: not served.
@@ -103,6 +106,9 @@ func flags(name string, c *config) (*flag.FlagSet, error) {
 	fs.IntVar(&c.maxPrincipalSockets, "max-sockets-per-principal", 32, "WebSockets one principal holds open on one API process; more are closed with 4429")
 	fs.IntVar(&c.maxSocketSubscriptions, "max-subscriptions-per-socket", 100, "subscriptions running on one WebSocket; more are refused with RATE_LIMITED")
 	fs.IntVar(&c.maxPrincipalSubscriptions, "max-subscriptions-per-principal", 200, "subscriptions one principal runs on one API process, over every transport; more are refused with RATE_LIMITED")
+	fs.IntVar(&c.maxConsoles, "max-consoles", 64, "serial consoles attached through one API process; more are refused with 429")
+	fs.IntVar(&c.maxPrincipalConsoles, "max-consoles-per-principal", 4, "serial consoles one principal has attached through one API process; more are refused with 429")
+	fs.StringVar(&c.publicURL, "public-url", "", "where clients reach the API, e.g. https://api.example.com, for the URLs it hands out (console sessions); none: as each request reached it")
 	fs.StringVar(&c.logFormat, "log-format", "auto", "log format: json, text, or auto (JSON unless standard error is a terminal)")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "least level logged: debug, info, warn or error")
 	fs.StringVar(&c.opsListen, "ops-listen", "", "address to serve /metrics, /healthz and /readyz on, apart from the API: how worker and region processes are watched (none: off; the API serves them on --listen too)")
@@ -419,6 +425,7 @@ func apiServer(ctx context.Context, c config, cat *region.Catalog, svc *instance
 		Context:    ctx,
 		MaxSockets: c.maxSockets, MaxSocketsPerPrincipal: c.maxPrincipalSockets,
 		MaxSubscriptionsPerSocket: c.maxSocketSubscriptions, MaxSubscriptionsPerPrincipal: c.maxPrincipalSubscriptions,
+		MaxConsoles: c.maxConsoles, MaxConsolesPerPrincipal: c.maxPrincipalConsoles, PublicURL: c.publicURL,
 		DisableIntrospection: !c.introspection,
 		Ready:                ready,
 	})

@@ -2515,7 +2515,14 @@ input CreateConsoleSessionInput {
   idempotencyKey: String
 }
 
+"""
+A serial console of an instance's server, which this API serves over a WebSocket at url: it
+attaches once, for whoever opens url first before expiresAt, and is closed at expiresAt. The
+server's binary messages carry what the guest writes, beginning with the end of what it wrote
+before; every message to it is typed into the console.
+"""
 type ConsoleSession {
+  "A ws:// or wss:// URL on this API. It is a credential, like a one-time password."
   url: String!
   expiresAt: Time!
 }

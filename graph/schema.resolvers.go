@@ -242,7 +242,7 @@ func (r *mutationResolver) CreateConsoleSession(ctx context.Context, input model
 	}
 	payload := &model.CreateConsoleSessionPayload{UserErrors: problems}
 	if len(problems) == 0 {
-		payload.ConsoleSession = &model.ConsoleSession{URL: session.URL, ExpiresAt: session.ExpiresAt}
+		payload.ConsoleSession = &model.ConsoleSession{URL: ConsoleURL(ctx, session.Token), ExpiresAt: session.ExpiresAt}
 	}
 	return payload, nil
 }

@@ -59,6 +59,11 @@ type Store interface {
 	// TakeTicket returns the principal of a stream ticket and forgets the ticket, in one step;
 	// ErrNoTicket when there is none.
 	TakeTicket(ctx context.Context, ticket string) (auth.Principal, error)
+	// PutConsoleGrant keeps a console session's grant under its token for ttl.
+	PutConsoleGrant(ctx context.Context, token string, g ConsoleGrant, ttl time.Duration) error
+	// TakeConsoleGrant returns the grant of a console token and forgets the token, in one
+	// step; ErrNoConsoleSession when there is none.
+	TakeConsoleGrant(ctx context.Context, token string) (ConsoleGrant, error)
 	// Deleted returns the organization and project of a deleted instance whose history is
 	// still kept, in the first of orgs that has it, or ErrNotFound.
 	Deleted(ctx context.Context, orgs []string, id string) (org, project string, err error)

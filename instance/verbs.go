@@ -2,7 +2,6 @@ package instance
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -92,46 +91,6 @@ func (s *Service) Reboot(ctx context.Context, id string, hard bool, idempotencyK
 		return nil, s.record(ctx, inst, ev, err)
 	}
 	return inst, nil
-}
-
-// Console opens a short-lived console session on the instance's running server. A retry with
-// the idempotency key is answered with the same session while it is valid (the key is kept
-// only that long, since the session's URL is a credential); after that, it opens another.
-func (s *Service) Console(ctx context.Context, id string, idempotencyKey *string) (region.ConsoleSession, error) {
-	var session region.ConsoleSession
-	pr, inst, err := s.operable(ctx, id)
-	if err != nil {
-		return session, err
-	}
-	idem, err := newIdempotency(pr, idempotencyKey, "createConsoleSession", id)
-	if err != nil {
-		return session, err
-	}
-	prior, err := s.recorded(ctx, inst.OrganizationID, idem)
-	if err != nil {
-		return session, err
-	}
-	if prior != "" {
-		_, answer, err := idem.replayWith(prior)
-		if err != nil {
-			return session, err
-		}
-		if err := json.Unmarshal([]byte(answer), &session); err != nil {
-			return session, internal("replay a console session", err)
-		}
-		return session, nil
-	}
-	var rec Idempotency
-	err = s.actOn(ctx, pr, inst, ActionConsole, &rec, func(_ *Instance, srv *region.Server) (string, error) {
-		var err error
-		if session, err = s.region.ConsoleSession(ctx, srv.ID); err != nil {
-			return "", err
-		}
-		answer, _ := json.Marshal(session) // a session always encodes
-		rec = idem.recordWith(inst.ID, string(answer), time.Until(session.ExpiresAt))
-		return "A console session valid until " + session.ExpiresAt.UTC().Format("15:04:05 MST") + " was opened.", nil
-	})
-	return session, err
 }
 
 // SSHKey returns the private key of the project key pair the instance's server accepts. An

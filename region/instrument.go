@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,7 +27,7 @@ const (
 	opRebootServer
 	opResizeServer
 	opConsoleOutput
-	opConsoleSession
+	opOpenConsole
 	opSSHKey
 	opSnapshot
 	opImages
@@ -35,7 +36,7 @@ const (
 
 var opNames = [numOps]string{
 	"FindServers", "CreateServer", "UpdateNetworking", "GetServer", "DeleteServer", "StartServer",
-	"StopServer", "RebootServer", "ResizeServer", "ConsoleOutput", "ConsoleSession", "SSHKey", "Snapshot", "Images",
+	"StopServer", "RebootServer", "ResizeServer", "ConsoleOutput", "OpenConsole", "SSHKey", "Snapshot", "Images",
 }
 
 // Instrument returns c with every call timed and traced: a client span "region.<Op>" per call
@@ -216,11 +217,11 @@ func (ic *instrumented) ConsoleOutput(ctx context.Context, id string, tailBytes 
 	return out, err
 }
 
-func (ic *instrumented) ConsoleSession(ctx context.Context, id string) (ConsoleSession, error) {
-	ctx, k := ic.begin(ctx, opConsoleSession, id)
-	s, err := ic.next.ConsoleSession(ctx, id)
+func (ic *instrumented) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+	ctx, k := ic.begin(ctx, opOpenConsole, id)
+	c, err := ic.next.OpenConsole(ctx, id)
 	k.end(err)
-	return s, err
+	return c, err
 }
 
 func (ic *instrumented) SSHKey(ctx context.Context, id string) (SSHKey, error) {

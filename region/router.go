@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"strings"
 	"sync"
@@ -188,13 +189,13 @@ func (r *Router) ConsoleOutput(ctx context.Context, id string, tailBytes int) (C
 	return c.ConsoleOutput(ctx, inner, tailBytes)
 }
 
-// ConsoleSession implements Client.
-func (r *Router) ConsoleSession(ctx context.Context, id string) (ConsoleSession, error) {
+// OpenConsole implements Client.
+func (r *Router) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser, error) {
 	c, inner, err := r.route(id)
 	if err != nil {
-		return ConsoleSession{}, err
+		return nil, err
 	}
-	return c.ConsoleSession(ctx, inner)
+	return c.OpenConsole(ctx, inner)
 }
 
 // SSHKey implements Client.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -136,11 +137,11 @@ func (f *fakeDriver) ConsoleOutput(_ context.Context, id string, _ int) (region.
 	}
 	return region.ConsoleOutput{Text: f.name + " console"}, nil
 }
-func (f *fakeDriver) ConsoleSession(_ context.Context, id string) (region.ConsoleSession, error) {
-	if _, err := f.server("ConsoleSession", id); err != nil {
-		return region.ConsoleSession{}, err
+func (f *fakeDriver) OpenConsole(_ context.Context, id string) (io.ReadWriteCloser, error) {
+	if _, err := f.server("OpenConsole", id); err != nil {
+		return nil, err
 	}
-	return region.ConsoleSession{URL: "https://" + f.name + ".invalid/" + id}, nil
+	return region.NewConsoleBuffer(1), nil
 }
 func (f *fakeDriver) SSHKey(_ context.Context, id string) (region.SSHKey, error) {
 	if _, err := f.server("SSHKey", id); err != nil {
@@ -323,7 +324,7 @@ func TestRouterRoutesServers(t *testing.T) {
 		{"DeleteServer", func(id string) (string, error) { return id, r.DeleteServer(ctx, id) }},
 		{"ResizeServer", func(id string) (string, error) { s, err := r.ResizeServer(ctx, id, "f"); return s.ID, err }},
 		{"ConsoleOutput", func(id string) (string, error) { _, err := r.ConsoleOutput(ctx, id, 10); return id, err }},
-		{"ConsoleSession", func(id string) (string, error) { _, err := r.ConsoleSession(ctx, id); return id, err }},
+		{"OpenConsole", func(id string) (string, error) { _, err := r.OpenConsole(ctx, id); return id, err }},
 		{"SSHKey", func(id string) (string, error) { _, err := r.SSHKey(ctx, id); return id, err }},
 		{"Snapshot", func(id string) (string, error) {
 			_, err := r.Snapshot(ctx, id, region.ImageRequest{Name: "x"})
@@ -396,11 +397,11 @@ func TestRouterUnknownRegionsAndIDs(t *testing.T) {
 					_, err := r.UpdateNetworking(ctx, id, region.ServerNetworking{})
 					return err
 				},
-				"ResizeServer":   func() error { _, err := r.ResizeServer(ctx, id, "f"); return err },
-				"ConsoleOutput":  func() error { _, err := r.ConsoleOutput(ctx, id, 10); return err },
-				"ConsoleSession": func() error { _, err := r.ConsoleSession(ctx, id); return err },
-				"SSHKey":         func() error { _, err := r.SSHKey(ctx, id); return err },
-				"Snapshot":       func() error { _, err := r.Snapshot(ctx, id, region.ImageRequest{}); return err },
+				"ResizeServer":  func() error { _, err := r.ResizeServer(ctx, id, "f"); return err },
+				"ConsoleOutput": func() error { _, err := r.ConsoleOutput(ctx, id, 10); return err },
+				"OpenConsole":   func() error { _, err := r.OpenConsole(ctx, id); return err },
+				"SSHKey":        func() error { _, err := r.SSHKey(ctx, id); return err },
+				"Snapshot":      func() error { _, err := r.Snapshot(ctx, id, region.ImageRequest{}); return err },
 			} {
 				if err := call(); !errors.Is(err, region.ErrServerNotFound) {
 					t.Errorf("%s: got %v, want ErrServerNotFound", verb, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -146,12 +147,6 @@ func Reason(err, sentinel error) string {
 	return strings.TrimSuffix(strings.TrimSuffix(err.Error(), sentinel.Error()), ": ")
 }
 
-// ConsoleSession is a short-lived URL to a server's console.
-type ConsoleSession struct {
-	URL       string    `json:"url"`
-	ExpiresAt time.Time `json:"expiresAt"`
-}
-
 // ConsoleOutputMax is the most of a server's serial console output one call returns.
 const ConsoleOutputMax = 64 << 10
 
@@ -220,8 +215,12 @@ type Client interface {
 	// ConsoleOutput returns the last tailBytes (at most ConsoleOutputMax) of the server's
 	// serial console output, since it was created.
 	ConsoleOutput(ctx context.Context, id string, tailBytes int) (ConsoleOutput, error)
-	// ConsoleSession opens a console of a running server.
-	ConsoleSession(ctx context.Context, id string) (ConsoleSession, error)
+	// OpenConsole attaches to the serial console of a running server (any other state is
+	// ErrRefused): reads return what the guest writes from then on (ConsoleOutput has what
+	// came before), writes are typed into it, and Close detaches. Reads end with io.EOF when
+	// the guest's console goes away (it stopped, or another attachment took the console),
+	// and with ErrConsoleOverrun when the reader fell ConsoleBacklog behind.
+	OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser, error)
 	// SSHKey returns the project key pair's private key of a server that uses it; a server
 	// with an SSH certificate authority is refused (ErrRefused).
 	SSHKey(ctx context.Context, id string) (SSHKey, error)

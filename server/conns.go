@@ -21,33 +21,38 @@ const (
 	limitPrincipalSockets       = "principal_sockets"
 	limitSocketSubscriptions    = "socket_subscriptions"
 	limitPrincipalSubscriptions = "principal_subscriptions"
+	limitProcessConsoles        = "process_consoles"
+	limitPrincipalConsoles      = "principal_consoles"
 )
 
-// connLimits bounds what stays open: sockets in this process, sockets and subscriptions of one
-// principal (a token's subject), subscriptions on one socket. Rate limits count requests; these
+// connLimits bounds what stays open: sockets and consoles in this process, sockets,
+// subscriptions and consoles of one principal (a token's subject), subscriptions on one socket. Rate limits count requests; these
 // count what a caller holds, each of which costs memory and goroutines for as long as it lasts.
 type connLimits struct {
 	maxSockets, maxPrincipalSockets, maxSocketSubs, maxPrincipalSubs int
+	maxConsoles, maxPrincipalConsoles                                int
 
-	mu      sync.Mutex
-	sockets int
-	held    map[string]*principalHolds // by subject; removed when it holds nothing
-	refused *prometheus.CounterVec
+	mu       sync.Mutex
+	sockets  int
+	consoles int
+	held     map[string]*principalHolds // by subject; removed when it holds nothing
+	refused  *prometheus.CounterVec
 }
 
-type principalHolds struct{ sockets, subscriptions int }
+type principalHolds struct{ sockets, subscriptions, consoles int }
 
 func newConnLimits(o Options, reg prometheus.Registerer) (*connLimits, error) {
 	l := &connLimits{
 		maxSockets: o.MaxSockets, maxPrincipalSockets: o.MaxSocketsPerPrincipal,
 		maxSocketSubs: o.MaxSubscriptionsPerSocket, maxPrincipalSubs: o.MaxSubscriptionsPerPrincipal,
+		maxConsoles: o.MaxConsoles, maxPrincipalConsoles: o.MaxConsolesPerPrincipal,
 		held: map[string]*principalHolds{},
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "computeql_connection_limit_refusals_total",
 			Help: "Sockets and subscriptions refused by a connection limit, by the limit.",
 		}, []string{"limit"}),
 	}
-	for _, v := range []string{limitProcessSockets, limitPrincipalSockets, limitSocketSubscriptions, limitPrincipalSubscriptions} {
+	for _, v := range []string{limitProcessSockets, limitPrincipalSockets, limitSocketSubscriptions, limitPrincipalSubscriptions, limitProcessConsoles, limitPrincipalConsoles} {
 		l.refused.WithLabelValues(v)
 	}
 	if err := reg.Register(l.refused); err != nil {
@@ -104,6 +109,35 @@ func (l *connLimits) take(subject string, count func(*principalHolds) *int, max 
 
 func socketsOf(h *principalHolds) *int       { return &h.sockets }
 func subscriptionsOf(h *principalHolds) *int { return &h.subscriptions }
+func consolesOf(h *principalHolds) *int      { return &h.consoles }
+
+// takeConsole holds one of the process's consoles and one of the subject's; it returns the
+// function that gives both back (once), or nil and why it refused.
+func (l *connLimits) takeConsole(subject string) (func(), string) {
+	l.mu.Lock()
+	if l.consoles >= l.maxConsoles {
+		l.mu.Unlock()
+		l.refused.WithLabelValues(limitProcessConsoles).Inc()
+		return nil, fmt.Sprintf("this server has as many consoles open as it may (%d); retry later", l.maxConsoles)
+	}
+	l.consoles++
+	l.mu.Unlock()
+	release := l.take(subject, consolesOf, l.maxPrincipalConsoles, limitPrincipalConsoles)
+	if release == nil {
+		l.releaseConsole()
+		return nil, fmt.Sprintf("%s has as many consoles open as one principal may (%d): close one first", subject, l.maxPrincipalConsoles)
+	}
+	return sync.OnceFunc(func() {
+		release()
+		l.releaseConsole()
+	}), ""
+}
+
+func (l *connLimits) releaseConsole() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.consoles--
+}
 
 // refuseSocket answers a WebSocket handshake past the process's sockets with 429 and
 // Retry-After.

@@ -112,6 +112,16 @@ type Options struct {
 	// MaxSubscriptionsPerPrincipal bounds the subscriptions one principal runs in this process,
 	// over every transport; one past it is refused with RATE_LIMITED. Defaults to 200.
 	MaxSubscriptionsPerPrincipal int
+	// MaxConsoles bounds the serial consoles attached through this process (each holds a host
+	// stream and its buffers); one past it is refused with 429. Defaults to 64.
+	MaxConsoles int
+	// MaxConsolesPerPrincipal bounds the consoles one principal has attached through this
+	// process; one past it is refused with 429. Defaults to 4.
+	MaxConsolesPerPrincipal int
+	// PublicURL is where clients reach the API ("https://api.example.com"), from which the
+	// URLs it hands out (a console session's) are made. Empty means as each request reached
+	// it: its Host header, and https when it came over TLS or with X-Forwarded-Proto: https.
+	PublicURL string
 	// Context bounds the WebSockets, which outlive their HTTP requests: when it ends, each is
 	// closed with 1001 (going away). Defaults to context.Background().
 	Context context.Context
@@ -147,6 +157,8 @@ func (o *Options) applyDefaults() error {
 	o.MaxSocketsPerPrincipal = cmp.Or(o.MaxSocketsPerPrincipal, 32)
 	o.MaxSubscriptionsPerSocket = cmp.Or(o.MaxSubscriptionsPerSocket, 100)
 	o.MaxSubscriptionsPerPrincipal = cmp.Or(o.MaxSubscriptionsPerPrincipal, 200)
+	o.MaxConsoles = cmp.Or(o.MaxConsoles, 64)
+	o.MaxConsolesPerPrincipal = cmp.Or(o.MaxConsolesPerPrincipal, 4)
 	if o.MaxTokens == 0 {
 		o.MaxTokens = 10_000
 	}
@@ -251,7 +263,16 @@ func New(opts Options) (http.Handler, error) {
 	useTracing(gql)
 
 	mux := http.NewServeMux()
-	mux.Handle("/graphql", checkOrigin(origins, limitBody(opts.MaxBodyBytes, authenticate(opts.Keys, opts.Service.RedeemTicket, rateLimited(streamDeadlines(opts.StreamWriteTimeout, gql))))))
+	public, err := newPublicURL(opts.PublicURL)
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle("/graphql", checkOrigin(origins, limitBody(opts.MaxBodyBytes, authenticate(opts.Keys, opts.Service.RedeemTicket, rateLimited(streamDeadlines(opts.StreamWriteTimeout, public.mark(gql)))))))
+	consoles, err := newConsoleHandler(opts, origins, limits)
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle("GET "+graph.ConsolePath+"{token}", checkOrigin(origins, consoles))
 	gi := graphiql.Handler("/graphiql", "/graphql")
 	mux.Handle("/graphiql", gi)
 	mux.Handle("/graphiql/", gi)

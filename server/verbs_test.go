@@ -307,7 +307,7 @@ func TestVerbsReachTheSubscriber(t *testing.T) {
 		if p.ConsoleSession == nil || len(p.UserErrors) != 0 {
 			t.Fatalf("createConsoleSession: %s", res.Raw)
 		}
-		if !strings.HasPrefix(p.ConsoleSession.URL, "https://") {
+		if !strings.HasPrefix(p.ConsoleSession.URL, "ws://") {
 			t.Errorf("console URL %q", p.ConsoleSession.URL)
 		}
 		if !p.ConsoleSession.ExpiresAt.After(time.Now()) {

@@ -53,6 +53,12 @@ func ticketKey(ticket string) string {
 	return prefix + "ticket:" + hex.EncodeToString(sum[:])
 }
 
+// consoleKey holds a console session's grant, named like a ticket by the token's SHA-256.
+func consoleKey(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return prefix + "console:" + hex.EncodeToString(sum[:])
+}
+
 // quotaKey is a hash of limit:<kind> (only kinds set with setQuota) and used:<kind>.
 func quotaKey(org string) string { return prefix + orgTag(org) + ":quota" }
 

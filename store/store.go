@@ -396,30 +396,52 @@ func scriptEntry(e any) (redis.XMessage, error) {
 
 // PutTicket implements instance.Store.
 func (s *Store) PutTicket(ctx context.Context, ticket string, p auth.Principal, ttl time.Duration) error {
-	b, err := json.Marshal(p)
+	return s.putOnce(ctx, "put ticket", ticketKey(ticket), p, ttl)
+}
+
+// TakeTicket implements instance.Store: a ticket is redeemed once.
+func (s *Store) TakeTicket(ctx context.Context, ticket string) (auth.Principal, error) {
+	var p auth.Principal
+	return p, s.takeOnce(ctx, "take ticket", ticketKey(ticket), &p, instance.ErrNoTicket)
+}
+
+// PutConsoleGrant implements instance.Store.
+func (s *Store) PutConsoleGrant(ctx context.Context, token string, g instance.ConsoleGrant, ttl time.Duration) error {
+	return s.putOnce(ctx, "put console grant", consoleKey(token), g, ttl)
+}
+
+// TakeConsoleGrant implements instance.Store: a console token is redeemed once.
+func (s *Store) TakeConsoleGrant(ctx context.Context, token string) (instance.ConsoleGrant, error) {
+	var g instance.ConsoleGrant
+	return g, s.takeOnce(ctx, "take console grant", consoleKey(token), &g, instance.ErrNoConsoleSession)
+}
+
+// putOnce keeps v as JSON under key for ttl, for takeOnce to read once.
+func (s *Store) putOnce(ctx context.Context, op, key string, v any, ttl time.Duration) error {
+	b, err := json.Marshal(v)
 	if err != nil {
-		return fmt.Errorf("put ticket: %w", err)
+		return fmt.Errorf("%s: %w", op, err)
 	}
-	if err := s.rdb.Set(ctx, ticketKey(ticket), b, ttl).Err(); err != nil {
-		return failed("put ticket", err)
+	if err := s.rdb.Set(ctx, key, b, ttl).Err(); err != nil {
+		return failed(op, err)
 	}
 	return nil
 }
 
-// TakeTicket implements instance.Store with GETDEL: a ticket is redeemed once.
-func (s *Store) TakeTicket(ctx context.Context, ticket string) (auth.Principal, error) {
-	b, err := s.rdb.GetDel(ctx, ticketKey(ticket)).Bytes()
+// takeOnce reads what putOnce kept under key into v and deletes it, in one GETDEL: of two
+// callers, one gets it and the other none, which is an error wrapping none.
+func (s *Store) takeOnce(ctx context.Context, op, key string, v any, none error) error {
+	b, err := s.rdb.GetDel(ctx, key).Bytes()
 	if errors.Is(err, redis.Nil) {
-		return auth.Principal{}, instance.ErrNoTicket
+		return none
 	}
 	if err != nil {
-		return auth.Principal{}, failed("take ticket", err)
+		return failed(op, err)
 	}
-	var p auth.Principal
-	if err := json.Unmarshal(b, &p); err != nil {
-		return auth.Principal{}, fmt.Errorf("take ticket: %w", err)
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
 	}
-	return p, nil
+	return nil
 }
 
 // Deleted implements instance.Store: one pipelined round trip over the organizations.

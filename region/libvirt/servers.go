@@ -720,11 +720,6 @@ func (d *Driver) UpdateNetworking(ctx context.Context, id string, n region.Serve
 	return d.observe(conn, s), nil
 }
 
-// ConsoleSession implements region.Client: not offered by this driver yet.
-func (d *Driver) ConsoleSession(ctx context.Context, id string) (region.ConsoleSession, error) {
-	return region.ConsoleSession{}, fmt.Errorf("console session: region %s runs on libvirt hosts, which do not offer console sessions yet: %w", d.opts.Region.ID, region.ErrRefused)
-}
-
 // Snapshot implements region.Client: not offered by this driver yet.
 func (d *Driver) Snapshot(ctx context.Context, id string, req region.ImageRequest) (region.Image, error) {
 	return region.Image{}, fmt.Errorf("snapshot: region %s runs on libvirt hosts, which do not offer snapshots yet: %w", d.opts.Region.ID, region.ErrRefused)

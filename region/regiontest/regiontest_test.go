@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -53,7 +54,7 @@ func harness(t *testing.T, timeout time.Duration, wrap func(*sim.Sim) region.Cli
 			}
 		},
 		Timeout:      timeout,
-		Capabilities: regiontest.Capabilities{Snapshots: true, Console: true, PublicIPs: true},
+		Capabilities: regiontest.Capabilities{Snapshots: true, PublicIPs: true},
 		ResizeFlavor: "g1.medium",
 	}
 }
@@ -72,7 +73,7 @@ func TestSimulatorWithoutCapabilities(t *testing.T) {
 		return
 	}
 	out := runChild(t, "TestSimulatorWithoutCapabilities", "no capabilities")
-	for _, sub := range []string{"console", "snapshots", "public_IPs"} {
+	for _, sub := range []string{"snapshots", "public_IPs"} {
 		if !strings.Contains(out, "--- FAIL: TestSimulatorWithoutCapabilities/"+sub+" ") {
 			t.Errorf("subtest %s did not fail:\n%s", sub, out)
 		}
@@ -89,7 +90,7 @@ type broken struct {
 	update func(ctx context.Context, id string, n region.ServerNetworking) (region.Server, error)
 	del    func(ctx context.Context, id string) error
 	key    func(ctx context.Context, id string) (region.SSHKey, error)
-	cons   func(ctx context.Context, id string) (region.ConsoleSession, error)
+	cons   func(ctx context.Context, id string) (io.ReadWriteCloser, error)
 	watch  func(ctx context.Context, after string, fn func(region.Event) error) error
 }
 
@@ -142,12 +143,17 @@ func (b *broken) SSHKey(ctx context.Context, id string) (region.SSHKey, error) {
 	return b.Sim.SSHKey(ctx, id)
 }
 
-func (b *broken) ConsoleSession(ctx context.Context, id string) (region.ConsoleSession, error) {
+func (b *broken) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser, error) {
 	if b.cons != nil {
 		return b.cons(ctx, id)
 	}
-	return b.Sim.ConsoleSession(ctx, id)
+	return b.Sim.OpenConsole(ctx, id)
 }
+
+// deafConsole takes what is typed and shows nothing of it.
+type deafConsole struct{ *region.ConsoleBuffer }
+
+func (deafConsole) Write(p []byte) (int, error) { return len(p), nil }
 
 func (b *broken) Watch(ctx context.Context, after string, fn func(region.Event) error) error {
 	if b.watch != nil {
@@ -251,10 +257,21 @@ var mutants = []struct {
 			return s.DeleteServer(ctx, id)
 		}
 	}},
-	{"console refused though offered", "console", func(s *sim.Sim, b *broken) {
-		b.cons = func(context.Context, string) (region.ConsoleSession, error) {
-			return region.ConsoleSession{}, fmt.Errorf("console: %w", region.ErrRefused)
+	{"console refused", "console", func(s *sim.Sim, b *broken) {
+		b.cons = func(context.Context, string) (io.ReadWriteCloser, error) {
+			return nil, fmt.Errorf("console: %w", region.ErrRefused)
 		}
+	}},
+	{"console shows nothing typed", "console", func(s *sim.Sim, b *broken) {
+		b.cons = func(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+			if _, err := s.OpenConsole(ctx, id); err != nil {
+				return nil, err
+			}
+			return deafConsole{region.NewConsoleBuffer(1)}, nil
+		}
+	}},
+	{"console opens on a stopped server", "stop_and_start", func(s *sim.Sim, b *broken) {
+		b.cons = func(context.Context, string) (io.ReadWriteCloser, error) { return region.NewConsoleBuffer(1), nil }
 	}},
 	{"watch misses deletions", "delete", func(s *sim.Sim, b *broken) { b.watch = skipping(s, region.ServerDeleted) }},
 	{"watch misses creations", "create,_find_and_settle", func(s *sim.Sim, b *broken) { b.watch = skipping(s, region.ServerCreated) }},

@@ -25,7 +25,7 @@ func contractHarness(t *testing.T) (*Sim, regiontest.Harness) {
 		},
 		Timeout:      waitLimit,
 		ResizeFlavor: "g1.medium",
-		Capabilities: regiontest.Capabilities{Snapshots: true, Console: true, PublicIPs: true},
+		Capabilities: regiontest.Capabilities{Snapshots: true, PublicIPs: true},
 	}
 }
 

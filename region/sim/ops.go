@@ -1,17 +1,18 @@
 package sim
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -31,9 +32,6 @@ func sshKeyKey(org, project string) string        { return prefix + "sshkey:" + 
 // imageDuePrefix marks images among the due set's members: a snapshot becomes ready on the
 // same clock as servers move on.
 const imageDuePrefix = "img:"
-
-// consoleTTL is how long a console URL is valid.
-const consoleTTL = 10 * time.Minute
 
 // GetServer implements region.Client.
 func (s *Sim) GetServer(ctx context.Context, id string) (region.Server, error) {
@@ -95,20 +93,29 @@ func (s *Sim) runningServer(ctx context.Context, op, id string) (region.Server, 
 	return srv, nil
 }
 
-// ConsoleSession implements region.Client. The URL's host is under .invalid, which never
-// resolves: the simulator has no console to show.
-func (s *Sim) ConsoleSession(ctx context.Context, id string) (region.ConsoleSession, error) {
-	srv, err := s.runningServer(ctx, "console session", id)
-	if err != nil {
-		return region.ConsoleSession{}, err
+// OpenConsole implements region.Client with a console that echoes what is typed, as a
+// guest's login prompt would (a carriage return echoed as a new line): what came before is
+// the boot log ConsoleOutput shows.
+func (s *Sim) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+	if _, err := s.runningServer(ctx, "open console", id); err != nil {
+		return nil, err
 	}
-	token := make([]byte, 16)
-	_, _ = rand.Read(token) // crypto/rand.Read never fails on supported platforms
-	return region.ConsoleSession{
-		URL:       fmt.Sprintf("https://console.%s.sim.invalid/%s?token=%s", srv.RegionID, srv.ID, hex.EncodeToString(token)),
-		ExpiresAt: s.opts.Now().Add(consoleTTL).UTC(),
-	}, nil
+	return echoConsole{region.NewConsoleBuffer(region.ConsoleBacklog)}, nil
 }
+
+// echoConsole is a simulated serial console: it reads back what was written to it.
+type echoConsole struct{ out *region.ConsoleBuffer }
+
+func (c echoConsole) Read(p []byte) (int, error) { return c.out.Read(p) }
+
+func (c echoConsole) Write(p []byte) (int, error) {
+	if _, err := c.out.Write(bytes.ReplaceAll(p, []byte("\r"), []byte("\r\n"))); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (c echoConsole) Close() error { return c.out.Close() }
 
 // SSHKey implements region.Client: one ed25519 key pair per project, made on first use.
 func (s *Sim) SSHKey(ctx context.Context, id string) (region.SSHKey, error) {

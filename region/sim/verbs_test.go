@@ -6,8 +6,8 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
+	"io"
 	"maps"
-	"net/url"
 	"reflect"
 	"slices"
 	"strings"
@@ -352,7 +352,7 @@ func TestVerbsUnavailable(t *testing.T) {
 	}
 	verbs := []verb{
 		{"GetServer", func() error { _, err := faulty.GetServer(ctx, srv.ID); return err }},
-		{"ConsoleSession", func() error { _, err := faulty.ConsoleSession(ctx, srv.ID); return err }},
+		{"OpenConsole", func() error { _, err := faulty.OpenConsole(ctx, srv.ID); return err }},
 		{"SSHKey", func() error { _, err := faulty.SSHKey(ctx, srv.ID); return err }},
 		{"Snapshot", func() error { _, err := faulty.Snapshot(ctx, srv.ID, region.ImageRequest{Name: "snap"}); return err }},
 		{"Images", func() error { _, err := faulty.Images(ctx, srv.OrganizationID, srv.ProjectID); return err }},
@@ -383,10 +383,10 @@ func TestVerbsUnavailable(t *testing.T) {
 	}
 }
 
-// TestConsoleSession: a RUNNING server's console is a URL under .invalid naming the server,
-// with a fresh token every time and an expiry ten minutes after now; a server that is not
-// RUNNING is refused, naming its state.
-func TestConsoleSession(t *testing.T) {
+// TestOpenConsole: a RUNNING server's console echoes what is typed, a carriage return as a
+// new line, and each attachment is its own; Close ends reads; a server that is not RUNNING is
+// refused, naming its state; opening records no event.
+func TestOpenConsole(t *testing.T) {
 	const powerDelay = time.Minute
 	e := newEnv(t)
 	clk := newFakeClock()
@@ -399,35 +399,38 @@ func TestConsoleSession(t *testing.T) {
 	e.waitState(t, s, srv.ID, region.ServerRunning)
 	events := e.eventCount(t)
 
-	tokens := map[string]bool{}
-	for i, advance := range []time.Duration{0, 0, 3 * time.Minute} {
-		clk.Add(advance)
-		now := clk.Now()
-		cs, err := s.ConsoleSession(ctx, srv.ID)
-		if err != nil {
-			t.Fatalf("session %d: %v", i, err)
+	first, err := s.OpenConsole(ctx, srv.ID)
+	if err != nil {
+		t.Fatalf("OpenConsole: %v", err)
+	}
+	second, err := s.OpenConsole(ctx, srv.ID)
+	if err != nil {
+		t.Fatalf("second OpenConsole: %v", err)
+	}
+	for _, typed := range []struct{ in, want string }{{"ls\r", "ls\r\n"}, {"é", "é"}} {
+		if n, err := first.Write([]byte(typed.in)); err != nil || n != len(typed.in) {
+			t.Fatalf("Write %q: %d, %v", typed.in, n, err)
 		}
-		u, err := url.Parse(cs.URL)
-		if err != nil {
-			t.Fatalf("session %d: URL %q: %v", i, cs.URL, err)
-		}
-		if u.Scheme != "https" || !strings.HasSuffix(u.Hostname(), ".invalid") {
-			t.Errorf("session %d: URL %q, want https on a host under .invalid", i, cs.URL)
-		}
-		if !strings.Contains(u.Path, srv.ID) {
-			t.Errorf("session %d: URL %q does not name the server %s", i, cs.URL, srv.ID)
-		}
-		token := u.Query().Get("token")
-		if len(token) < 16 || tokens[token] {
-			t.Errorf("session %d: token %q, want a fresh one (seen %v)", i, token, tokens)
-		}
-		tokens[token] = true
-		if want := now.Add(10 * time.Minute); !cs.ExpiresAt.Equal(want) {
-			t.Errorf("session %d: expires at %v, want %v (now + 10 min)", i, cs.ExpiresAt, want)
+		buf := make([]byte, 64)
+		n, err := first.Read(buf)
+		if err != nil || string(buf[:n]) != typed.want {
+			t.Errorf("typed %q, read back %q (%v), want %q", typed.in, buf[:n], err, typed.want)
 		}
 	}
+	if err := first.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if _, err := first.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Errorf("Read after Close: %v, want io.EOF", err)
+	}
+	// The other attachment saw none of it and still works.
+	second.Write([]byte("x"))
+	if buf := make([]byte, 8); func() string { n, _ := second.Read(buf); return string(buf[:n]) }() != "x" {
+		t.Errorf("the second attachment read what the first was typed")
+	}
+	second.Close()
 	if n := e.eventCount(t); n != events {
-		t.Errorf("console sessions recorded %d events", n-events)
+		t.Errorf("consoles recorded %d events", n-events)
 	}
 
 	if _, err := s.StopServer(ctx, srv.ID); err != nil {
@@ -444,12 +447,12 @@ func TestConsoleSession(t *testing.T) {
 		clk.Add(r.advance)
 		clk.tick(t)
 		e.wantState(t, s, srv.ID, r.state)
-		_, err := s.ConsoleSession(ctx, srv.ID)
+		_, err := s.OpenConsole(ctx, srv.ID)
 		if !errors.Is(err, region.ErrRefused) || !strings.Contains(err.Error(), string(r.state)) {
 			t.Errorf("console of a %s server: %v, want ErrRefused naming %s", r.state, err, r.state)
 		}
 	}
-	if _, err := s.ConsoleSession(ctx, "no-such-server"); !errors.Is(err, region.ErrServerNotFound) {
+	if _, err := s.OpenConsole(ctx, "no-such-server"); !errors.Is(err, region.ErrServerNotFound) {
 		t.Errorf("console of an unknown server: %v, want ErrServerNotFound", err)
 	}
 }

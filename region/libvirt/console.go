@@ -1,0 +1,133 @@
+package libvirt
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"sync"
+
+	golibvirt "github.com/digitalocean/go-libvirt"
+
+	"github.com/computeql/computeql/region"
+)
+
+// consoleLogName is the pool volume the server's serial console is written to.
+func consoleLogName(id string) string { return namePrefix + id + "-console.log" }
+
+// ConsoleOutput implements region.Client. QEMU appends everything the guest writes to its
+// serial port to a file in the region's storage pool, so it is read through the pool like a
+// disk: from any process, over any connection to the host.
+func (d *Driver) ConsoleOutput(ctx context.Context, id string, tailBytes int) (region.ConsoleOutput, error) {
+	conn, err := d.host("console output")
+	if err != nil {
+		return region.ConsoleOutput{}, err
+	}
+	s, err := d.lookup(conn, id)
+	if err != nil {
+		return region.ConsoleOutput{}, fmt.Errorf("console output: %w", err)
+	}
+	now := d.opts.Now()
+	if !hasConsoleLog(s) {
+		return region.TailText(nil, tailBytes, now), nil // made before its console was kept, or never made
+	}
+	d.mu.RLock()
+	pool := d.pool
+	d.mu.RUnlock()
+	vol, err := conn.StorageVolLookupByName(pool, consoleLogName(s.id))
+	if isCode(err, golibvirt.ErrNoStorageVol) {
+		// QEMU made the file after the pool last looked: the pool learns of it.
+		if err = conn.StoragePoolRefresh(pool, 0); err == nil {
+			vol, err = conn.StorageVolLookupByName(pool, consoleLogName(s.id))
+		}
+	}
+	if isCode(err, golibvirt.ErrNoStorageVol) {
+		return region.TailText(nil, tailBytes, now), nil // the guest never started
+	}
+	if err != nil {
+		return region.ConsoleOutput{}, d.fault("console output", err)
+	}
+	// The file's own size: a pool that probed the guest's output as some disk format would
+	// report that format's capacity.
+	_, _, size, err := conn.StorageVolGetInfoFlags(vol, uint32(golibvirt.StorageVolGetPhysical))
+	if err != nil {
+		return region.ConsoleOutput{}, d.fault("console output", err)
+	}
+	tail := min(uint64(tailBytes), region.ConsoleOutputMax)
+	// One byte more than asked says whether anything came before the tail, and lets the cut
+	// drop a character the tail would split.
+	want := min(size, tail+1)
+	var buf bytes.Buffer
+	if want > 0 {
+		if err := conn.StorageVolDownload(vol, &buf, size-want, want, 0); err != nil {
+			return region.ConsoleOutput{}, d.fault("console output", err)
+		}
+	}
+	out := region.TailText(buf.Bytes(), int(tail), now)
+	out.Truncated = out.Truncated || size > want
+	return out, nil
+}
+
+// hasConsoleLog reports whether the domain writes its serial console to the pool.
+func hasConsoleLog(s *server) bool {
+	if s.xml.Devices == nil {
+		return false
+	}
+	for _, serial := range s.xml.Devices.Serials {
+		if serial.Log != nil && serial.Log.File != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// OpenConsole implements region.Client with libvirt's console stream of the server's serial
+// port, forced: a newer attachment takes the console from an older one, whose reads then end,
+// as virsh console --force does (libvirt serves one at a time).
+func (d *Driver) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+	conn, s, err := d.verb("open console", id)
+	if err != nil {
+		return nil, err
+	}
+	if !running(s) {
+		return nil, fmt.Errorf("open console: the server is not running: %w", region.ErrRefused)
+	}
+	typed, typing := io.Pipe()
+	c := &console{out: region.NewConsoleBuffer(region.ConsoleBacklog), typing: typing, done: make(chan struct{})}
+	// The stream runs until either end finishes it: the guest's console going away, or Close,
+	// whose end of the typed input makes the connection finish the stream. The output is
+	// written from the connection's receive loop, which must never wait on a slow reader: the
+	// buffer takes it without blocking, and cuts a reader that fell too far behind.
+	go func() {
+		defer close(c.done)
+		err := conn.DomainOpenConsoleBidirectional(s.dom, golibvirt.OptString{}, typed, c.out, uint32(golibvirt.DomainConsoleForce))
+		if err != nil {
+			err = d.fault("console of server "+id, err)
+		}
+		c.out.CloseWithError(err)
+		typed.Close()
+	}()
+	return c, nil
+}
+
+// console is an attached libvirt console; its goroutine ends with the stream, which Close
+// finishes and waits for.
+type console struct {
+	out    *region.ConsoleBuffer
+	typing *io.PipeWriter
+	done   chan struct{}
+	close  sync.Once
+}
+
+func (c *console) Read(p []byte) (int, error) { return c.out.Read(p) }
+
+// Write types p into the console; it waits for the connection to send it.
+func (c *console) Write(p []byte) (int, error) { return c.typing.Write(p) }
+
+func (c *console) Close() error {
+	c.close.Do(func() {
+		c.typing.Close()
+		<-c.done
+	})
+	return nil
+}
