@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
 	"golang.org/x/crypto/ssh"
 
@@ -362,7 +364,8 @@ func TestDashboardResize(t *testing.T) {
 
 // TestDashboardSSHKeysAndConsole: SSH public keys given in the create form reach the
 // instance, a bad one is shown on its field; the detail view shows the keys and, on a click,
-// the end of the server's console output.
+// the end of the server's console output; the serial console opens in a terminal that shows
+// the boot text and echoes what is typed, and the history records who opened it.
 func TestDashboardSSHKeysAndConsole(t *testing.T) {
 	sys := startSystem(t)
 	b := newBrowser(t, sys.URL)
@@ -399,4 +402,22 @@ func TestDashboardSSHKeysAndConsole(t *testing.T) {
 		chromedp.Poll[chromedp.Void](`(document.querySelector('#console-output')?.textContent || '').includes('keyed-1 login:')`),
 	)
 	b.screenshot(t, "dashboard-console")
+	b.do(t, "open the serial console and type into it",
+		click("#terminal-open"),
+		chromedp.Poll[chromedp.Void](`(document.querySelector('#terminal-screen .xterm-rows')?.textContent || '').includes('keyed-1 login:')`),
+		chromedp.Poll[chromedp.Void](`(document.querySelector('#terminal-status')?.textContent || '').startsWith('Connected until')`),
+		// Typed as text input: SendKeys's key events each type their character twice into a
+		// terminal, which takes both the key press and the input event.
+		chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
+			_, err := chromedp.Call(ctx, input.InsertText, input.InsertTextParams{Text: "alice"})
+			return err
+		}),
+		chromedp.Poll[chromedp.Void](`(document.querySelector('#terminal-screen .xterm-rows')?.textContent || '').includes('keyed-1 login: alice')`),
+		chromedp.Poll[chromedp.Void](`[...document.querySelectorAll('#detail table td')].some(td => td.textContent.includes('CONSOLE'))`),
+	)
+	b.screenshot(t, "dashboard-terminal")
+	b.do(t, "close the serial console",
+		click("#terminal-close"),
+		visible("#terminal-open"),
+	)
 }

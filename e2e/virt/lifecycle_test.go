@@ -5,12 +5,14 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/google/uuid"
+	"github.com/gorilla/websocket"
 
 	"github.com/computeql/computeql/e2e/harness"
 	"github.com/computeql/computeql/virttest"
@@ -63,6 +65,28 @@ func TestLibvirtLifecycle(t *testing.T) {
 	boot := awaitGuest(t, host, ip, name, id, token, "")
 	clock.step("the guest answers HTTP (boot %s)", boot)
 	healthy(ctx, t, lab, id)
+
+	step(t, "a console session shows the serial console, once", func(t *testing.T) {
+		url := lab.consoleSession(ctx, t, id)
+		conn, res, err := websocket.DefaultDialer.DialContext(ctx, url, nil)
+		if err != nil {
+			t.Fatalf("open console %s: %v (%v)", url, err, res)
+		}
+		defer conn.Close()
+		// What the guest wrote before: its boot lines, up to the last.
+		readConsole(t, conn, "computeql-guest: ready")
+		// What it echoes now: the kernel's terminal of the guest's console.
+		probe := randomToken("typed-")
+		if err := conn.WriteMessage(websocket.TextMessage, []byte(probe+"\r")); err != nil {
+			t.Fatal(err)
+		}
+		readConsole(t, conn, probe)
+		conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
+		if _, res, err := websocket.DefaultDialer.DialContext(ctx, url, nil); err == nil || res == nil || res.StatusCode != http.StatusUnauthorized {
+			t.Errorf("a second use of the console URL: %v (%v), want 401", err, res)
+		}
+		clock.step("the console showed the boot and echoed %s; its URL then refused", probe)
+	})
 
 	step(t, "stop powers the guest off", func(t *testing.T) {
 		lab.verb(ctx, t, "stopInstance", id, nil)
@@ -273,6 +297,20 @@ func healthy(ctx context.Context, t *testing.T, lab *lab, id string) {
 
 // step runs one step of a sequence as a subtest; the sequence stops at the first that fails,
 // since every later step starts from the state it should have left.
+// readConsole reads a console's messages until what it showed contains want.
+func readConsole(t *testing.T, conn *websocket.Conn, want string) {
+	t.Helper()
+	conn.SetReadDeadline(time.Now().Add(stepLimit))
+	var seen []byte
+	for !strings.Contains(string(seen), want) {
+		_, msg, err := conn.ReadMessage()
+		if err != nil {
+			t.Fatalf("console: %v, having shown %q, want %q", err, seen, want)
+		}
+		seen = append(seen, msg...)
+	}
+}
+
 func step(t *testing.T, name string, fn func(t *testing.T)) {
 	t.Helper()
 	if !t.Run(name, fn) {

@@ -285,7 +285,8 @@ func (s *Sim) ConsoleOutput(ctx context.Context, id string, tailBytes int) (regi
 	return region.TailText(bootLog(srv, s.opts.Catalog), min(tailBytes, region.ConsoleOutputMax), s.opts.Now()), nil
 }
 
-// bootLog is a plausible serial console of the server: the kernel's first lines while it
+// bootLog is a plausible serial console of the server (lines end as a serial port's do,
+// with a carriage return): the kernel's first lines while it
 // builds, cloud-init's once it runs (with its addresses and SSH host key fingerprint), and a
 // power-off when it stopped.
 func bootLog(srv region.Server, cat *region.Catalog) []byte {
@@ -293,7 +294,7 @@ func bootLog(srv region.Server, cat *region.Catalog) []byte {
 	line := func(at float64, format string, args ...any) {
 		b = fmt.Appendf(b, "[%12.6f] ", at)
 		b = fmt.Appendf(b, format, args...)
-		b = append(b, '\n')
+		b = append(b, '\r', '\n')
 	}
 	cpus, mem := int64(1), int64(1)
 	if f, ok := cat.Flavor(srv.FlavorID); ok {
@@ -317,9 +318,9 @@ func bootLog(srv region.Server, cat *region.Catalog) []byte {
 	line(4.601442, "cloud-init[598]: The key fingerprint is: SHA256:%s root@%s",
 		strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "="), srv.Name)
 	line(6.004518, "cloud-init[715]: Cloud-init v. 22.4.2 finished. Datasource DataSourceNoCloud. Up 6.00 seconds")
-	b = fmt.Appendf(b, "\nDebian GNU/Linux 12 %s ttyS0\n\n%s login: ", srv.Name, srv.Name)
+	b = fmt.Appendf(b, "\r\nDebian GNU/Linux 12 %s ttyS0\r\n\r\n%s login: ", srv.Name, srv.Name)
 	if srv.State == region.ServerStopping || srv.State == region.ServerStopped {
-		b = append(b, '\n')
+		b = append(b, '\r', '\n')
 		line(812.440122, "reboot: Power down")
 	}
 	return b

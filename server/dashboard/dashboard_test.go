@@ -50,9 +50,9 @@ func TestPageNamesItsEndpointsAndOnlyLocalAssets(t *testing.T) {
 			t.Errorf("GET %s: Cache-Control %q", ref, cc)
 		}
 	}
-	// The shared WebSocket client must load before the script that uses it.
-	if len(scripts) != 2 || !strings.Contains(scripts[0], "/gqlws.js?") || !strings.Contains(scripts[1], "/app.js?") {
-		t.Errorf("scripts %v, want gqlws.js then app.js", scripts)
+	// The shared WebSocket client and the terminal must load before the script that uses them.
+	if len(scripts) != 3 || !strings.Contains(scripts[0], "/gqlws.js?") || !strings.Contains(scripts[1], "/xterm.js?") || !strings.Contains(scripts[2], "/app.js?") {
+		t.Errorf("scripts %v, want gqlws.js, xterm.js, then app.js", scripts)
 	}
 }
 

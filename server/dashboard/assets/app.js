@@ -773,6 +773,9 @@
     if (d && d.stop) {
       d.stop();
     }
+    if (d && d.terminal) {
+      d.terminal.close();
+    }
     $('detail').hidden = true;
     clear($('detail'));
   }
@@ -787,7 +790,7 @@
     }
     stopDetail();
     closeCreate();
-    var d = { id: id, instance: null, events: [], stop: null, error: '', edit: null, resize: null, console: null };
+    var d = { id: id, instance: null, events: [], stop: null, error: '', edit: null, resize: null, console: null, terminal: null };
     state.detail = d;
     $('detail').hidden = false;
     renderDetail();
@@ -894,6 +897,8 @@
       return;
     }
     var focused = document.activeElement && box.contains(document.activeElement) ? document.activeElement.id : '';
+    // The terminal's input has no id: whether it had the keyboard is kept apart.
+    var typing = d.terminal && d.terminal.term && d.terminal.node.contains(document.activeElement);
     clear(box);
     var inst = d.instance;
     box.appendChild(
@@ -955,6 +960,7 @@
     if (!inst.deletedAt) {
       box.appendChild(resizeForm(d, inst));
       box.appendChild(editForm(d, inst));
+      box.appendChild(terminalView(d, inst));
       box.appendChild(consoleView(d, inst));
     }
     box.appendChild(el('h3', { text: 'History' }));
@@ -979,7 +985,9 @@
     var history = table(['When (UTC)', 'What', 'Changed', 'Power / provisioning after', 'By', 'Message'], rows);
     history.id = 'history';
     box.appendChild(history);
-    if (focused && $(focused)) {
+    if (typing && d.terminal && d.terminal.term) {
+      d.terminal.term.focus();
+    } else if (focused && $(focused)) {
       $(focused).focus();
     }
   }
@@ -1105,6 +1113,111 @@
       .catch(function (err) {
         r.errors = [{ field: null, code: errorCode(err.errors), message: err.message }];
         renderDetail();
+      });
+  }
+
+  // terminalView is the server's serial console, live, in a terminal (xterm.js): a console
+  // session the API opens for this page, whose URL is a WebSocket that carries the guest's
+  // output one way and the keys typed the other. The terminal's element is kept across the
+  // detail's redraws (every event redraws it), so what it shows and its connection survive
+  // them.
+  function terminalView(d, inst) {
+    var box = el('section', { id: 'terminal' }, el('h3', { text: 'Serial console' }));
+    var t = d.terminal;
+    if (!t) {
+      box.appendChild(
+        el('button', {
+          type: 'button',
+          id: 'terminal-open',
+          text: 'Open the serial console',
+          onclick: function () {
+            openTerminal(d, inst.id);
+          },
+        })
+      );
+      return box;
+    }
+    box.appendChild(
+      el(
+        'div',
+        { class: 'buttons' },
+        el('span', { id: 'terminal-status', class: 'small', text: t.status }),
+        ' ',
+        el('button', {
+          type: 'button',
+          id: 'terminal-close',
+          text: t.open ? 'Close the console' : 'Dismiss',
+          onclick: function () {
+            t.close();
+            d.terminal = null;
+            renderDetail();
+          },
+        })
+      )
+    );
+    box.appendChild(t.node);
+    return box;
+  }
+
+  function openTerminal(d, id) {
+    var t = { node: el('div', { id: 'terminal-screen' }), status: 'Opening a console session…', open: true, ws: null, term: null };
+    t.close = function () {
+      t.open = false;
+      if (t.ws) {
+        t.ws.close(1000);
+      }
+    };
+    d.terminal = t;
+    renderDetail();
+    function say(status) {
+      t.status = status;
+      if (state.detail === d && d.terminal === t) {
+        renderDetail();
+      }
+    }
+    gql(
+      'mutation($id: ID!) { createConsoleSession(input: {id: $id}) { consoleSession { url expiresAt } userErrors { code message } } }',
+      { id: id }
+    )
+      .then(function (data) {
+        var p = data.createConsoleSession;
+        if (!t.open) {
+          return;
+        }
+        if (!p.consoleSession) {
+          t.open = false;
+          say('No console: ' + p.userErrors.map(function (e) { return e.message; }).join('; '));
+          return;
+        }
+        var term = new window.Terminal({ cols: 100, rows: 24, convertEol: false, cursorBlink: true, scrollback: 2000 });
+        term.open(t.node);
+        t.term = term;
+        var ws = new WebSocket(p.consoleSession.url);
+        ws.binaryType = 'arraybuffer';
+        t.ws = ws;
+        ws.onopen = function () {
+          say('Connected until ' + when(p.consoleSession.expiresAt) + ' UTC');
+          // The terminal draws only while it is on screen.
+          t.node.scrollIntoView({ block: 'nearest' });
+          term.focus();
+        };
+        ws.onmessage = function (e) {
+          term.write(new Uint8Array(e.data));
+        };
+        term.onData(function (keys) {
+          if (ws.readyState === WebSocket.OPEN) {
+            ws.send(keys);
+          }
+        });
+        ws.onclose = function (e) {
+          t.open = false;
+          term.write('\r\n[console closed' + (e.reason ? ': ' + e.reason : '') + ']\r\n');
+          say('Closed' + (e.reason ? ': ' + e.reason : ''));
+        };
+      })
+      .catch(function (err) {
+        t.open = false;
+        say('No console: ' + err.message);
       });
   }
 
