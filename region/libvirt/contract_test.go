@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/computeql/computeql/eventually"
@@ -97,11 +98,16 @@ func extra(elements []string) string {
 	return ", " + strings.Join(elements, ", ")
 }
 
-// startDriver runs a driver of the lab region until the test ends and waits until it is
-// connected.
+// startDriver runs a driver of the lab region, on the test's Redis emptied, until the test
+// ends and waits until it is connected.
 func startDriver(t testing.TB, cat *region.Catalog) *libvirt.Driver {
+	return runDriver(t, cat, redisServer.Client(t))
+}
+
+// runDriver is startDriver on a Redis client as it is.
+func runDriver(t testing.TB, cat *region.Catalog, rdb redis.UniversalClient) *libvirt.Driver {
 	lab, _ := cat.Region("lab")
-	d, err := libvirt.New(libvirt.Options{Region: *lab, Catalog: cat, Redis: redisServer.Client(t), Logger: slog.New(slog.DiscardHandler)})
+	d, err := libvirt.New(libvirt.Options{Region: *lab, Catalog: cat, Redis: rdb, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -487,6 +487,28 @@ func (d *Driver) image(ctx context.Context, spec region.ServerSpec) (*region.Ima
 	return d.snapshotImage(ctx, spec)
 }
 
+// recoverSnapshot cleans after one image whose maker is gone: the server's overlay merged back
+// (when merge), and the image, if still CREATING, marked FAILED without its partial copy. It
+// returns 1 when it marked the image failed.
+func (d *Driver) recoverSnapshot(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool, rec *snapshotRecord, merge bool) (int, error) {
+	if merge {
+		if err := d.mergeBack(ctx, conn, pool, rec.Server); err != nil {
+			d.log.Warn("merge the overlay of a snapshot cut short", "server", rec.Server, "err", err)
+		}
+	}
+	if rec.Image.State != region.ImageStateCreating {
+		return 0, nil
+	}
+	if err := deleteVolumes(conn, pool, []string{rec.Image.Volume}); err != nil {
+		return 0, err
+	}
+	rec.Image.State = region.ImageStateFailed
+	if err := d.writeSnapshotRecord(ctx, rec); err != nil {
+		return 0, err
+	}
+	return 1, nil
+}
+
 // recoverSnapshots finishes what makers of snapshots that died left behind: for each image
 // whose server's snapshot lease is free, the server's overlay is merged back, and an image
 // still CREATING is marked FAILED and its partial copy deleted. It returns how many images it
@@ -499,30 +521,23 @@ func (d *Driver) recoverSnapshots(ctx context.Context, conn *golibvirt.Libvirt, 
 	failed := 0
 	merged := map[string]bool{}
 	for _, rec := range recs {
-		held, err := d.opts.Redis.Exists(ctx, snapshotLockKey(d.opts.Region.ID, rec.Server)).Result()
+		// Held while it cleans, so that a snapshot of the server begun meanwhile is refused
+		// rather than merged away under its copy.
+		lock, token := snapshotLockKey(d.opts.Region.ID, rec.Server), "recover-"+uuid.NewString()
+		got, err := d.opts.Redis.SetNX(ctx, lock, token, snapshotLease).Result()
 		if err != nil {
 			return failed, fmt.Errorf("snapshot lease: %w", err)
 		}
-		if held == 1 {
+		if !got {
 			continue // a snapshot of the server is being made
 		}
-		if !merged[rec.Server] {
-			merged[rec.Server] = true
-			if err := d.mergeBack(ctx, conn, pool, rec.Server); err != nil {
-				d.log.Warn("merge the overlay of a snapshot cut short", "server", rec.Server, "err", err)
-			}
-		}
-		if rec.Image.State != region.ImageStateCreating {
-			continue
-		}
-		if err := deleteVolumes(conn, pool, []string{rec.Image.Volume}); err != nil {
+		n, err := d.recoverSnapshot(ctx, conn, pool, rec, !merged[rec.Server])
+		merged[rec.Server] = true
+		_ = releaseLease.Run(context.WithoutCancel(ctx), d.opts.Redis, []string{lock}, token).Err()
+		failed += n
+		if err != nil {
 			return failed, err
 		}
-		rec.Image.State = region.ImageStateFailed
-		if err := d.writeSnapshotRecord(ctx, rec); err != nil {
-			return failed, err
-		}
-		failed++
 	}
 	return failed, nil
 }
