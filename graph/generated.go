@@ -86,6 +86,11 @@ type ComplexityRoot struct {
 		UserErrors func(childComplexity int) int
 	}
 
+	DeleteImagePayload struct {
+		ImageID    func(childComplexity int) int
+		UserErrors func(childComplexity int) int
+	}
+
 	DeleteInstancePayload struct {
 		Instance   func(childComplexity int) int
 		UserErrors func(childComplexity int) int
@@ -215,6 +220,7 @@ type ComplexityRoot struct {
 		CreateConsoleSession func(childComplexity int, input model.CreateConsoleSessionInput) int
 		CreateInstance       func(childComplexity int, input instance.CreateRequest) int
 		CreateStreamTicket   func(childComplexity int) int
+		DeleteImage          func(childComplexity int, input model.DeleteImageInput) int
 		DeleteInstance       func(childComplexity int, input model.DeleteInstanceInput) int
 		RebootInstance       func(childComplexity int, input model.RebootInstanceInput) int
 		ResizeInstance       func(childComplexity int, input model.ResizeInstanceInput) int
@@ -414,6 +420,7 @@ type MutationResolver interface {
 	RebootInstance(ctx context.Context, input model.RebootInstanceInput) (*model.InstancePowerPayload, error)
 	CreateConsoleSession(ctx context.Context, input model.CreateConsoleSessionInput) (*model.CreateConsoleSessionPayload, error)
 	SnapshotInstance(ctx context.Context, input model.SnapshotInstanceInput) (*model.SnapshotInstancePayload, error)
+	DeleteImage(ctx context.Context, input model.DeleteImageInput) (*model.DeleteImagePayload, error)
 	SetQuota(ctx context.Context, input model.SetQuotaInput) (*model.SetQuotaPayload, error)
 	CreateStreamTicket(ctx context.Context) (*instance.StreamTicket, error)
 }
@@ -586,6 +593,19 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.CreateInstancePayload.UserErrors(childComplexity), true
+
+	case "DeleteImagePayload.imageId":
+		if e.ComplexityRoot.DeleteImagePayload.ImageID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DeleteImagePayload.ImageID(childComplexity), true
+	case "DeleteImagePayload.userErrors":
+		if e.ComplexityRoot.DeleteImagePayload.UserErrors == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DeleteImagePayload.UserErrors(childComplexity), true
 
 	case "DeleteInstancePayload.instance":
 		if e.ComplexityRoot.DeleteInstancePayload.Instance == nil {
@@ -1144,6 +1164,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.CreateStreamTicket(childComplexity), true
+	case "Mutation.deleteImage":
+		if e.ComplexityRoot.Mutation.DeleteImage == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_deleteImage_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.DeleteImage(childComplexity, args["input"].(model.DeleteImageInput)), true
 	case "Mutation.deleteInstance":
 		if e.ComplexityRoot.Mutation.DeleteInstance == nil {
 			break
@@ -1775,6 +1806,7 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 	inputUnmarshalMap := graphql.BuildUnmarshalerMap(
 		ec.unmarshalInputCreateConsoleSessionInput,
 		ec.unmarshalInputCreateInstanceInput,
+		ec.unmarshalInputDeleteImageInput,
 		ec.unmarshalInputDeleteInstanceInput,
 		ec.unmarshalInputInstanceFilter,
 		ec.unmarshalInputNetworkingInput,
@@ -1959,6 +1991,12 @@ type Mutation {
   rebootInstance(input: RebootInstanceInput!): InstancePowerPayload!
   createConsoleSession(input: CreateConsoleSessionInput!): CreateConsoleSessionPayload!
   snapshotInstance(input: SnapshotInstanceInput!): SnapshotInstancePayload!
+  """
+  Deletes a snapshot image (made with snapshotInstance); needs operator in its project. A
+  catalogue image cannot be deleted (UNPROCESSABLE), nor one that instances not being deleted
+  boot (CONFLICT, naming them), nor one still being made (UNPROCESSABLE).
+  """
+  deleteImage(input: DeleteImageInput!): DeleteImagePayload!
   "Sets quota limits of an organization (organization admins only)."
   setQuota(input: SetQuotaInput!): SetQuotaPayload!
   """
@@ -2549,6 +2587,19 @@ type SnapshotInstancePayload {
   userErrors: [UserError!]!
 }
 
+input DeleteImageInput {
+  "The snapshot image's id."
+  id: ID!
+  "Makes a retry safe, as on createInstance: a retry after the image is gone is answered with its id."
+  idempotencyKey: String
+}
+
+type DeleteImagePayload {
+  "The id of the image deleted; null when refused."
+  imageId: ID
+  userErrors: [UserError!]!
+}
+
 type SSHKey {
   "PEM-encoded private key."
   privateKey: String!
@@ -2750,6 +2801,16 @@ func (ec *executionContext) childFields_CreateInstancePayload(ctx context.Contex
 		return ec.fieldContext_CreateInstancePayload_plan(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type CreateInstancePayload", field.Name)
+}
+
+func (ec *executionContext) childFields_DeleteImagePayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "imageId":
+		return ec.fieldContext_DeleteImagePayload_imageId(ctx, field)
+	case "userErrors":
+		return ec.fieldContext_DeleteImagePayload_userErrors(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type DeleteImagePayload", field.Name)
 }
 
 func (ec *executionContext) childFields_DeleteInstancePayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -3376,6 +3437,20 @@ func (ec *executionContext) field_Mutation_createInstance_args(ctx context.Conte
 	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "input",
 		func(ctx context.Context, v any) (instance.CreateRequest, error) {
 			return ec.unmarshalNCreateInstanceInput2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐCreateRequest(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["input"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_deleteImage_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "input",
+		func(ctx context.Context, v any) (model.DeleteImageInput, error) {
+			return ec.unmarshalNDeleteImageInput2githubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐDeleteImageInput(ctx, v)
 		})
 	if err != nil {
 		return nil, err
@@ -4334,6 +4409,61 @@ func (ec *executionContext) fieldContext_CreateInstancePayload_plan(_ context.Co
 		IsResolver: false,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 			return ec.childFields_ChangePlan(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _DeleteImagePayload_imageId(ctx context.Context, field graphql.CollectedField, obj *model.DeleteImagePayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DeleteImagePayload_imageId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ImageID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_DeleteImagePayload_imageId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DeleteImagePayload", field, false, false, errors.New("field of type ID does not have child fields"))
+}
+
+func (ec *executionContext) _DeleteImagePayload_userErrors(ctx context.Context, field graphql.CollectedField, obj *model.DeleteImagePayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DeleteImagePayload_userErrors(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.UserErrors, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []instance.FieldError) graphql.Marshaler {
+			return ec.marshalNUserError2ᚕgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐFieldErrorᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_DeleteImagePayload_userErrors(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "DeleteImagePayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_UserError(ctx, field)
 		},
 	}
 	return fc, nil
@@ -6914,6 +7044,50 @@ func (ec *executionContext) fieldContext_Mutation_snapshotInstance(ctx context.C
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Mutation_snapshotInstance_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_deleteImage(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_deleteImage(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().DeleteImage(ctx, fc.Args["input"].(model.DeleteImageInput))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.DeleteImagePayload) graphql.Marshaler {
+			return ec.marshalNDeleteImagePayload2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐDeleteImagePayload(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_deleteImage(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_DeleteImagePayload(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_deleteImage_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -10429,6 +10603,43 @@ func (ec *executionContext) unmarshalInputCreateInstanceInput(ctx context.Contex
 	return it, nil
 }
 
+func (ec *executionContext) unmarshalInputDeleteImageInput(ctx context.Context, obj any) (model.DeleteImageInput, error) {
+	var it model.DeleteImageInput
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"id", "idempotencyKey"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "id":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("id"))
+			data, err := ec.unmarshalNID2string(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.ID = data
+		case "idempotencyKey":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("idempotencyKey"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.IdempotencyKey = data
+		}
+	}
+	return it, nil
+}
+
 func (ec *executionContext) unmarshalInputDeleteInstanceInput(ctx context.Context, obj any) (model.DeleteInstanceInput, error) {
 	var it model.DeleteInstanceInput
 	if obj == nil {
@@ -11374,6 +11585,49 @@ func (ec *executionContext) _CreateInstancePayload(ctx context.Context, sel ast.
 		case "plan":
 			out.Values[i] = ec._CreateInstancePayload_plan(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
+
+	ec.ProcessDeferredGroup(graphql.DeferredGroup{
+		Defers:   deferLabelToView,
+		Path:     graphql.GetPath(ctx),
+		FieldSet: deferredFieldSet,
+		Context:  ctx,
+	})
+
+	return out
+}
+
+var deleteImagePayloadImplementors = []string{"DeleteImagePayload"}
+
+func (ec *executionContext) _DeleteImagePayload(ctx context.Context, sel ast.SelectionSet, obj *model.DeleteImagePayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, deleteImagePayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferredFieldSet := graphql.NewFieldSet(nil)
+	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("DeleteImagePayload")
+		case "imageId":
+			out.Values[i] = ec._DeleteImagePayload_imageId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "userErrors":
+			out.Values[i] = ec._DeleteImagePayload_userErrors(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
 		default:
@@ -12962,6 +13216,13 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 		case "snapshotInstance":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_snapshotInstance(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "deleteImage":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_deleteImage(ctx, field)
 			})
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
@@ -14995,6 +15256,21 @@ func (ec *executionContext) marshalNCreateInstancePayload2ᚖgithubᚗcomᚋcomp
 		return graphql.Null
 	}
 	return ec._CreateInstancePayload(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNDeleteImageInput2githubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐDeleteImageInput(ctx context.Context, v any) (model.DeleteImageInput, error) {
+	res, err := ec.unmarshalInputDeleteImageInput(ctx, v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNDeleteImagePayload2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐDeleteImagePayload(ctx context.Context, sel ast.SelectionSet, v *model.DeleteImagePayload) graphql.Marshaler {
+	if v == nil {
+		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
+			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
+		}
+		return graphql.Null
+	}
+	return ec._DeleteImagePayload(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalNDeleteInstanceInput2githubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐDeleteInstanceInput(ctx context.Context, v any) (model.DeleteInstanceInput, error) {

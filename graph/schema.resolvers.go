@@ -69,7 +69,7 @@ func (r *instanceResolver) Flavor(ctx context.Context, obj *instance.Instance) (
 
 // Image is the resolver for the image field.
 func (r *instanceResolver) Image(ctx context.Context, obj *instance.Instance) (*region.Image, error) {
-	return found(r.catalog().Image(obj.ImageID)), nil
+	return r.Service.InstanceImage(ctx, obj)
 }
 
 // SSHCertificateAuthorityID is the resolver for the sshCertificateAuthorityId field.
@@ -255,6 +255,16 @@ func (r *mutationResolver) SnapshotInstance(ctx context.Context, input model.Sna
 		return nil, err
 	}
 	return &model.SnapshotInstancePayload{Image: img, UserErrors: problems}, nil
+}
+
+// DeleteImage is the resolver for the deleteImage field.
+func (r *mutationResolver) DeleteImage(ctx context.Context, input model.DeleteImageInput) (*model.DeleteImagePayload, error) {
+	id, err := r.Service.DeleteImage(ctx, instance.DeleteImageRequest{ID: input.ID, IdempotencyKey: input.IdempotencyKey})
+	problems, err := splitVerbErrors(err)
+	if err != nil {
+		return nil, err
+	}
+	return &model.DeleteImagePayload{ImageID: ptrIfSet(id), UserErrors: problems}, nil
 }
 
 // SetQuota is the resolver for the setQuota field.

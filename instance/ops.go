@@ -182,7 +182,10 @@ func (s *Service) prepareCreate(ctx context.Context, req CreateRequest) (*Instan
 	checkDescription(&p, desc)
 	checkTags(&p, req.Tags)
 	flavor := checkFlavor(&p, s.cat, req.FlavorID, regionID)
-	image := checkImage(&p, s.cat, req.ImageID, regionID)
+	image, err := s.checkImage(ctx, &p, org, project, req.ImageID, regionID)
+	if err != nil {
+		return nil, nil, problems{}, err
+	}
 	if flavor != nil && image != nil {
 		checkCompatible(&p, flavor, image)
 	}
@@ -534,7 +537,10 @@ func (s *Service) prepareUpdate(ctx context.Context, req UpdateRequest) (*prepar
 	cost := cur.Charge
 	if len(rebuild) > 0 {
 		flavor := checkFlavor(&p, s.cat, next.FlavorID, next.RegionID)
-		image := checkImage(&p, s.cat, next.ImageID, next.RegionID)
+		image, err := s.checkImage(ctx, &p, cur.OrganizationID, cur.ProjectID, next.ImageID, next.RegionID)
+		if err != nil {
+			return nil, err
+		}
 		if flavor != nil && image != nil {
 			checkCompatible(&p, flavor, image)
 		}

@@ -95,7 +95,11 @@ func (s *Service) prepareResize(ctx context.Context, req ResizeRequest) (*prepar
 	next := cur.Spec
 	flavor := checkFlavor(&p, s.cat, req.FlavorID, cur.RegionID)
 	if flavor != nil {
-		if img, ok := s.cat.Image(cur.ImageID); ok {
+		img, err := s.findImage(ctx, cur.OrganizationID, cur.ProjectID, cur.ImageID)
+		if err != nil {
+			return nil, err
+		}
+		if img != nil {
 			// The image is the instance's own: what does not fit it is the flavor asked for.
 			var fit problems
 			checkCompatible(&fit, flavor, img)

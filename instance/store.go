@@ -54,6 +54,10 @@ type Store interface {
 	// SetLimits sets limits for the given kinds, and records an idempotency key in the same
 	// step as Create does: replayed is what the key records already, and then nothing is set.
 	SetLimits(ctx context.Context, org string, limits quota.Amounts, idem Idempotency) (replayed string, err error)
+	// RecordKey records an idempotency key alone, for a change made outside the store (an
+	// image the region deleted): replayed is what the key records already, and then nothing
+	// is written. A key of "" records nothing.
+	RecordKey(ctx context.Context, org string, idem Idempotency) (replayed string, err error)
 	// PutTicket keeps a stream ticket standing for the principal for ttl.
 	PutTicket(ctx context.Context, ticket string, p auth.Principal, ttl time.Duration) error
 	// TakeTicket returns the principal of a stream ticket and forgets the ticket, in one step;

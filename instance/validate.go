@@ -84,23 +84,6 @@ func checkFlavor(p *problems, cat *region.Catalog, id, regionID string) *region.
 	return f
 }
 
-// checkImage resolves the image and checks that the region offers it and it is ready.
-func checkImage(p *problems, cat *region.Catalog, id, regionID string) *region.Image {
-	img, ok := cat.Image(id)
-	switch {
-	case !ok:
-		p.add(CodeNotFound, path("imageId"), "image %q not found", id)
-		return nil
-	case regionID != "" && !img.OfferedIn(regionID):
-		p.add(CodeUnprocessable, path("imageId"), "image %q is not offered in region %q", id, regionID)
-		return nil
-	case img.State != region.ImageStateReady:
-		p.add(CodeUnprocessable, path("imageId"), "image %q is %s, not ready", id, img.State)
-		return nil
-	}
-	return img
-}
-
 // checkCompatible applies DOMAIN.md §3.5-7 to a flavor and image that both exist.
 func checkCompatible(p *problems, f *region.Flavor, img *region.Image) {
 	if f.Architecture != img.Architecture {

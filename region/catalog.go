@@ -245,6 +245,11 @@ type Image struct {
 	Cmdline string `json:"cmdline,omitempty"`
 }
 
+// DiskGiB is the size of a flavor's disk of diskGB (10^9 bytes) in whole GiB (2^30 bytes),
+// rounded down: what an image made of such a disk says it needs, so that a flavor with the
+// same disk holds it by the catalogue's rule (an image's GiB fit in a flavor's GB).
+func DiskGiB(diskGB int64) int64 { return diskGB * 1_000_000_000 >> 30 }
+
 // OfferedIn reports whether the flavor is offered in the region.
 func (f *Flavor) OfferedIn(region string) bool { return contains(f.Regions, region) }
 

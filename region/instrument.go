@@ -31,12 +31,14 @@ const (
 	opSSHKey
 	opSnapshot
 	opImages
+	opDeleteImage
 	numOps
 )
 
 var opNames = [numOps]string{
 	"FindServers", "CreateServer", "UpdateNetworking", "GetServer", "DeleteServer", "StartServer",
 	"StopServer", "RebootServer", "ResizeServer", "ConsoleOutput", "OpenConsole", "SSHKey", "Snapshot", "Images",
+	"DeleteImage",
 }
 
 // Instrument returns c with every call timed and traced: a client span "region.<Op>" per call
@@ -44,9 +46,10 @@ var opNames = [numOps]string{
 // computeql_region_call_errors_total{op}. With neither it returns c itself.
 //
 // A call has failed when the region did not answer (ErrUnavailable, a timeout, any other
-// error); its refusals (ErrRefused) and ErrServerNotFound are answers, recorded on the span
-// as region.outcome but not counted as errors, so that an alert on the error rate means the
-// region is in trouble rather than that users asked for something impossible. Watch is passed
+// error); its refusals (ErrRefused), ErrServerNotFound and ErrImageNotFound are answers,
+// recorded on the span as region.outcome but not counted as errors, so that an alert on the
+// error rate means the region is in trouble rather than that users asked for something
+// impossible. Watch is passed
 // through untouched: it lasts as long as the watcher, so neither a latency nor a span fits it.
 func Instrument(c Client, tp trace.TracerProvider, reg prometheus.Registerer) (Client, error) {
 	if tp == nil && reg == nil {
@@ -120,7 +123,7 @@ func (k call) setServer(id string) {
 
 // end records the call's latency and outcome.
 func (k call) end(err error) {
-	failed := err != nil && !errors.Is(err, ErrRefused) && !errors.Is(err, ErrServerNotFound)
+	failed := err != nil && !errors.Is(err, ErrRefused) && !errors.Is(err, ErrServerNotFound) && !errors.Is(err, ErrImageNotFound)
 	if k.ic.metrics != nil {
 		m := k.ic.metrics[k.op]
 		m.duration.Observe(time.Since(k.start).Seconds())
@@ -243,6 +246,13 @@ func (ic *instrumented) Images(ctx context.Context, org, project string) ([]Imag
 	imgs, err := ic.next.Images(ctx, org, project)
 	k.end(err)
 	return imgs, err
+}
+
+func (ic *instrumented) DeleteImage(ctx context.Context, org, project, id string) error {
+	ctx, k := ic.begin(ctx, opDeleteImage, "")
+	err := ic.next.DeleteImage(ctx, org, project, id)
+	k.end(err)
+	return err
 }
 
 func (ic *instrumented) Watch(ctx context.Context, after string, fn func(Event) error) error {

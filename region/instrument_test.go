@@ -52,6 +52,11 @@ func (f *fakeClient) FindServers(ctx context.Context, _ Scope, _, _ string) ([]S
 	return nil, f.err
 }
 
+func (f *fakeClient) DeleteImage(ctx context.Context, _, _, _ string) error {
+	f.note(ctx)
+	return f.err
+}
+
 func TestInstrumentRecordsEachCall(t *testing.T) {
 	create := func(ctx context.Context, c Client) error {
 		_, err := c.CreateServer(ctx, ServerSpec{Name: "web"})
@@ -68,6 +73,9 @@ func TestInstrumentRecordsEachCall(t *testing.T) {
 	get := func(ctx context.Context, c Client) error {
 		_, err := c.GetServer(ctx, "srv-3")
 		return err
+	}
+	deleteImage := func(ctx context.Context, c Client) error {
+		return c.DeleteImage(ctx, "o", "p", "img-1")
 	}
 	cases := []struct {
 		name string
@@ -97,6 +105,10 @@ func TestInstrumentRecordsEachCall(t *testing.T) {
 		name: "not found is an answer", op: "GetServer",
 		call: get, err: ErrServerNotFound,
 		wantOutcome: "not_found", wantServer: "srv-3",
+	}, {
+		name: "an unknown image is an answer", op: "DeleteImage",
+		call: deleteImage, err: ErrImageNotFound,
+		wantOutcome: "not_found",
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -229,6 +229,18 @@ func (r *Router) Images(ctx context.Context, org, project string) ([]Image, erro
 	return out, nil
 }
 
+// DeleteImage implements Client: the driver that made the image deletes it. An image id is
+// not qualified by its region, so each driver is asked in turn until one has it.
+func (r *Router) DeleteImage(ctx context.Context, org, project, id string) error {
+	for _, c := range r.drivers {
+		err := c.DeleteImage(ctx, org, project, id)
+		if !errors.Is(err, ErrImageNotFound) {
+			return err
+		}
+	}
+	return fmt.Errorf("image %q: %w", id, ErrImageNotFound)
+}
+
 // Servers lists the servers of every driver that can list them (a Lister), ids qualified. A
 // driver that fails is left out and its error returned with the others' servers, so that one
 // unreachable host does not hide every other region.

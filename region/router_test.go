@@ -155,6 +155,17 @@ func (f *fakeDriver) Snapshot(_ context.Context, id string, req region.ImageRequ
 	}
 	return region.Image{ID: f.name + "-img", Name: req.Name}, nil
 }
+func (f *fakeDriver) DeleteImage(_ context.Context, org, project, id string) error {
+	f.record("DeleteImage " + org + "/" + project + " " + id)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i := slices.IndexFunc(f.images, func(im region.Image) bool { return im.ID == id })
+	if i < 0 {
+		return region.ErrImageNotFound
+	}
+	f.images = slices.Delete(f.images, i, i+1)
+	return nil
+}
 func (f *fakeDriver) Images(_ context.Context, org, project string) ([]region.Image, error) {
 	f.record("Images " + org + "/" + project)
 	f.mu.Lock()
@@ -427,6 +438,23 @@ func TestRouterUnknownRegionsAndIDs(t *testing.T) {
 	}
 	if calls := slices.Concat(a.takeCalls(), b.takeCalls()); len(calls) != 0 {
 		t.Errorf("the drivers got %v, want nothing", calls)
+	}
+}
+
+// TestRouterDeleteImage: the driver that has the image deletes it; one no driver has is
+// ErrImageNotFound.
+func TestRouterDeleteImage(t *testing.T) {
+	r, a, b := fakes(t)
+	a.images = []region.Image{{ID: "a-img"}}
+	b.images = []region.Image{{ID: "b-img"}}
+	if err := r.DeleteImage(context.Background(), "o", "p", "b-img"); err != nil {
+		t.Fatalf("DeleteImage b-img: %v", err)
+	}
+	if len(b.images) != 0 || len(a.images) != 1 {
+		t.Errorf("after DeleteImage b-img: a has %v, b has %v; want a-img kept and b-img gone", a.images, b.images)
+	}
+	if err := r.DeleteImage(context.Background(), "o", "p", "b-img"); !errors.Is(err, region.ErrImageNotFound) {
+		t.Errorf("DeleteImage of a deleted image: %v, want ErrImageNotFound", err)
 	}
 }
 

@@ -126,6 +126,8 @@ type Event struct {
 var (
 	// ErrServerNotFound: no server with that id.
 	ErrServerNotFound = errors.New("server not found")
+	// ErrImageNotFound: no image the region made with that id in the project asked about.
+	ErrImageNotFound = errors.New("image not found")
 	// ErrUnavailable: the region failed to answer; retrying may help.
 	ErrUnavailable = errors.New("region unavailable")
 	// ErrUnreachable: the region's host cannot be reached at all (no connection), as opposed
@@ -224,10 +226,18 @@ type Client interface {
 	// SSHKey returns the project key pair's private key of a server that uses it; a server
 	// with an SSH certificate authority is refused (ErrRefused).
 	SSHKey(ctx context.Context, id string) (SSHKey, error)
-	// Snapshot starts making an image of a server; the image is CREATING, then READY.
+	// Snapshot starts making an image of a RUNNING or STOPPED server, which keeps running or
+	// stays stopped; the image is CREATING, then READY (or FAILED, the server unharmed).
+	// Other states are refused (ErrRefused). The image belongs to the server's project, is
+	// offered in its region, has the shape of the server's image and the size of its disk,
+	// and a server of the project can be created from it once it is READY.
 	Snapshot(ctx context.Context, id string, req ImageRequest) (Image, error)
 	// Images returns the images the region made for an organization's project (snapshots).
 	Images(ctx context.Context, org, project string) ([]Image, error)
+	// DeleteImage deletes an image the region made for the project: ErrImageNotFound when
+	// the project has none with the id, ErrRefused while it is CREATING or a server's disk
+	// still rests on it.
+	DeleteImage(ctx context.Context, org, project, id string) error
 	// Watch calls fn for every server event after the cursor ("" for events from now on), in
 	// order, until ctx ends or fn returns an error.
 	Watch(ctx context.Context, after string, fn func(Event) error) error

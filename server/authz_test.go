@@ -219,6 +219,12 @@ func TestAuthorizationMatrix(t *testing.T) {
 			tb.Fatalf("stop %s: %s", id, res.Raw)
 		}
 	}
+	// Each deleteImage cell deletes a snapshot of its own, made in the region for it.
+	snapshots := map[string]string{} // own instance → its snapshot
+	snapshot := func(tb testing.TB, a *api, _, own string) {
+		tb.Helper()
+		snapshots[own] = regionSnapshot(tb, a)
+	}
 	//                                                       none    expired wrongKey otherOrg viewer     operator   member     admin
 	cases := []authzCase{
 		{field: "Query.me", doc: `{ me { subject } }`, want: authzRow{unauth, unauth, unauth, ok, ok, ok, ok, ok}},
@@ -266,6 +272,9 @@ func TestAuthorizationMatrix(t *testing.T) {
 			want: authzRow{unauth, unauth, unauth, nf, forbidden, ueUnproc, ueUnproc, ueUnproc}},
 		{field: "Mutation.snapshotInstance", doc: `mutation($id: ID!) { snapshotInstance(input: {id: $id, name: "snap"}) { image { id } userErrors { code } } }`, vars: authzID,
 			want: authzRow{unauth, unauth, unauth, nf, forbidden, ueUnproc, ueUnproc, ueUnproc}},
+		{field: "Mutation.deleteImage", doc: `mutation($id: ID!) { deleteImage(input: {id: $id}) { imageId userErrors { code } } }`,
+			vars: func(f authzFixture) map[string]any { return map[string]any{"id": snapshots[f.own]} }, own: true, prepare: snapshot,
+			want: authzRow{unauth, unauth, unauth, nf, forbidden, ok, ok, ok}},
 		{field: "Mutation.resizeInstance", doc: `mutation($id: ID!) { resizeInstance(input: {id: $id, flavorId: "g1.large", allowRestart: true}) { instance { id } userErrors { code } } }`, vars: authzID,
 			want: authzRow{unauth, unauth, unauth, nf, forbidden, forbidden, ueUnproc, ueUnproc}},
 		// acme's limit of servers as it already is, so that the admin's call changes nothing.

@@ -317,6 +317,21 @@ recordIdem(KEYS[2], ARGV[1], ARGV[2])
 return {'ok'}
 `)
 
+// recordKeyScript records an idempotency key alone, for a change made outside the store (an
+// image the region deleted).
+//
+// KEYS[1] idempotency key
+// ARGV[1] what the key records, ARGV[2] its time to live in seconds
+// Returns {"ok"}, or {"replay", value} when the key records a write already.
+var recordKeyScript = redis.NewScript(idemLua + `
+local prior = priorIdem(KEYS[1], ARGV[1])
+if prior then
+  return {'replay', prior}
+end
+recordIdem(KEYS[1], ARGV[1], ARGV[2])
+return {'ok'}
+`)
+
 // historyScript reads a page of one instance's history: its index from the position after
 // which to start (or from the oldest event the log still keeps), then each event by its id.
 // Its work is the page's, however long the organization's log is.

@@ -769,6 +769,21 @@ func (s *Store) SetLimits(ctx context.Context, org string, limits quota.Amounts,
 	return "", nil
 }
 
+// RecordKey implements instance.Store with recordKeyScript.
+func (s *Store) RecordKey(ctx context.Context, org string, idem instance.Idempotency) (string, error) {
+	if idem.Key == "" {
+		return "", nil
+	}
+	reply, err := recordKeyScript.Run(ctx, s.rdb, []string{idemKey(org, idem.Key)}, idemValue(idem), idemTTL(idem)).StringSlice()
+	if err != nil {
+		return "", failed("record idempotency key", err)
+	}
+	if len(reply) == 2 && reply[0] == "replay" {
+		return reply[1], nil
+	}
+	return "", nil
+}
+
 // failed wraps an error of a call to Redis. Conditions that pass (Redis loading its data after
 // a restart, a replica that cannot take writes yet, a failover or a cluster slot moving, a
 // full connection pool) also wrap instance.ErrStoreUnavailable, so that callers are told to

@@ -9,10 +9,13 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/digitalocean/go-libvirt"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/computeql/computeql/e2e/harness"
@@ -31,8 +34,10 @@ const (
 // instanceSSHKey, reading what its cloud-init user data wrote; one with the project's SSH
 // certificate authority, with a user certificate the CA signed, and with a key of the user's
 // own given in sshPublicKeys. Each refuses the other's way in. Then the first one's console
-// output shows its boot, and a resize gives it more CPUs and a larger disk, keeping what was
-// written on it and its address.
+// output shows its boot; a snapshot of it is made while it runs, which it runs through, and
+// the second is rebuilt from the snapshot, finding on its disk what was written on the first;
+// meanwhile a resize gives the first more CPUs and a larger disk, keeping what was written on
+// it and its address.
 func TestLibvirtDebianSSH(t *testing.T) {
 	t.Parallel()
 	paths := imagePaths(t, "debian", "disk.qcow2", "vmlinuz", "initrd.img", "cmdline")
@@ -138,6 +143,86 @@ func TestLibvirtDebianSSH(t *testing.T) {
 		clock.step("deb-key: its console output shows the boot")
 	})
 
+	snapshotToken := randomToken("snapshot-")
+	var snapshot string
+	step(t, "snapshot while running", func(t *testing.T) {
+		in := inspect(t, host)
+		dom, ok := in.domainByMAC(t, running[withKey].Status.MACAddress)
+		if !ok {
+			t.Fatalf("no domain has deb-key's MAC %s", running[withKey].Status.MACAddress)
+		}
+		baseFile := filepath.Join(host.Dir, "pool", "computeql-image-debian-12")
+		baseBefore, err := os.Stat(baseFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		auth := ssh.PublicKeys(projectKey)
+		sshRun(t, host, keyIP, "debian", auth, "echo "+snapshotToken+" >/var/tmp/snapshotted; sync")
+		var data struct {
+			SnapshotInstance struct {
+				Image *struct {
+					ID    string `json:"id"`
+					State string `json:"state"`
+				} `json:"image"`
+				UserErrors []userError `json:"userErrors"`
+			} `json:"snapshotInstance"`
+		}
+		if err := lab.client.Do(ctx, `mutation($id: ID!) { snapshotInstance(input: {id: $id, name: "deb-key-golden"}) { image { id state } userErrors { field code message } } }`,
+			map[string]any{"id": withKey}, &data); err != nil {
+			t.Fatal(err)
+		}
+		img := data.SnapshotInstance.Image
+		if img == nil || img.State != "CREATING" {
+			t.Fatalf("snapshotInstance: image %+v, userErrors %+v; want an image CREATING", img, data.SnapshotInstance.UserErrors)
+		}
+		snapshot = img.ID
+		clock.step("deb-key: snapshot %s CREATING", snapshot)
+		await(t, 4*time.Minute, time.Second, "snapshot "+snapshot+" READY", func() error {
+			var images struct {
+				Images []struct {
+					ID    string `json:"id"`
+					State string `json:"state"`
+				} `json:"images"`
+			}
+			if err := lab.client.Do(ctx, `{ images { id state } }`, nil, &images); err != nil {
+				return err
+			}
+			for _, im := range images.Images {
+				if im.ID == snapshot && im.State == "READY" {
+					return nil
+				}
+				if im.ID == snapshot {
+					return fmt.Errorf("it is %s", im.State)
+				}
+			}
+			return errors.New("not listed")
+		})
+		clock.step("deb-key: snapshot %s READY", snapshot)
+		// The guest ran throughout: the same QEMU process (a domain's id changes whenever it
+		// starts), still running, and the instance RUNNING.
+		after, ok := in.domainByMAC(t, running[withKey].Status.MACAddress)
+		if state, _ := in.state(t, after); !ok || after.ID != dom.ID || state != libvirt.DomainRunning {
+			t.Errorf("after the snapshot deb-key's domain has id %d (before %d), state %d; want the same domain running", after.ID, dom.ID, state)
+		}
+		if got := lab.get(ctx, t, withKey); !got.running() {
+			t.Errorf("after the snapshot deb-key is %s, want RUNNING", got)
+		}
+		// Its disk is its own overlay again, the snapshot's overlay merged and gone, and the
+		// shared base image untouched.
+		if disk := in.disk(t, after); disk != filepath.Join(host.Dir, "pool", after.Name+".qcow2") {
+			t.Errorf("deb-key's disk is %s, want its own overlay %s.qcow2", disk, after.Name)
+		}
+		if vols := in.volumes(t); slices.Contains(vols, after.Name+"-snap.qcow2") || !slices.Contains(vols, "computeql-snap-"+snapshot+".qcow2") {
+			t.Errorf("volumes %v: want the image's computeql-snap-%s.qcow2 and no %s-snap.qcow2", vols, snapshot, after.Name)
+		}
+		if baseAfter, err := os.Stat(baseFile); err != nil || !baseAfter.ModTime().Equal(baseBefore.ModTime()) || baseAfter.Size() != baseBefore.Size() {
+			t.Errorf("the shared base image changed: %v (%v), before %v", baseAfter, err, baseBefore)
+		}
+		// deb-ca is rebuilt from it, while deb-key is resized.
+		lab.verb(ctx, t, "updateInstance", withCA, map[string]any{"imageId": snapshot, "allowRebuild": true})
+		clock.step("deb-ca: rebuilding from snapshot %s", snapshot)
+	})
+
 	step(t, "resize keeps the disk", func(t *testing.T) {
 		auth := ssh.PublicKeys(projectKey)
 		if out := sshRun(t, host, keyIP, "debian", auth, "echo "+token+" >/var/tmp/kept; sync; nproc"); out != "1\n" {
@@ -157,6 +242,26 @@ func TestLibvirtDebianSSH(t *testing.T) {
 			t.Errorf("after the resize: %q, want %q (what was written, 2 CPUs, a 6 GB disk)", out, want)
 		}
 		clock.step("deb-key: the file written before is there, with 2 CPUs and a 6 GB disk")
+	})
+
+	step(t, "the guest rebuilt from the snapshot has its disk", func(t *testing.T) {
+		if snapshot == "" {
+			t.Skip("no snapshot was made")
+		}
+		var rebuilt instance
+		await(t, debianBootLimit, time.Second, "deb-ca RUNNING on the snapshot", func() error {
+			rebuilt = lab.get(ctx, t, withCA)
+			if rebuilt.ImageID != snapshot || !rebuilt.running() || !hasReason(rebuilt, "Provisioned") {
+				return fmt.Errorf("it is %s with image %s", rebuilt, rebuilt.ImageID)
+			}
+			return nil
+		})
+		clock.step("deb-ca: RUNNING from the snapshot at %s", rebuilt.Status.PrivateIP)
+		out := sshRun(t, host, rebuilt.Status.PrivateIP, "debian", ssh.PublicKeys(userCert), "cat /var/tmp/snapshotted; hostname")
+		if want := snapshotToken + "\ndeb-ca\n"; out != want {
+			t.Errorf("on the guest rebuilt from the snapshot: %q, want %q (what deb-key wrote before the snapshot, its own hostname)", out, want)
+		}
+		clock.step("deb-ca: the file written on deb-key before the snapshot is there")
 	})
 }
 

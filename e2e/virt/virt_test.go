@@ -260,6 +260,7 @@ type instance struct {
 	ID                string  `json:"id"`
 	Name              string  `json:"name"`
 	FlavorID          string  `json:"flavorId"`
+	ImageID           string  `json:"imageId"`
 	DesiredPowerState string  `json:"desiredPowerState"`
 	DeletedAt         *string `json:"deletedAt"`
 	Status            struct {
@@ -279,7 +280,7 @@ type condition struct {
 	Message string `json:"message"`
 }
 
-const instanceFields = `id name flavorId desiredPowerState deletedAt
+const instanceFields = `id name flavorId imageId desiredPowerState deletedAt
 	status { provisioningStatus powerState healthStatus privateIP macAddress conditions { type status reason message } }`
 
 func (i instance) running() bool {
@@ -553,6 +554,25 @@ func (in *inspector) domainByMAC(t *testing.T, mac string) (libvirt.Domain, bool
 		}
 	}
 	return libvirt.Domain{}, false
+}
+
+// disk is the file a domain's first disk (vda) is, as the running domain has it.
+func (in *inspector) disk(t *testing.T, d libvirt.Domain) string {
+	t.Helper()
+	doc, err := in.l.DomainGetXMLDesc(d, 0)
+	if err != nil {
+		t.Fatalf("domain %s: %v", d.Name, err)
+	}
+	var def libvirtxml.Domain
+	if err := def.Unmarshal(doc); err != nil {
+		t.Fatalf("domain %s: %v", d.Name, err)
+	}
+	for _, disk := range def.Devices.Disks {
+		if disk.Target != nil && disk.Target.Dev == "vda" && disk.Source != nil && disk.Source.File != nil {
+			return disk.Source.File.File
+		}
+	}
+	return ""
 }
 
 // state is a domain's state and its reason.

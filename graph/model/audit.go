@@ -14,6 +14,7 @@ func (i CreateConsoleSessionInput) AuditTarget() string { return i.ID }
 func (i SnapshotInstanceInput) AuditTarget() string     { return i.ID }
 func (i ResizeInstanceInput) AuditTarget() string       { return i.ID }
 func (i SetQuotaInput) AuditTarget() string             { return i.OrganizationID }
+func (i DeleteImageInput) AuditTarget() string          { return i.ID }
 
 func (p *CreateInstancePayload) Problems() []instance.FieldError       { return p.UserErrors }
 func (p *UpdateInstancePayload) Problems() []instance.FieldError       { return p.UserErrors }
@@ -23,3 +24,4 @@ func (p *CreateConsoleSessionPayload) Problems() []instance.FieldError { return 
 func (p *SnapshotInstancePayload) Problems() []instance.FieldError     { return p.UserErrors }
 func (p *ResizeInstancePayload) Problems() []instance.FieldError       { return p.UserErrors }
 func (p *SetQuotaPayload) Problems() []instance.FieldError             { return p.UserErrors }
+func (p *DeleteImagePayload) Problems() []instance.FieldError          { return p.UserErrors }

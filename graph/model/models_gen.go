@@ -40,6 +40,19 @@ type CreateInstancePayload struct {
 	Plan *instance.Plan `json:"plan,omitempty"`
 }
 
+type DeleteImageInput struct {
+	// The snapshot image's id.
+	ID string `json:"id"`
+	// Makes a retry safe, as on createInstance: a retry after the image is gone is answered with its id.
+	IdempotencyKey *string `json:"idempotencyKey,omitempty"`
+}
+
+type DeleteImagePayload struct {
+	// The id of the image deleted; null when refused.
+	ImageID    *string               `json:"imageId,omitempty"`
+	UserErrors []instance.FieldError `json:"userErrors"`
+}
+
 type DeleteInstanceInput struct {
 	ID string `json:"id"`
 	// Makes a retry safe, as on createInstance; a retry after the instance is gone answers a null instance and no error.

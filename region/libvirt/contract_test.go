@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/computeql/computeql/eventually"
@@ -97,11 +98,16 @@ func extra(elements []string) string {
 	return ", " + strings.Join(elements, ", ")
 }
 
-// startDriver runs a driver of the lab region until the test ends and waits until it is
-// connected.
+// startDriver runs a driver of the lab region, on the test's Redis emptied, until the test
+// ends and waits until it is connected.
 func startDriver(t testing.TB, cat *region.Catalog) *libvirt.Driver {
+	return runDriver(t, cat, redisServer.Client(t))
+}
+
+// runDriver is startDriver on a Redis client as it is.
+func runDriver(t testing.TB, cat *region.Catalog, rdb redis.UniversalClient) *libvirt.Driver {
 	lab, _ := cat.Region("lab")
-	d, err := libvirt.New(libvirt.Options{Region: *lab, Catalog: cat, Redis: redisServer.Client(t), Logger: slog.New(slog.DiscardHandler)})
+	d, err := libvirt.New(libvirt.Options{Region: *lab, Catalog: cat, Redis: rdb, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,12 +127,33 @@ var redisServer *redistest.Server
 func TestMain(m *testing.M) { redistest.Main(m, &redisServer) }
 
 // TestLibvirtContract runs the region contract against real QEMU guests on a private libvirtd.
+// Its servers boot busybox with a disk beside it (busybox-disk), so that they have a disk to
+// snapshot.
 func TestLibvirtContract(t *testing.T) {
 	kernel, initrd := busybox(t)
 	host := virttest.Start(t, virttest.Options{})
-	cat := labCatalog(t, host, kernel, initrd)
+	cat := labCatalog(t, host, kernel, initrd, more{images: []string{diskImage(t, kernel, initrd)}})
 	d := startDriver(t, cat)
-	regiontest.Run(t, regiontest.Harness{Client: d, Catalog: cat, Timeout: 2 * time.Minute, Spec: labSpec, ResizeFlavor: "tiny2"})
+	regiontest.Run(t, regiontest.Harness{Client: d, Catalog: cat, Timeout: 2 * time.Minute, ResizeFlavor: "tiny2",
+		Spec: func(name string) region.ServerSpec {
+			spec := labSpec(name)
+			spec.ImageID = "busybox-disk"
+			return spec
+		},
+		Capabilities: regiontest.Capabilities{Snapshots: true}})
+}
+
+// diskImage is the catalogue entry of image busybox-disk: the busybox guest booted with a disk
+// (a raw file of a few MiB that the test writes), which the guest does not use.
+func diskImage(t testing.TB, kernel, initrd string) string {
+	path := filepath.Join(t.TempDir(), "disk.raw")
+	disk := make([]byte, 4<<20)
+	copy(disk, "computeql busybox-disk\n")
+	if err := os.WriteFile(path, disk, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf(`{"id": "busybox-disk", "name": "busybox-disk", "architecture": "x86_64", "sizeGiB": 1, "virtualization": "virtualized",
+    "state": "ready", "regions": ["lab"], "file": %q, "kernel": %q, "initrd": %q, "cmdline": "console=ttyS0"}`, path, kernel, initrd)
 }
 
 var specs atomic.Int64

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
@@ -62,6 +63,11 @@ type Driver struct {
 	conn  *golibvirt.Libvirt // nil while the host cannot be reached
 	accel string             // "kvm" or "qemu", the domain type, decided at connect
 	pool  golibvirt.StoragePool
+	// jobs runs the connection's background work (the copies and merges of snapshots); nil
+	// while the host cannot be reached. The session that made it waits for it as it ends.
+	jobs *jobGroup
+	// recovering is set while a pass of recoverSnapshots runs.
+	recovering atomic.Bool
 
 	index   *index
 	watches *broadcaster
@@ -207,6 +213,7 @@ func (d *Driver) session(parent context.Context) error {
 	ctx, cancel := context.WithCancel(parent)
 	var events <-chan golibvirt.DomainEventLifecycleMsg
 	var changes <-chan any
+	var jobs *jobGroup
 	defer func() {
 		cancel()
 		if events != nil {
@@ -228,6 +235,11 @@ func (d *Driver) session(parent context.Context) error {
 		case <-bye:
 		case <-time.After(heartbeat):
 			cut.Cut()
+		}
+		// Last: a job in a call to the host returns when the call does, which the connection
+		// ending fails at once (a copy under way would otherwise hold the session's end).
+		if jobs != nil {
+			jobs.wg.Wait()
 		}
 	}()
 	events, err := conn.LifecycleEvents(ctx)
@@ -267,13 +279,16 @@ func (d *Driver) session(parent context.Context) error {
 		d.release(conn, gone) // only a previous session indexed it, which set the pool
 		d.watches.publish(region.Event{Kind: region.ServerDeleted, ServerID: gone.id, Scope: gone.scope, Tags: gone.tags})
 	}
+	jobCtx, stopJobs := context.WithCancel(ctx)
+	jobs = &jobGroup{ctx: jobCtx}
 	d.mu.Lock()
-	d.conn, d.accel, d.pool = conn, accel, pool
+	d.conn, d.accel, d.pool, d.jobs = conn, accel, pool, jobs
 	d.mu.Unlock()
 	defer func() {
 		d.mu.Lock()
-		d.conn = nil
+		d.conn, d.jobs = nil, nil
 		d.mu.Unlock()
+		stopJobs()
 		// Their owners look again, learn that the host cannot be reached and say so, rather
 		// than showing what was last seen as if it were current.
 		for _, s := range d.index.all() {
@@ -285,6 +300,7 @@ func (d *Driver) session(parent context.Context) error {
 		d.watches.publish(region.Event{Kind: region.ServerUpdated, ServerID: s.id, Scope: s.scope, Tags: s.tags})
 	}
 	watchdog.Stop()
+	d.recover(jobs, conn, pool)
 	tick := time.NewTicker(d.opts.Tick)
 	defer tick.Stop()
 	collect := time.NewTicker(orphanAge / 2)
@@ -339,8 +355,36 @@ func (d *Driver) session(parent context.Context) error {
 			if n > 0 {
 				d.log.WarnContext(ctx, "orphaned network filters undefined", "count", n)
 			}
+			d.recover(jobs, conn, pool)
 		}
 	}
+}
+
+// jobGroup is a session's background work: each job runs with the session's context, which
+// ends with the session, and the session waits for every job before it returns.
+type jobGroup struct {
+	ctx context.Context
+	wg  sync.WaitGroup
+}
+
+// Go runs fn as a job.
+func (g *jobGroup) Go(fn func(context.Context)) { g.wg.Go(func() { fn(g.ctx) }) }
+
+// recover runs a pass of recoverSnapshots as a job, unless one runs still.
+func (d *Driver) recover(jobs *jobGroup, conn *golibvirt.Libvirt, pool golibvirt.StoragePool) {
+	if !d.recovering.CompareAndSwap(false, true) {
+		return
+	}
+	jobs.Go(func(ctx context.Context) {
+		defer d.recovering.Store(false)
+		n, err := d.recoverSnapshots(ctx, conn, pool)
+		if err != nil && ctx.Err() == nil {
+			d.log.WarnContext(ctx, "clean up snapshots cut short", "err", err)
+		}
+		if n > 0 {
+			d.log.WarnContext(ctx, "snapshots cut short marked failed", "count", n)
+		}
+	})
 }
 
 // heartbeat is how often the host must answer a trivial call, and how long it has to: calls to

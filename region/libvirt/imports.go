@@ -36,17 +36,17 @@ const (
 	importPoll = 500 * time.Millisecond
 )
 
-// renewImportLock extends the import lock's lease if it is still ours.
+// renewLease extends a lock's lease (the import lock, a snapshot lock) if it is still ours.
 // KEYS[1] the lock; ARGV[1] our token, ARGV[2] the lease in ms. Returns 1 if renewed, else 0.
-var renewImportLock = redis.NewScript(`
+var renewLease = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0`)
 
-// releaseImportLock deletes the import lock if it is still ours.
+// releaseLease deletes a lock (the import lock, a snapshot lock) if it is still ours.
 // KEYS[1] the lock; ARGV[1] our token. Returns 1 if released, else 0.
-var releaseImportLock = redis.NewScript(`
+var releaseLease = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
@@ -94,7 +94,7 @@ func (d *Driver) baseVolume(ctx context.Context, conn *golibvirt.Libvirt, pool g
 		if got {
 			v, err := d.importLocked(ctx, conn, pool, img, name, lock, token)
 			// The lock's lease ends it anyway if this release cannot be made.
-			_ = releaseImportLock.Run(context.WithoutCancel(ctx), d.opts.Redis, []string{lock}, token).Err()
+			_ = releaseLease.Run(context.WithoutCancel(ctx), d.opts.Redis, []string{lock}, token).Err()
 			return v, err
 		}
 		t := time.NewTimer(importPoll)
@@ -160,7 +160,7 @@ func (d *Driver) importLocked(ctx context.Context, conn *golibvirt.Libvirt, pool
 	}
 	renewing, stop := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Go(func() { d.renewImport(renewing, lock, token) })
+	wg.Go(func() { d.renewLease(renewing, lock, token) })
 	vol, err = d.upload(conn, pool, name, format, f, uint64(info.Size()))
 	stop()
 	wg.Wait()
@@ -171,8 +171,9 @@ func (d *Driver) importLocked(ctx context.Context, conn *golibvirt.Libvirt, pool
 	return markReady(vol)
 }
 
-// renewImport keeps the import lock while the upload runs, until ctx ends.
-func (d *Driver) renewImport(ctx context.Context, lock, token string) {
+// renewLease keeps a lock (the import lock while the upload runs, a snapshot lock while the
+// snapshot is made) until ctx ends.
+func (d *Driver) renewLease(ctx context.Context, lock, token string) {
 	t := time.NewTicker(importLease / 3)
 	defer t.Stop()
 	for {
@@ -180,9 +181,9 @@ func (d *Driver) renewImport(ctx context.Context, lock, token string) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			renewed, err := renewImportLock.Run(ctx, d.opts.Redis, []string{lock}, token, importLease.Milliseconds()).Int()
+			renewed, err := renewLease.Run(ctx, d.opts.Redis, []string{lock}, token, importLease.Milliseconds()).Int()
 			if err == nil && renewed == 0 {
-				d.log.Warn("lost the lock of an import under way", "lock", lock)
+				d.log.Warn("lost a lock while its work was under way", "lock", lock)
 				return
 			}
 		}

@@ -19,3 +19,15 @@ func importLockKey(regionID, volume string) string {
 func imageReadyKey(regionID, volume string) string {
 	return "libvirt:{" + regionID + "}:imported:" + volume
 }
+
+// snapshotLockKey is held (with the image's id, for snapshotLease) by the process making a
+// snapshot of the server: one snapshot of a server at a time, and a snapshot whose lease ran
+// out was cut short.
+func snapshotLockKey(regionID, serverID string) string {
+	return "libvirt:{" + regionID + "}:snapshot:" + serverID
+}
+
+// imagesKey is the region's hash of the images its snapshots made: image id → its record.
+func imagesKey(regionID string) string {
+	return "libvirt:{" + regionID + "}:images"
+}

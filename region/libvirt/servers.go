@@ -7,6 +7,8 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -158,9 +160,9 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 	d.mu.RLock()
 	pool, domainType := d.pool, d.accel
 	d.mu.RUnlock()
-	network, flavor, image, err := d.resolve(spec)
+	network, flavor, image, err := d.resolve(ctx, spec)
 	if err != nil {
-		return region.Server{}, err // a refusal, in users' words
+		return region.Server{}, err // a refusal, in users' words, or the host failing
 	}
 	placed, err := d.admit(conn, pool, flavor)
 	if err != nil {
@@ -219,8 +221,9 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 	return d.observe(conn, s), nil
 }
 
-// resolve finds what the spec names in the catalogue, refusing what this region cannot run.
-func (d *Driver) resolve(spec region.ServerSpec) (*region.Network, *region.Flavor, *region.Image, error) {
+// resolve finds what the spec names in the catalogue (the image may be a snapshot of the
+// spec's project instead), refusing what this region cannot run.
+func (d *Driver) resolve(ctx context.Context, spec region.ServerSpec) (*region.Network, *region.Flavor, *region.Image, error) {
 	cat, r := d.opts.Catalog, &d.opts.Region
 	network, ok := cat.Network(spec.NetworkID)
 	if spec.RegionID != r.ID || !ok || network.Region != r.ID {
@@ -233,12 +236,12 @@ func (d *Driver) resolve(spec region.ServerSpec) (*region.Network, *region.Flavo
 	if why := r.RunsFlavor(flavor); why != "" {
 		return nil, nil, nil, fmt.Errorf("region %s cannot run flavor %s: %s: %w", r.ID, flavor.ID, why, region.ErrRefused)
 	}
-	image, ok := cat.Image(spec.ImageID)
-	if !ok {
-		return nil, nil, nil, fmt.Errorf("image %q does not exist: %w", spec.ImageID, region.ErrRefused)
-	}
 	if spec.Networking.PublicIP {
 		return nil, nil, nil, fmt.Errorf("region %s offers no public IP addresses: %w", r.ID, region.ErrRefused)
+	}
+	image, err := d.image(ctx, spec)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	return network, flavor, image, nil
 }
@@ -403,7 +406,13 @@ func (d *Driver) build(ctx context.Context, conn *golibvirt.Libvirt, pool golibv
 		if err != nil {
 			return nil, err
 		}
-		disk, err := d.overlay(conn, pool, dom.name+".qcow2", base, uint64(dom.flavor.DiskGB)*1_000_000_000)
+		// A snapshot's disk may be a little larger than a flavor whose GB hold its whole GiB:
+		// the guest's disk is never smaller than the disk its image was made of.
+		_, baseBytes, _, err := conn.StorageVolGetInfo(base.vol)
+		if err != nil {
+			return nil, fmt.Errorf("image volume: %w", err)
+		}
+		disk, err := d.overlay(conn, pool, dom.name+".qcow2", base, max(uint64(dom.flavor.DiskGB)*1_000_000_000, baseBytes))
 		if err != nil {
 			return nil, err
 		}
@@ -502,7 +511,16 @@ func (d *Driver) DeleteServer(ctx context.Context, id string) error {
 	d.mu.RLock()
 	pool := d.pool
 	d.mu.RUnlock()
-	if err := deleteVolumes(conn, pool, s.rec.Volumes); err != nil {
+	volumes := s.rec.Volumes
+	if filepath.Base(diskSource(&s.xml)) == overlayName(s.id) {
+		// On a snapshot's overlay, which the snapshot made outside the pool: the pool learns
+		// of it, and it goes too.
+		if err := conn.StoragePoolRefresh(pool, 0); err != nil {
+			return d.fault("delete server", err)
+		}
+		volumes = append(slices.Clone(volumes), overlayName(s.id))
+	}
+	if err := deleteVolumes(conn, pool, volumes); err != nil {
 		return d.fault("delete server", err)
 	}
 	if err := release(conn, s.rec.Network, s.rec.MAC); err != nil {
@@ -718,16 +736,6 @@ func (d *Driver) UpdateNetworking(ctx context.Context, id string, n region.Serve
 		return region.Server{}, d.fault("update networking", err)
 	}
 	return d.observe(conn, s), nil
-}
-
-// Snapshot implements region.Client: not offered by this driver yet.
-func (d *Driver) Snapshot(ctx context.Context, id string, req region.ImageRequest) (region.Image, error) {
-	return region.Image{}, fmt.Errorf("snapshot: region %s runs on libvirt hosts, which do not offer snapshots yet: %w", d.opts.Region.ID, region.ErrRefused)
-}
-
-// Images implements region.Client: the driver makes no images yet.
-func (d *Driver) Images(ctx context.Context, org, project string) ([]region.Image, error) {
-	return nil, nil
 }
 
 // SSHKey implements region.Client: the project's key pair, whose public half every server of

@@ -164,6 +164,10 @@ const orphanAge = 10 * time.Minute
 // collectVolumes deletes the volumes of servers whose domain does not exist: what a process
 // killed in the middle of a create left behind. It returns how many it deleted.
 func (d *Driver) collectVolumes(conn *golibvirt.Libvirt, pool golibvirt.StoragePool) (int, error) {
+	// Snapshots' overlays are made outside the pool: it learns of them first.
+	if err := conn.StoragePoolRefresh(pool, 0); err != nil {
+		return 0, fmt.Errorf("refresh the pool: %w", err)
+	}
 	vols, _, err := conn.StoragePoolListAllVolumes(pool, 1, 0)
 	if err != nil {
 		return 0, fmt.Errorf("list volumes: %w", err)
@@ -200,9 +204,10 @@ func (d *Driver) collectVolumes(conn *golibvirt.Libvirt, pool golibvirt.StorageP
 }
 
 // serverOfVolume is the id of the server a volume belongs to, from its name
-// (computeql-<uuid>.qcow2, computeql-<uuid>-seed.iso, computeql-<uuid>-console.log, or a
+// (computeql-<uuid>.qcow2, a snapshot's overlay computeql-<uuid>-snap.qcow2,
+// computeql-<uuid>-seed.iso, computeql-<uuid>-console.log, or a
 // rotated computeql-<uuid>-console.log.N where the host's virtlogd rotates console logs);
-// base images belong to none.
+// base images and snapshots' images belong to none.
 func serverOfVolume(name string) (string, bool) {
 	rest, ok := strings.CutPrefix(name, namePrefix)
 	if !ok {
@@ -211,7 +216,7 @@ func serverOfVolume(name string) (string, bool) {
 	if base, n, ok := strings.Cut(rest, "-console.log."); ok && n != "" && strings.Trim(n, "0123456789") == "" {
 		rest = base + "-console.log"
 	}
-	for _, suffix := range []string{".qcow2", "-seed.iso", "-console.log"} {
+	for _, suffix := range []string{".qcow2", "-snap.qcow2", "-seed.iso", "-console.log"} {
 		if id, ok := strings.CutSuffix(rest, suffix); ok {
 			if _, valid := parseUUID(id); valid {
 				return id, true

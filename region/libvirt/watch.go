@@ -164,7 +164,7 @@ func (d *Driver) release(conn *golibvirt.Libvirt, s indexed) {
 	d.mu.RLock()
 	pool := d.pool
 	d.mu.RUnlock()
-	volumes := []string{namePrefix + s.id + ".qcow2", namePrefix + s.id + "-seed.iso", consoleLogName(s.id)}
+	volumes := []string{namePrefix + s.id + ".qcow2", overlayName(s.id), namePrefix + s.id + "-seed.iso", consoleLogName(s.id)}
 	if err := errors.Join(deleteVolumes(conn, pool, volumes), release(conn, s.network, s.mac), undefineFilter(conn, s.id)); err != nil {
 		d.log.Warn("free what a deleted server held", "server", s.id, "err", err)
 	}

@@ -656,6 +656,8 @@ func (s *suite) console(t *testing.T) {
 	}
 }
 
+// snapshots: an image of a running server, which runs on; a server made from it; an image of
+// a stopped server, which stays stopped; the image is its project's alone, and deleted.
 func (s *suite) snapshots(t *testing.T) {
 	srv := s.running(t, "contract-snapshot")
 	req := region.ImageRequest{Name: "contract-snapshot-" + uuid.NewString()[:8], Tags: map[string]string{"made-by": "contract"}}
@@ -675,25 +677,90 @@ func (s *suite) snapshots(t *testing.T) {
 	if img.State != region.ImageStateCreating && img.State != region.ImageStateReady {
 		t.Errorf("Snapshot returned an image %s, want creating or (made at once) ready", img.State)
 	}
-	var last region.ImageState
+	ready := s.awaitImage(t, srv, img.ID)
+	// The shape of the server's image, the size of its disk.
+	source, ok := s.h.Catalog.Image(srv.ImageID)
+	flavor, fok := s.h.Catalog.Flavor(srv.FlavorID)
+	if !ok || !fok {
+		t.Fatalf("the catalogue has no image %q or flavor %q", srv.ImageID, srv.FlavorID)
+	}
+	if ready.Architecture != source.Architecture || ready.Virtualization != source.Virtualization || ready.SizeGiB != region.DiskGiB(flavor.DiskGB) {
+		t.Errorf("the image is %s, %s, %d GiB; want its server's image's %s, %s and its disk's %d GiB", ready.Architecture, ready.Virtualization,
+			ready.SizeGiB, source.Architecture, source.Virtualization, region.DiskGiB(flavor.DiskGB))
+	}
+	if got := s.get(t, srv.ID); got.State != region.ServerRunning || !got.CreatedAt.Equal(srv.CreatedAt) {
+		t.Errorf("after the snapshot the server is %s, created at %v; want it RUNNING on, created at %v", got.State, got.CreatedAt, srv.CreatedAt)
+	}
+	// It is the project's: another project's list does not have it, nor can it delete it.
+	images, err := s.c.Images(t.Context(), srv.OrganizationID, srv.ProjectID+"-other")
+	if err != nil || slices.ContainsFunc(images, func(im region.Image) bool { return im.ID == img.ID }) {
+		t.Errorf("another project's Images: %v (%v), want it without %s", images, err, img.ID)
+	}
+	if err := s.c.DeleteImage(t.Context(), srv.OrganizationID, srv.ProjectID+"-other", img.ID); !errors.Is(err, region.ErrImageNotFound) {
+		t.Errorf("DeleteImage of another project's image: %v, want ErrImageNotFound", err)
+	}
+
+	// A server of the project boots from it.
+	spec := s.h.Spec("contract-from-snapshot")
+	spec.ImageID = img.ID
+	from := s.await(t, s.create(t, spec).ID, region.ServerRunning)
+	if from.ImageID != img.ID {
+		t.Errorf("the server made from the snapshot has image %s, want %s", from.ImageID, img.ID)
+	}
+	s.remove(t, from.ID)
+
+	// An image of a stopped server; it stays stopped.
+	if _, err := s.c.StopServer(t.Context(), srv.ID); err != nil {
+		t.Fatalf("StopServer: %v", err)
+	}
+	s.await(t, srv.ID, region.ServerStopped)
+	stopped, err := s.c.Snapshot(t.Context(), srv.ID, region.ImageRequest{Name: req.Name + "-stopped"})
+	if err != nil {
+		t.Fatalf("Snapshot of a stopped server: %v", err)
+	}
+	s.awaitImage(t, srv, stopped.ID)
+	if got := s.get(t, srv.ID); got.State != region.ServerStopped {
+		t.Errorf("after the snapshot of the stopped server it is %s, want STOPPED", got.State)
+	}
+
+	for _, id := range []string{img.ID, stopped.ID} {
+		if err := s.c.DeleteImage(t.Context(), srv.OrganizationID, srv.ProjectID, id); err != nil {
+			t.Fatalf("DeleteImage %s: %v", id, err)
+		}
+		images, err := s.c.Images(t.Context(), srv.OrganizationID, srv.ProjectID)
+		if err != nil || slices.ContainsFunc(images, func(im region.Image) bool { return im.ID == id }) {
+			t.Errorf("Images after DeleteImage %s: %v (%v), want it gone", id, images, err)
+		}
+		if err := s.c.DeleteImage(t.Context(), srv.OrganizationID, srv.ProjectID, id); !errors.Is(err, region.ErrImageNotFound) {
+			t.Errorf("DeleteImage of a deleted image: %v, want ErrImageNotFound", err)
+		}
+	}
+	if err := s.c.DeleteImage(t.Context(), srv.OrganizationID, srv.ProjectID, uuid.NewString()); !errors.Is(err, region.ErrImageNotFound) {
+		t.Errorf("DeleteImage of an unknown image: %v, want ErrImageNotFound", err)
+	}
+}
+
+// awaitImage waits until Images lists the project's image READY, and returns it.
+func (s *suite) awaitImage(t *testing.T, srv region.Server, id string) region.Image {
+	t.Helper()
+	var last region.Image
 	eventually.Holds(t, s.h.Timeout, func() bool {
 		images, err := s.c.Images(t.Context(), srv.OrganizationID, srv.ProjectID)
 		if err != nil {
 			t.Fatalf("Images: %v", err)
 		}
-		i := slices.IndexFunc(images, func(im region.Image) bool { return im.ID == img.ID })
+		i := slices.IndexFunc(images, func(im region.Image) bool { return im.ID == id })
 		if i < 0 {
-			last = "(not listed)"
+			last.State = "(not listed)"
 			return false
 		}
-		last = images[i].State
-		return last == region.ImageStateReady
-	}, "Images lists snapshot %s ready (last seen %s)", img.ID, eventually.Lazy(func() string { return string(last) }))
-	// It is the project's: another project's list does not have it.
-	images, err := s.c.Images(t.Context(), srv.OrganizationID, srv.ProjectID+"-other")
-	if err != nil || slices.ContainsFunc(images, func(im region.Image) bool { return im.ID == img.ID }) {
-		t.Errorf("another project's Images: %v (%v), want it without %s", images, err, img.ID)
-	}
+		last = images[i]
+		if last.State == region.ImageStateFailed {
+			t.Fatalf("snapshot %s failed", id)
+		}
+		return last.State == region.ImageStateReady
+	}, "Images lists snapshot %s ready (last seen %s)", id, eventually.Lazy(func() string { return string(last.State) }))
+	return last
 }
 
 func (s *suite) publicIPs(t *testing.T) {

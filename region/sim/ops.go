@@ -147,8 +147,9 @@ func (s *Sim) SSHKey(ctx context.Context, id string) (region.SSHKey, error) {
 	return region.SSHKey{PrivateKey: stored}, nil
 }
 
-// Snapshot implements region.Client: the image copies the server's image's shape and belongs
-// to the server's project.
+// Snapshot implements region.Client: the image copies the shape of the server's image (a
+// catalogue image, or a snapshot it was created from), is as large as the server's disk, and
+// belongs to the server's project.
 func (s *Sim) Snapshot(ctx context.Context, id string, req region.ImageRequest) (region.Image, error) {
 	if err := s.call(ctx, "snapshot"); err != nil {
 		return region.Image{}, err
@@ -160,14 +161,17 @@ func (s *Sim) Snapshot(ctx context.Context, id string, req region.ImageRequest) 
 	if srv.State != region.ServerRunning && srv.State != region.ServerStopped {
 		return region.Image{}, fmt.Errorf("snapshot: the server is %s: %w", srv.State, region.ErrRefused)
 	}
-	base, ok := s.opts.Catalog.Image(srv.ImageID)
-	if !ok {
-		return region.Image{}, fmt.Errorf("snapshot: the server's image %s is gone: %w", srv.ImageID, region.ErrRefused)
+	base, err := s.sourceImage(ctx, srv)
+	if err != nil {
+		return region.Image{}, fmt.Errorf("snapshot: %w", err)
 	}
 	img := region.Image{
 		ID: uuid.NewString(), Name: req.Name, Architecture: base.Architecture, SizeGiB: base.SizeGiB,
 		Virtualization: base.Virtualization, State: region.ImageStateCreating, OS: base.OS,
 		Regions: []string{srv.RegionID}, OrganizationID: srv.OrganizationID, ProjectID: srv.ProjectID, Tags: req.Tags,
+	}
+	if f, ok := s.opts.Catalog.Flavor(srv.FlavorID); ok {
+		img.SizeGiB = region.DiskGiB(f.DiskGB)
 	}
 	data, _ := json.Marshal(img) // an Image always encodes
 	due := s.opts.Now().Add(s.opts.PowerDelay)
@@ -181,6 +185,65 @@ func (s *Sim) Snapshot(ctx context.Context, id string, req region.ImageRequest) 
 		return region.Image{}, fmt.Errorf("snapshot: %w", err)
 	}
 	return img, nil
+}
+
+// sourceImage is the image the server was created from: a catalogue image, or a snapshot of
+// its project.
+func (s *Sim) sourceImage(ctx context.Context, srv region.Server) (*region.Image, error) {
+	if base, ok := s.opts.Catalog.Image(srv.ImageID); ok {
+		return base, nil
+	}
+	img, err := s.image(ctx, s.rdb, srv.ImageID)
+	if errors.Is(err, region.ErrImageNotFound) || err == nil && (img.OrganizationID != srv.OrganizationID || img.ProjectID != srv.ProjectID) {
+		return nil, fmt.Errorf("the server's image %s is gone: %w", srv.ImageID, region.ErrRefused)
+	}
+	return img, err
+}
+
+// image reads an image the region made.
+func (s *Sim) image(ctx context.Context, c redis.Cmdable, id string) (*region.Image, error) {
+	data, err := c.Get(ctx, imageKey(id)).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("image %q: %w", id, region.ErrImageNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var img region.Image
+	if err := json.Unmarshal(data, &img); err != nil {
+		return nil, fmt.Errorf("decode image %s: %w", id, err)
+	}
+	return &img, nil
+}
+
+// DeleteImage implements region.Client.
+func (s *Sim) DeleteImage(ctx context.Context, org, project, id string) error {
+	if err := s.call(ctx, "delete image"); err != nil {
+		return err
+	}
+	err := s.retry(ctx, func(tx *redis.Tx) error {
+		img, err := s.image(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if img.OrganizationID != org || img.ProjectID != project {
+			return fmt.Errorf("image %q: %w", id, region.ErrImageNotFound)
+		}
+		if img.State == region.ImageStateCreating {
+			return fmt.Errorf("image %s is being made: %w", id, region.ErrRefused)
+		}
+		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Del(ctx, imageKey(id))
+			p.SRem(ctx, projectImagesKey(org, project), id)
+			p.ZRem(ctx, dueKey, imageDuePrefix+id)
+			return nil
+		})
+		return err
+	}, imageKey(id))
+	if err != nil {
+		return fmt.Errorf("delete image: %w", err)
+	}
+	return nil
 }
 
 // imageReady is the clock's step that finishes a snapshot.

@@ -668,10 +668,15 @@ func TestSnapshot(t *testing.T) {
 				t.Errorf("owned by %s/%s in %v, want %s/%s in [%s]", img.OrganizationID, img.ProjectID, img.Regions,
 					tc.server.OrganizationID, tc.server.ProjectID, tc.server.RegionID)
 			}
-			if img.Architecture != base.Architecture || img.SizeGiB != base.SizeGiB || img.Virtualization != base.Virtualization ||
+			flavor, ok := cat.Flavor(tc.server.FlavorID)
+			if !ok {
+				t.Fatalf("no catalogue flavor %s", tc.server.FlavorID)
+			}
+			// The catalogue image's shape, the size of the server's disk.
+			if img.Architecture != base.Architecture || img.SizeGiB != region.DiskGiB(flavor.DiskGB) || img.Virtualization != base.Virtualization ||
 				!reflect.DeepEqual(img.OS, base.OS) {
-				t.Errorf("shape %s/%d GiB/%s/%+v, want the catalogue image's %s/%d GiB/%s/%+v", img.Architecture, img.SizeGiB,
-					img.Virtualization, img.OS, base.Architecture, base.SizeGiB, base.Virtualization, base.OS)
+				t.Errorf("shape %s/%d GiB/%s/%+v, want the catalogue image's %s/%s/%+v and the disk's %d GiB", img.Architecture, img.SizeGiB,
+					img.Virtualization, img.OS, base.Architecture, base.Virtualization, base.OS, region.DiskGiB(flavor.DiskGB))
 			}
 			if listed, ok := images(t, "acme", "web")[img.ID]; !ok || !reflect.DeepEqual(listed, img) {
 				t.Errorf("Images lists %+v (%v), want the image as returned %+v", listed, ok, img)
@@ -682,6 +687,12 @@ func TestSnapshot(t *testing.T) {
 	}
 	if len(made) != len(cases) {
 		t.Fatalf("%d images made, want %d", len(made), len(cases))
+	}
+	// An image being made cannot be deleted.
+	for id := range made {
+		if err := s.DeleteImage(ctx, "acme", "web", id); !errors.Is(err, region.ErrRefused) {
+			t.Errorf("DeleteImage of image %s being made: %v, want ErrRefused", id, err)
+		}
 	}
 
 	steps := []struct {
