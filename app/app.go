@@ -106,7 +106,7 @@ func flags(name string, c *config) (*flag.FlagSet, error) {
 	fs.IntVar(&c.maxPrincipalSockets, "max-sockets-per-principal", 32, "WebSockets one principal holds open on one API process; more are closed with 4429")
 	fs.IntVar(&c.maxSocketSubscriptions, "max-subscriptions-per-socket", 100, "subscriptions running on one WebSocket; more are refused with RATE_LIMITED")
 	fs.IntVar(&c.maxPrincipalSubscriptions, "max-subscriptions-per-principal", 200, "subscriptions one principal runs on one API process, over every transport; more are refused with RATE_LIMITED")
-	fs.IntVar(&c.maxConsoles, "max-consoles", 64, "serial consoles attached through one API process; more are refused with 429")
+	fs.IntVar(&c.maxConsoles, "max-consoles", 32, "serial consoles attached through one API process; more are refused with 429")
 	fs.IntVar(&c.maxPrincipalConsoles, "max-consoles-per-principal", 4, "serial consoles one principal has attached through one API process; more are refused with 429")
 	fs.StringVar(&c.publicURL, "public-url", "", "where clients reach the API, e.g. https://api.example.com, for the URLs it hands out (console sessions); none: as each request reached it")
 	fs.StringVar(&c.logFormat, "log-format", "auto", "log format: json, text, or auto (JSON unless standard error is a terminal)")

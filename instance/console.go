@@ -14,8 +14,9 @@ import (
 	"github.com/computeql/computeql/region"
 )
 
-// ConsoleTTL is how long a console session lasts: its token can be redeemed once within it,
-// and the console it attaches is detached when it ends. A console stays open for as long as
+// ConsoleTTL is how long a console session lasts (less when its creator's token expires
+// sooner): its token can be redeemed once within it, and the console it attaches is detached
+// when it ends. A console stays open for as long as
 // someone works in it, so it is longer than a stream ticket's minute; it is Nova's default
 // console token lifetime.
 const ConsoleTTL = 10 * time.Minute
@@ -77,13 +78,20 @@ func (s *Service) Console(ctx context.Context, id string, idempotencyKey *string
 		}
 		b := make([]byte, 32)
 		rand.Read(b)
-		session = ConsoleSession{Token: base64.RawURLEncoding.EncodeToString(b), ExpiresAt: s.now().Add(ConsoleTTL).UTC()}
+		// Never past the caller's own token: a console is as long-lived as a socket may be.
+		expires := s.now().Add(ConsoleTTL)
+		if !pr.Deadline.IsZero() && pr.Deadline.Before(expires) {
+			expires = pr.Deadline
+		}
+		session = ConsoleSession{Token: base64.RawURLEncoding.EncodeToString(b), ExpiresAt: expires.UTC()}
+		// Kept at least a second in Redis (the grant's own expiry is what redeeming checks).
+		ttl := max(expires.Sub(s.now()), time.Second)
 		grant := ConsoleGrant{Principal: pr, OrganizationID: inst.OrganizationID, InstanceID: inst.ID, ExpiresAt: session.ExpiresAt}
-		if err := s.store.PutConsoleGrant(ctx, session.Token, grant, ConsoleTTL); err != nil {
+		if err := s.store.PutConsoleGrant(ctx, session.Token, grant, ttl); err != nil {
 			return "", internal("open a console session", err)
 		}
 		answer, _ := json.Marshal(session) // a session always encodes
-		rec = idem.recordWith(inst.ID, string(answer), ConsoleTTL)
+		rec = idem.recordWith(inst.ID, string(answer), ttl)
 		return "A console session valid until " + session.ExpiresAt.Format("15:04:05 MST") + " was opened.", nil
 	})
 	return session, err

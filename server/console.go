@@ -68,6 +68,13 @@ func (h *consoleHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, http.StatusUpgradeRequired, instance.CodeBadUserInput, "a console session is a WebSocket: open its url with a WebSocket client")
 		return
 	}
+	// A handshake the upgrade would refuse must not use the session first: redeeming it and
+	// attaching the console (which takes it from whoever holds it) cannot be undone.
+	if r.Header.Get("Sec-Websocket-Version") != "13" || r.Header.Get("Sec-Websocket-Key") == "" {
+		w.Header().Set("Sec-WebSocket-Version", "13")
+		writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, "WebSocket handshake refused: it needs Sec-WebSocket-Version 13 and a Sec-WebSocket-Key")
+		return
+	}
 	if !h.limits.takeSocket() {
 		h.limits.refuseSocket(w, r)
 		return
@@ -86,7 +93,8 @@ func (h *consoleHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	requestInfoFrom(r.Context()).set(grant.Principal.Subject, "")
 	// Refused for a reason of the moment, the session is given back: its URL works again.
 	giveBack := func() {
-		if err := h.svc.ReturnConsole(r.Context(), token, grant); err != nil {
+		// Even when the client has gone already: the session is its to retry.
+		if err := h.svc.ReturnConsole(context.WithoutCancel(r.Context()), token, grant); err != nil {
 			h.log.WarnContext(r.Context(), "console: return the session", "err", err)
 		}
 	}
@@ -203,25 +211,52 @@ type consoleSocket struct {
 	closer  sync.Once
 }
 
-// read types every message into the console until the peer closes, goes silent past the
-// keep-alive, or the socket is closed.
+// read types every message into the console until the peer closes (or sends a message over
+// consoleMessageMax, which the socket answers with 1009 itself), goes silent past the
+// keep-alive, or the socket is closed. Input is paced to consoleInputRate: what is typed
+// travels on the host connection every call of the process shares.
 func (s *consoleSocket) read() {
+	pace := newInputPace(consoleInputRate, consoleMessageMax)
 	for {
 		_, msg, err := s.ws.ReadMessage()
 		if err != nil {
-			code, reason := websocket.CloseNormalClosure, ""
-			if errors.Is(err, websocket.ErrReadLimit) {
-				code, reason = websocket.CloseMessageTooBig, fmt.Sprintf("a message typed into a console is at most %d bytes", consoleMessageMax)
-			}
-			s.closeWith(code, reason)
+			s.closeWith(websocket.CloseNormalClosure, "")
 			return
 		}
 		s.extendLiveness()
+		time.Sleep(pace.wait(len(msg), time.Now()))
 		if _, err := s.console.Write(msg); err != nil {
 			s.closeWith(websocket.CloseNormalClosure, "the console closed")
 			return
 		}
 	}
+}
+
+// consoleInputRate is how many bytes a second may be typed into one console, beyond a burst
+// of one message: far above typing, and a paste of a page takes a moment.
+const consoleInputRate = 16 << 10
+
+// inputPace is a token bucket of bytes.
+type inputPace struct {
+	rate, burst, tokens float64
+	last                time.Time
+}
+
+func newInputPace(rate, burst int) *inputPace {
+	return &inputPace{rate: float64(rate), burst: float64(burst), tokens: float64(burst)}
+}
+
+// wait takes n bytes from the bucket at now and returns how long to wait before sending them.
+func (p *inputPace) wait(n int, now time.Time) time.Duration {
+	if !p.last.IsZero() {
+		p.tokens = min(p.burst, p.tokens+now.Sub(p.last).Seconds()*p.rate)
+	}
+	p.last = now
+	p.tokens -= float64(n)
+	if p.tokens >= 0 {
+		return 0
+	}
+	return time.Duration(-p.tokens / p.rate * float64(time.Second))
 }
 
 // write sends one binary message within the write timeout; false when the socket is gone.
@@ -257,8 +292,9 @@ func (s *consoleSocket) extendLiveness() {
 	}
 }
 
-// closeWith ends the session once: the close frame, then the console detached (which ends
-// the writer), and the reader given closeGrace for the peer's answering close frame.
+// closeWith ends the session: the close frame (the first caller's), the reader given
+// closeGrace for the peer's answering close frame, and the console detached, which ends the
+// writer. Every caller detaches, outside the once, so that none waits on another's detach.
 func (s *consoleSocket) closeWith(code int, reason string) {
 	s.closer.Do(func() {
 		s.mu.Lock()
@@ -266,6 +302,6 @@ func (s *consoleSocket) closeWith(code int, reason string) {
 		s.mu.Unlock()
 		s.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, closeReason(reason)), time.Now().Add(s.h.writeTimeout))
 		s.ws.SetReadDeadline(time.Now().Add(closeGrace))
-		s.console.Close()
 	})
+	s.console.Close()
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/feed"
 	"github.com/computeql/computeql/instance"
+	"github.com/computeql/computeql/logtest"
 	"github.com/computeql/computeql/queue"
 	"github.com/computeql/computeql/region"
 	"github.com/computeql/computeql/store"
@@ -213,9 +214,11 @@ func (a *api) handlerService(t *testing.T, now ...func() time.Time) *instance.Se
 // TestConsoleSessionRefusals: what is not a console session's handshake is refused with its
 // code, and a refused handshake leaves the session usable.
 func TestConsoleSessionRefusals(t *testing.T) {
-	a, s, id := runningForConsole(t, "console-refused")
+	rec := &logtest.Recorder{}
+	a, s, id := runningForConsole(t, "console-refused", func(o *Options) { o.Logger = rec.Logger() })
 	op := a.operator(t)
 	link := consoleURL(t, a, op, id)
+	token := link[strings.LastIndex(link, "/")+1:]
 	u, _ := url.Parse(link)
 	u.Scheme, u.Host = "http", strings.TrimPrefix(s.URL, "http://")
 	res, err := http.Get(u.String())
@@ -228,9 +231,30 @@ func TestConsoleSessionRefusals(t *testing.T) {
 	}
 	wantRefusedConsole(t, s, "ws://x/console/not-a-token", nil, http.StatusUnauthorized, "UNAUTHENTICATED")
 	wantRefusedConsole(t, s, link, http.Header{"Origin": {"https://evil.example"}}, http.StatusForbidden, "FORBIDDEN")
+	// A handshake the upgrade would refuse (no key) is refused before the session is used.
+	bad, _ := http.NewRequest(http.MethodGet, u.String(), nil)
+	bad.Header.Set("Connection", "Upgrade")
+	bad.Header.Set("Upgrade", "websocket")
+	bad.Header.Set("Sec-WebSocket-Version", "13")
+	res, err = http.DefaultClient.Do(bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusBadRequest {
+		t.Errorf("a handshake without a key: %d, want 400", res.StatusCode)
+	}
 	// None of those used the session.
 	conn := mustDialConsole(t, s, link)
 	readConsoleUntil(t, conn, "login: ")
+	// The token, a credential, is in no log line.
+	for _, r := range rec.Since(0, "request") {
+		for k, v := range r.Attrs {
+			if strings.Contains(v, token) {
+				t.Errorf("the request log's %s %q holds the console token", k, v)
+			}
+		}
+	}
 
 	t.Run("a message too big", func(t *testing.T) {
 		conn := mustDialConsole(t, s, consoleURL(t, a, op, id))
@@ -302,6 +326,22 @@ func TestConsoleSessionExpires(t *testing.T) {
 		t.Errorf("the console closed with %d %q, want 1000 saying it expired", ce.Code, ce.Text)
 	}
 	wantRefusedConsole(t, s, consoleURL(t, behind(instance.ConsoleTTL+time.Minute), op, id), nil, http.StatusUnauthorized, "UNAUTHENTICATED")
+
+	// A session ends no later than the token of the principal who made it.
+	short, err := a.keys.Mint(auth.Principal{Subject: "olga", Grants: []auth.Grant{{OrganizationID: "acme", ProjectID: "web", Role: auth.RoleOperator}}}, time.Now(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := a.mustPost(t, short, consoleDoc, map[string]any{"id": id})
+	var p struct {
+		ConsoleSession struct {
+			ExpiresAt time.Time `json:"expiresAt"`
+		} `json:"consoleSession"`
+	}
+	decode(t, res.Data["createConsoleSession"], &p)
+	if limit := time.Now().Add(instance.ConsoleTTL / 2); !p.ConsoleSession.ExpiresAt.Before(limit) {
+		t.Errorf("a session made with a token good for a minute expires at %s, want before %s", p.ConsoleSession.ExpiresAt, limit)
+	}
 }
 
 // TestConsoleSessionShutdown: a server shutting down closes its consoles with 1001.
@@ -314,5 +354,30 @@ func TestConsoleSessionShutdown(t *testing.T) {
 	shutdown()
 	if ce := consoleClosed(t, conn); ce.Code != websocket.CloseGoingAway {
 		t.Errorf("shutting down closed the console with %d, want 1001", ce.Code)
+	}
+}
+
+// TestInputPace: typing is paced to a rate beyond a burst of one message.
+func TestInputPace(t *testing.T) {
+	p := newInputPace(1000, 500)
+	start := time.Unix(0, 0)
+	steps := []struct {
+		n     int
+		after time.Duration
+		want  time.Duration
+	}{
+		{n: 500, want: 0},                                // the burst
+		{n: 100, want: 100 * time.Millisecond},           // 100 bytes at 1,000/s
+		{n: 100, after: 200 * time.Millisecond, want: 0}, // the wait paid, 100 more came in
+		{n: 300, after: 0, want: 300 * time.Millisecond}, // nothing left: wait for all of it
+		{n: 0, after: 2 * time.Second, want: 0},          // refilled, to the burst only
+		{n: 600, after: 0, want: 100 * time.Millisecond}, // one past the burst
+	}
+	now := start
+	for i, st := range steps {
+		now = now.Add(st.after)
+		if got := p.wait(st.n, now); got != st.want {
+			t.Errorf("step %d: %d bytes wait %s, want %s", i, st.n, got, st.want)
+		}
 	}
 }

@@ -8,8 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/computeql/computeql/graph"
 )
 
 // requestInfo is what the layers of one request learn about it, for its log line: the
@@ -107,7 +110,7 @@ func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 			status = http.StatusOK
 		}
 		// Only what the line needs: a held line outlives the request, once per subscriber.
-		l := requestLine{method: r.Method, path: r.URL.Path, remote: r.RemoteAddr, status: status, bytes: rw.bytes, start: start}
+		l := requestLine{method: r.Method, path: loggedPath(r.URL.Path), remote: r.RemoteAddr, status: status, bytes: rw.bytes, start: start}
 		ri.mu.Lock()
 		if ri.held && !ri.ended {
 			ri.line = func() { l.log(ctx, log, ri) }
@@ -196,4 +199,13 @@ func (h withRequestID) WithAttrs(attrs []slog.Attr) slog.Handler {
 
 func (h withRequestID) WithGroup(name string) slog.Handler {
 	return withRequestID{h.Handler.WithGroup(name)}
+}
+
+// loggedPath is the path as the request log shows it: a console session's token is a
+// credential (one a refusal may give back for a retry), so it never reaches the log.
+func loggedPath(path string) string {
+	if strings.HasPrefix(path, graph.ConsolePath) {
+		return graph.ConsolePath + "…"
+	}
+	return path
 }

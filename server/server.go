@@ -113,7 +113,8 @@ type Options struct {
 	// over every transport; one past it is refused with RATE_LIMITED. Defaults to 200.
 	MaxSubscriptionsPerPrincipal int
 	// MaxConsoles bounds the serial consoles attached through this process (each holds a host
-	// stream and its buffers); one past it is refused with 429. Defaults to 64.
+	// stream and its buffers: about 4.5 MiB on a libvirt host); one past it is refused with
+	// 429. Defaults to 32.
 	MaxConsoles int
 	// MaxConsolesPerPrincipal bounds the consoles one principal has attached through this
 	// process; one past it is refused with 429. Defaults to 4.
@@ -157,7 +158,7 @@ func (o *Options) applyDefaults() error {
 	o.MaxSocketsPerPrincipal = cmp.Or(o.MaxSocketsPerPrincipal, 32)
 	o.MaxSubscriptionsPerSocket = cmp.Or(o.MaxSubscriptionsPerSocket, 100)
 	o.MaxSubscriptionsPerPrincipal = cmp.Or(o.MaxSubscriptionsPerPrincipal, 200)
-	o.MaxConsoles = cmp.Or(o.MaxConsoles, 64)
+	o.MaxConsoles = cmp.Or(o.MaxConsoles, 32)
 	o.MaxConsolesPerPrincipal = cmp.Or(o.MaxConsolesPerPrincipal, 4)
 	if o.MaxTokens == 0 {
 		o.MaxTokens = 10_000

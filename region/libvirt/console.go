@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
 
@@ -96,11 +97,16 @@ func (d *Driver) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser
 	c := &console{out: region.NewConsoleBuffer(region.ConsoleBacklog), typing: typing, done: make(chan struct{})}
 	// The stream runs until either end finishes it: the guest's console going away, or Close,
 	// whose end of the typed input makes the connection finish the stream. The output is
-	// written from the connection's receive loop, which must never wait on a slow reader: the
-	// buffer takes it without blocking, and cuts a reader that fell too far behind.
+	// written from the connection's receive loop, which must never wait on a slow reader, nor
+	// see an error: go-libvirt's receive loop holds the connection's lock while it hands the
+	// stream its packets, so a stream that gave up on them would leave the loop waiting for
+	// it, and every call on the connection with it. The sink takes every packet without
+	// blocking; past the backlog it drops them, ends the reads with ErrConsoleOverrun, and
+	// finishes the stream as Close would.
+	sink := consoleSink{out: c.out, finish: func() { typing.Close() }}
 	go func() {
 		defer close(c.done)
-		err := conn.DomainOpenConsoleBidirectional(s.dom, golibvirt.OptString{}, typed, c.out, uint32(golibvirt.DomainConsoleForce))
+		err := conn.DomainOpenConsoleBidirectional(s.dom, golibvirt.OptString{}, typed, sink, uint32(golibvirt.DomainConsoleForce))
 		if err != nil {
 			err = d.fault("console of server "+id, err)
 		}
@@ -109,6 +115,23 @@ func (d *Driver) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser
 	}()
 	return c, nil
 }
+
+// consoleSink is the receiving end of a console stream: it never blocks and never fails.
+type consoleSink struct {
+	out    *region.ConsoleBuffer
+	finish func()
+}
+
+func (s consoleSink) Write(p []byte) (int, error) {
+	if _, err := s.out.Write(p); err != nil {
+		s.finish()
+	}
+	return len(p), nil
+}
+
+// consoleCloseWait bounds how long Close waits for the host to finish the stream: a host that
+// never answers must not hold the caller, whose console then ends when the connection does.
+const consoleCloseWait = 10 * time.Second
 
 // console is an attached libvirt console; its goroutine ends with the stream, which Close
 // finishes and waits for.
@@ -124,10 +147,17 @@ func (c *console) Read(p []byte) (int, error) { return c.out.Read(p) }
 // Write types p into the console; it waits for the connection to send it.
 func (c *console) Write(p []byte) (int, error) { return c.typing.Write(p) }
 
+// Close finishes the stream and waits, at most consoleCloseWait, for the host to end it.
 func (c *console) Close() error {
 	c.close.Do(func() {
 		c.typing.Close()
-		<-c.done
+		t := time.NewTimer(consoleCloseWait)
+		defer t.Stop()
+		select {
+		case <-c.done:
+		case <-t.C:
+			c.out.CloseWithError(fmt.Errorf("the host did not finish the console stream within %s: %w", consoleCloseWait, region.ErrUnavailable))
+		}
 	})
 	return nil
 }

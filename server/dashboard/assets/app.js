@@ -1166,6 +1166,10 @@
       if (t.ws) {
         t.ws.close(1000);
       }
+      if (t.term) {
+        t.term.dispose();
+        t.term = null;
+      }
     };
     d.terminal = t;
     renderDetail();
@@ -1202,16 +1206,28 @@
           term.focus();
         };
         ws.onmessage = function (e) {
-          term.write(new Uint8Array(e.data));
+          if (t.term) {
+            term.write(new Uint8Array(e.data));
+          }
         };
+        // A paste arrives as one string; the console takes at most 4 KiB a message, so it
+        // goes in pieces of at most 1,024 UTF-16 units (4 KiB of UTF-8 at most), never
+        // between the two halves of a surrogate pair.
         term.onData(function (keys) {
-          if (ws.readyState === WebSocket.OPEN) {
-            ws.send(keys);
+          for (var i = 0; i < keys.length && ws.readyState === WebSocket.OPEN; ) {
+            var end = Math.min(i + 1024, keys.length);
+            if (end < keys.length && /[\uD800-\uDBFF]/.test(keys.charAt(end - 1))) {
+              end--;
+            }
+            ws.send(keys.slice(i, end));
+            i = end;
           }
         });
         ws.onclose = function (e) {
           t.open = false;
-          term.write('\r\n[console closed' + (e.reason ? ': ' + e.reason : '') + ']\r\n');
+          if (t.term) {
+            term.write('\r\n[console closed' + (e.reason ? ': ' + e.reason : '') + ']\r\n');
+          }
           say('Closed' + (e.reason ? ': ' + e.reason : ''));
         };
       })

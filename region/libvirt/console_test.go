@@ -1,0 +1,29 @@
+package libvirt
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/computeql/computeql/region"
+)
+
+// TestConsoleSinkNeverFails: the receiving end of a console stream takes every packet the
+// host connection hands it, past the backlog too (an error there would wedge the connection's
+// receive loop), and past the backlog ends the reads with ErrConsoleOverrun and finishes the
+// stream, once per packet that did not fit.
+func TestConsoleSinkNeverFails(t *testing.T) {
+	out := region.NewConsoleBuffer(8)
+	finished := 0
+	sink := consoleSink{out: out, finish: func() { finished++ }}
+	for i, p := range []string{"12345", "678", "9", "more"} {
+		if n, err := sink.Write([]byte(p)); n != len(p) || err != nil {
+			t.Errorf("packet %d: %d, %v; want all %d bytes taken", i, n, err, len(p))
+		}
+	}
+	if finished != 2 {
+		t.Errorf("the stream was finished %d times, want once per packet past the backlog (2)", finished)
+	}
+	if _, err := out.Read(make([]byte, 16)); !errors.Is(err, region.ErrConsoleOverrun) {
+		t.Errorf("reads after the overrun: %v, want ErrConsoleOverrun", err)
+	}
+}
