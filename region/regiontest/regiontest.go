@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"net/netip"
@@ -602,7 +603,8 @@ func (s *suite) unknownServer(t *testing.T) {
 }
 
 // console types a line into a running server's console and reads it back, as a guest's
-// terminal echoes it, then detaches: Close returns once the reads have ended.
+// terminal echoes it; a second attachment takes the console from the first, whose reads
+// end; Close detaches.
 func (s *suite) console(t *testing.T) {
 	id := s.running(t, "contract-console").ID
 	c, err := s.c.OpenConsole(t.Context(), id)
@@ -643,13 +645,23 @@ func (s *suite) console(t *testing.T) {
 		}
 		return echoed
 	}, "the console echoes %q", probe)
-	if err := c.Close(); err != nil {
-		t.Errorf("Close: %v", err)
+	// A second attachment takes the console: the first one's reads end.
+	second, err := s.c.OpenConsole(t.Context(), id)
+	if err != nil {
+		t.Fatalf("a second OpenConsole: %v", err)
 	}
 	select {
 	case <-readDone:
 	case <-time.After(s.h.Timeout):
-		t.Fatalf("a read still waits %s after Close", s.h.Timeout)
+		t.Fatalf("the first attachment still reads %s after a second one took the console", s.h.Timeout)
+	}
+	for name, a := range map[string]io.ReadWriteCloser{"first": c, "second": second} {
+		if err := a.Close(); err != nil {
+			t.Errorf("Close of the %s attachment: %v", name, err)
+		}
+	}
+	if _, err := second.Read(make([]byte, 1)); err == nil {
+		t.Errorf("a read of the second attachment after its Close succeeded")
 	}
 	if _, err := c.Write([]byte("x")); err == nil {
 		t.Errorf("Write after Close succeeded")

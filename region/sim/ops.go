@@ -95,27 +95,50 @@ func (s *Sim) runningServer(ctx context.Context, op, id string) (region.Server, 
 
 // OpenConsole implements region.Client with a console that echoes what is typed, as a
 // guest's login prompt would (a carriage return echoed as a new line): what came before is
-// the boot log ConsoleOutput shows.
+// the boot log ConsoleOutput shows. A newer attachment to the server, through this process,
+// ends the older one's reads.
 func (s *Sim) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser, error) {
 	if _, err := s.runningServer(ctx, "open console", id); err != nil {
 		return nil, err
 	}
-	return echoConsole{region.NewConsoleBuffer(region.ConsoleBacklog)}, nil
+	c := &echoConsole{sim: s, server: id, out: region.NewConsoleBuffer(region.ConsoleBacklog)}
+	s.consolesMu.Lock()
+	older := s.consoles[id]
+	if s.consoles == nil {
+		s.consoles = map[string]*echoConsole{}
+	}
+	s.consoles[id] = c
+	s.consolesMu.Unlock()
+	if older != nil {
+		older.out.Close()
+	}
+	return c, nil
 }
 
 // echoConsole is a simulated serial console: it reads back what was written to it.
-type echoConsole struct{ out *region.ConsoleBuffer }
+type echoConsole struct {
+	sim    *Sim
+	server string
+	out    *region.ConsoleBuffer
+}
 
-func (c echoConsole) Read(p []byte) (int, error) { return c.out.Read(p) }
+func (c *echoConsole) Read(p []byte) (int, error) { return c.out.Read(p) }
 
-func (c echoConsole) Write(p []byte) (int, error) {
+func (c *echoConsole) Write(p []byte) (int, error) {
 	if _, err := c.out.Write(bytes.ReplaceAll(p, []byte("\r"), []byte("\r\n"))); err != nil {
 		return 0, err
 	}
 	return len(p), nil
 }
 
-func (c echoConsole) Close() error { return c.out.Close() }
+func (c *echoConsole) Close() error {
+	c.sim.consolesMu.Lock()
+	if c.sim.consoles[c.server] == c {
+		delete(c.sim.consoles, c.server)
+	}
+	c.sim.consolesMu.Unlock()
+	return c.out.Close()
+}
 
 // SSHKey implements region.Client: one ed25519 key pair per project, made on first use.
 func (s *Sim) SSHKey(ctx context.Context, id string) (region.SSHKey, error) {

@@ -83,6 +83,10 @@ type Sim struct {
 	opts Options
 	// unreachable makes every call fail as a host that cannot be reached does.
 	unreachable atomic.Bool
+	// consoles are the consoles attached through this process, by server: as on a real
+	// host, a newer attachment takes the console from an older one.
+	consolesMu sync.Mutex
+	consoles   map[string]*echoConsole
 }
 
 var _ region.Client = (*Sim)(nil)

@@ -384,7 +384,7 @@ func TestVerbsUnavailable(t *testing.T) {
 }
 
 // TestOpenConsole: a RUNNING server's console echoes what is typed, a carriage return as a
-// new line, and each attachment is its own; Close ends reads; a server that is not RUNNING is
+// new line; a newer attachment ends an older one's reads; Close ends reads; a server that is not RUNNING is
 // refused, naming its state; opening records no event.
 func TestOpenConsole(t *testing.T) {
 	const powerDelay = time.Minute
@@ -403,10 +403,6 @@ func TestOpenConsole(t *testing.T) {
 	if err != nil {
 		t.Fatalf("OpenConsole: %v", err)
 	}
-	second, err := s.OpenConsole(ctx, srv.ID)
-	if err != nil {
-		t.Fatalf("second OpenConsole: %v", err)
-	}
 	for _, typed := range []struct{ in, want string }{{"ls\r", "ls\r\n"}, {"é", "é"}} {
 		if n, err := first.Write([]byte(typed.in)); err != nil || n != len(typed.in) {
 			t.Fatalf("Write %q: %d, %v", typed.in, n, err)
@@ -417,18 +413,25 @@ func TestOpenConsole(t *testing.T) {
 			t.Errorf("typed %q, read back %q (%v), want %q", typed.in, buf[:n], err, typed.want)
 		}
 	}
-	if err := first.Close(); err != nil {
-		t.Fatalf("Close: %v", err)
+	// A second attachment takes the console: the first's reads end.
+	second, err := s.OpenConsole(ctx, srv.ID)
+	if err != nil {
+		t.Fatalf("second OpenConsole: %v", err)
 	}
 	if _, err := first.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
-		t.Errorf("Read after Close: %v, want io.EOF", err)
+		t.Errorf("the first attachment's read after a second one: %v, want io.EOF", err)
 	}
-	// The other attachment saw none of it and still works.
+	first.Close() // closing the older one leaves the newer one attached
 	second.Write([]byte("x"))
 	if buf := make([]byte, 8); func() string { n, _ := second.Read(buf); return string(buf[:n]) }() != "x" {
-		t.Errorf("the second attachment read what the first was typed")
+		t.Errorf("the second attachment does not echo")
 	}
-	second.Close()
+	if err := second.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if _, err := second.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Errorf("Read after Close: %v, want io.EOF", err)
+	}
 	if n := e.eventCount(t); n != events {
 		t.Errorf("consoles recorded %d events", n-events)
 	}
