@@ -282,7 +282,12 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	}
 	rdb.AddHook(store.CallLimitHook{})
 	defer closeRedis()
-	st := store.New(rdb)
+	q, err := queue.New(rdb, queue.Options{})
+	if err != nil {
+		return err
+	}
+	// A create and the enqueue of its work share one round trip where the queue can join it.
+	st := store.New(rdb, store.WithQueue(q))
 	if err := st.Load(ctx); err != nil {
 		return err
 	}
@@ -298,10 +303,6 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	}
 	if upgraded.Records > 0 {
 		log.Info("upgraded stored records", "schema_version", store.SchemaVersion, "organizations", upgraded.Organizations, "records", upgraded.Records)
-	}
-	q, err := queue.New(rdb, queue.Options{})
-	if err != nil {
-		return err
 	}
 	if err := q.Setup(ctx); err != nil {
 		return err

@@ -92,7 +92,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, err
 	if p.any() {
 		return nil, s.refuseCreate(ctx, p, inst, network, req.Name)
 	}
-	refusal, err := s.store.Create(ctx, inst, NameClaim(network.ID, req.Name), s.limits(inst.OrganizationID), idem.record(inst.ID))
+	refusal, queued, err := s.store.CreateQueued(ctx, inst, NameClaim(network.ID, req.Name), s.limits(inst.OrganizationID), idem.record(inst.ID))
 	if err != nil {
 		return nil, internal("create instance", err)
 	}
@@ -112,7 +112,9 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, err
 		return nil, p.err()
 	}
 	inst.Generation, inst.StatusVersion = 1, 1
-	s.enqueue(ctx, inst)
+	if !queued {
+		s.enqueue(ctx, inst)
+	}
 	return inst, nil
 }
 

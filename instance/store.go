@@ -18,6 +18,10 @@ type Store interface {
 	// With an idempotency key (idem.Key not ""), a key already recorded refuses the create
 	// with Refusal.Replayed; otherwise the key is recorded with the instance, in the same step.
 	Create(ctx context.Context, inst *Instance, claim string, limits quota.Amounts, idem Idempotency) (*Refusal, error)
+	// CreateQueued is Create, and also, when the store can do it in the same round trip, the
+	// enqueue of the new instance's work key (only if the create is accepted); queued says
+	// whether it did, and when it did not, the caller enqueues.
+	CreateQueued(ctx context.Context, inst *Instance, claim string, limits quota.Amounts, idem Idempotency) (refusal *Refusal, queued bool, err error)
 	// Idempotent returns what the idempotency key of the organization records, "" for none.
 	Idempotent(ctx context.Context, org, key string) (string, error)
 	// ClaimOwner returns the id of the instance that holds the name claim, "" when it is free.

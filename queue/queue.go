@@ -262,6 +262,26 @@ func (q *Queue) Waiting(ctx context.Context, key string) (bool, error) {
 	return n, nil
 }
 
+// ErrNotPipelined: the queue's keys are not reachable from one pipeline (a Redis Cluster,
+// where they live on other shards than the caller's), so EnqueueIf cannot join it.
+var ErrNotPipelined = errors.New("the queue cannot join a pipeline on a Redis Cluster")
+
+// EnqueueIf adds to the pipeline the enqueue of key, as Enqueue does, which takes effect only
+// if guard exists when it runs: pipelined after a command that writes guard only when the key
+// has work (a create's script writing the new record), the two make one round trip, and a
+// refused write enqueues nothing. The returned command's error is the enqueue's (NOSCRIPT
+// after Redis lost its scripts: then Enqueue the key). On a Redis Cluster it adds nothing and
+// returns ErrNotPipelined.
+func (q *Queue) EnqueueIf(ctx context.Context, pipe redis.Pipeliner, key, guard string) (*redis.Cmd, error) {
+	if q.cluster() {
+		return nil, ErrNotPipelined
+	}
+	shard := q.Shard(key)
+	fields := q.traceFields(ctx)
+	args := append([]any{key, len(fields)}, fields...)
+	return enqueueIfScript.EvalSha(ctx, pipe, []string{streamKey(shard), stateKey(shard), delayedKey(shard), guard}, args...), nil
+}
+
 // EnqueueAfter adds the key after d. A key already scheduled earlier keeps the earlier time.
 func (q *Queue) EnqueueAfter(ctx context.Context, key string, d time.Duration) error {
 	shard := q.Shard(key)

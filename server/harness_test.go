@@ -91,7 +91,7 @@ func assemble(rdb *redis.Client, fopts feed.Options, mutate ...func(*Options)) (
 	if err != nil {
 		return nil, nil, err
 	}
-	svc, err := instance.NewService(instance.Options{Catalog: region.Demo(), Store: store.New(rdb), Queue: q, Region: cloud, Logger: quiet})
+	svc, err := instance.NewService(instance.Options{Catalog: region.Demo(), Store: store.New(rdb, store.WithQueue(q)), Queue: q, Region: cloud, Logger: quiet})
 	if err != nil {
 		return nil, nil, err
 	}

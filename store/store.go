@@ -22,13 +22,34 @@ import (
 // Store is the Redis implementation of instance.Store.
 type Store struct {
 	rdb redis.UniversalClient
+	// queue, when set, joins a create's round trip with the enqueue of its work.
+	queue Enqueuer
 }
+
+// Enqueuer adds to a pipeline the enqueue of a key that takes effect only if a guard key
+// exists when it runs (queue.Queue.EnqueueIf).
+type Enqueuer interface {
+	EnqueueIf(ctx context.Context, pipe redis.Pipeliner, key, guard string) (*redis.Cmd, error)
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithQueue makes CreateQueued enqueue a new instance's work in the create's round trip, where
+// the queue can join its pipeline (a standalone Redis).
+func WithQueue(q Enqueuer) Option { return func(s *Store) { s.queue = q } }
 
 var _ instance.Store = (*Store)(nil)
 
 // New returns a store on the client. LimitCalls applies to it once the client has
 // CallLimitHook, which whoever makes the client adds once.
-func New(rdb redis.UniversalClient) *Store { return &Store{rdb: rdb} }
+func New(rdb redis.UniversalClient, opts ...Option) *Store {
+	s := &Store{rdb: rdb}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
 
 // Load loads every script into Redis, so that the first calls go by SHA; it also proves
 // Redis is reachable and runs Lua.
@@ -110,15 +131,56 @@ func eventKeys(org, id string) []string {
 
 // Create implements instance.Store with createScript.
 func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim string, limits quota.Amounts, idem instance.Idempotency) (*instance.Refusal, error) {
+	keys, args, err := createCall(inst, claim, limits, idem)
+	if err != nil {
+		return nil, err
+	}
+	return createReply(createScript.Run(ctx, s.rdb, keys, args...))
+}
+
+// CreateQueued implements instance.Store: with a queue that can join the pipeline, the create
+// script and the enqueue of the instance's work key, guarded by the instance's record (which
+// only an accepted create writes), go in one round trip. Should Redis have lost the scripts,
+// the create is run again by itself (the pipelined one did nothing) and the caller enqueues.
+func (s *Store) CreateQueued(ctx context.Context, inst *instance.Instance, claim string, limits quota.Amounts, idem instance.Idempotency) (*instance.Refusal, bool, error) {
+	keys, args, err := createCall(inst, claim, limits, idem)
+	if err != nil {
+		return nil, false, err
+	}
+	if s.queue == nil {
+		r, err := createReply(createScript.Run(ctx, s.rdb, keys, args...))
+		return r, false, err
+	}
+	var created, queued *redis.Cmd
+	var joined error
+	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		created = createScript.EvalSha(ctx, p, keys, args...)
+		queued, joined = s.queue.EnqueueIf(ctx, p, inst.Key(), keys[1])
+		return nil
+	})
+	if redis.HasErrorPrefix(created.Err(), "NOSCRIPT") {
+		r, err := createReply(createScript.Run(ctx, s.rdb, keys, args...))
+		return r, false, err
+	}
+	r, err := createReply(created)
+	if err != nil || r != nil {
+		return r, false, err
+	}
+	return nil, joined == nil && queued.Err() == nil && queued.Val() != "unguarded", nil
+}
+
+// createCall is createScript's keys and arguments for the instance.
+func createCall(inst *instance.Instance, claim string, limits quota.Amounts, idem instance.Idempotency) ([]string, []any, error) {
 	spec, large, err := encodeSpec(&inst.Spec)
 	if err != nil {
-		return nil, fmt.Errorf("create: encode spec: %w", err)
+		return nil, nil, fmt.Errorf("create: encode spec: %w", err)
 	}
 	status, err := json.Marshal(&inst.Status)
 	if err != nil {
-		return nil, fmt.Errorf("create: encode status: %w", err)
+		return nil, nil, fmt.Errorf("create: encode status: %w", err)
 	}
 	org := inst.OrganizationID
+	// The instance's record is second: CreateQueued guards the enqueue with it.
 	keys := append([]string{
 		claimKey(org, claim), instanceKey(org, inst.ID), orgIndexKey(org),
 		projectIndexKey(org, inst.ProjectID), quotaKey(org),
@@ -126,7 +188,11 @@ func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim strin
 	keys = append(keys, idemKey(org, idem.Key))
 	args := chargeArgs([]any{inst.ID, spec, status, inst.ProjectID, inst.CreatedAt.UnixMilli(), large[0], large[1], large[2],
 		idemValue(idem), idemTTL(idem)}, inst.Charge, limits)
-	reply, err := createScript.Run(ctx, s.rdb, keys, args...).StringSlice()
+	return keys, args, nil
+}
+
+func createReply(cmd *redis.Cmd) (*instance.Refusal, error) {
+	reply, err := cmd.StringSlice()
 	if err != nil {
 		return nil, failed("create", err)
 	}
