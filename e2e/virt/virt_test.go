@@ -532,18 +532,25 @@ func (in *inspector) domains(t *testing.T) []libvirt.Domain {
 	return slices.DeleteFunc(doms, func(d libvirt.Domain) bool { return !strings.HasPrefix(d.Name, "computeql-") })
 }
 
+// definition is the domain's definition as the running domain has it.
+func (in *inspector) definition(t *testing.T, d libvirt.Domain) libvirtxml.Domain {
+	t.Helper()
+	doc, err := in.l.DomainGetXMLDesc(d, 0)
+	if err != nil {
+		t.Fatalf("domain %s: %v", d.Name, err)
+	}
+	var def libvirtxml.Domain
+	if err := def.Unmarshal(doc); err != nil {
+		t.Fatalf("domain %s: %v", d.Name, err)
+	}
+	return def
+}
+
 // domainByMAC returns the domain whose network interface has the MAC.
 func (in *inspector) domainByMAC(t *testing.T, mac string) (libvirt.Domain, bool) {
 	t.Helper()
 	for _, d := range in.domains(t) {
-		doc, err := in.l.DomainGetXMLDesc(d, 0)
-		if err != nil {
-			t.Fatalf("domain %s: %v", d.Name, err)
-		}
-		var def libvirtxml.Domain
-		if err := def.Unmarshal(doc); err != nil {
-			t.Fatalf("domain %s: %v", d.Name, err)
-		}
+		def := in.definition(t, d)
 		if def.Devices == nil {
 			continue
 		}
@@ -559,14 +566,7 @@ func (in *inspector) domainByMAC(t *testing.T, mac string) (libvirt.Domain, bool
 // disk is the file a domain's first disk (vda) is, as the running domain has it.
 func (in *inspector) disk(t *testing.T, d libvirt.Domain) string {
 	t.Helper()
-	doc, err := in.l.DomainGetXMLDesc(d, 0)
-	if err != nil {
-		t.Fatalf("domain %s: %v", d.Name, err)
-	}
-	var def libvirtxml.Domain
-	if err := def.Unmarshal(doc); err != nil {
-		t.Fatalf("domain %s: %v", d.Name, err)
-	}
+	def := in.definition(t, d)
 	for _, disk := range def.Devices.Disks {
 		if disk.Target != nil && disk.Target.Dev == "vda" && disk.Source != nil && disk.Source.File != nil {
 			return disk.Source.File.File
