@@ -60,6 +60,9 @@ type Cloud struct {
 	// (1 vCPU, 64 MiB, 1 GB disk), a public raw image of a few bytes, and a shared flat
 	// network with an IPv4 subnet.
 	FlavorID, ImageID, NetworkID, SubnetID string
+	// TransportURL is oslo.messaging's URL of the control plane's RabbitMQ, where Nova
+	// publishes its versioned notifications (topic versioned_notifications).
+	TransportURL string
 	// Endpoints are the services' public URLs by service type (identity, image, placement,
 	// compute, network).
 	Endpoints map[string]string
@@ -67,6 +70,7 @@ type Cloud struct {
 	opts   Options
 	p      params
 	env    []string // the environment of every process started
+	rmqEnv []string // env and what RabbitMQ's scripts need to find the node
 	mu     sync.Mutex
 	procs  []*proc
 	infra  int // procs[:infra] are MariaDB, epmd and RabbitMQ, stopped after the rest
@@ -160,7 +164,7 @@ func Start(tb testing.TB, opts ...Options) *Cloud {
 	if err := c.up(ctx, tb); err != nil {
 		tb.Fatalf("openstacktest: %v", err)
 	}
-	tb.Logf("openstacktest: control plane up in %s (dir %s)", time.Since(began).Round(100*time.Millisecond), dir)
+	tb.Logf("openstacktest: control plane up and seeded in %s (dir %s)", since(began), dir)
 	return c
 }
 
@@ -209,6 +213,7 @@ func (c *Cloud) logTails(tb testing.TB) {
 
 // up starts everything, in dependency order, with independent steps in parallel.
 func (c *Cloud) up(ctx context.Context, tb testing.TB) error {
+	began := time.Now()
 	ps, err := freePorts(9)
 	if err != nil {
 		return err
@@ -221,6 +226,7 @@ func (c *Cloud) up(ctx context.Context, tb testing.TB) error {
 	}
 	epmdPort, distPort := ps[2], ps[3]
 	c.AuthURL = c.p.AuthURL()
+	c.TransportURL = c.p.Transport()
 	c.Region = c.p.Region
 	c.Username, c.Password, c.UserDomain = "admin", c.p.Password, "Default"
 	c.ProjectName, c.ProjectDomain = "computeql", "Default"
@@ -267,7 +273,7 @@ func (c *Cloud) up(ctx context.Context, tb testing.TB) error {
 	if err != nil {
 		return err
 	}
-	tb.Logf("openstacktest: MariaDB on %d, RabbitMQ on %d", c.p.DBPort, c.p.AMQPPort)
+	tb.Logf("openstacktest: %s: MariaDB on %d, RabbitMQ on %d", since(began), c.p.DBPort, c.p.AMQPPort)
 
 	// Migrations in parallel; Keystone comes up and gets its catalog meanwhile.
 	novaConf := filepath.Join(c.Dir, "nova/nova.conf")
@@ -299,7 +305,7 @@ func (c *Cloud) up(ctx context.Context, tb testing.TB) error {
 	if err != nil {
 		return err
 	}
-	tb.Logf("openstacktest: databases migrated, Keystone up")
+	tb.Logf("openstacktest: %s: databases migrated, Keystone up", since(began))
 
 	// The API services and Nova's conductor and scheduler.
 	plugin, _ := uwsgiPython()
@@ -345,7 +351,7 @@ func (c *Cloud) up(ctx context.Context, tb testing.TB) error {
 	if err != nil {
 		return err
 	}
-	tb.Logf("openstacktest: Glance, Placement, Neutron and Nova's API up")
+	tb.Logf("openstacktest: %s: Glance, Placement, Neutron and Nova's API up", since(began))
 
 	// The compute, once Placement answers (it registers its resource provider at start), then
 	// its mapping into cell1 and the seed resources meanwhile.
@@ -358,6 +364,8 @@ func (c *Cloud) up(ctx context.Context, tb testing.TB) error {
 		func() error { return c.discoverCompute(ctx, compute, novaConf) },
 	)
 }
+
+func since(t time.Time) time.Duration { return time.Since(t).Round(100 * time.Millisecond) }
 
 // uwsgiArgs serves a WSGI script over plain HTTP on a loopback port. Keystone's and
 // Placement's clients keep connections alive, which uwsgi's HTTP socket does not handle
@@ -434,12 +442,27 @@ func (c *Cloud) startRabbitMQ(ctx context.Context, epmdPort, distPort int) error
 		"RABBITMQ_LOGS=-",
 		"RABBITMQ_PID_FILE="+filepath.Join(r, "rabbitmq.pid"),
 	)
+	c.rmqEnv = env
 	p, err := c.start("rabbitmq", env, "/usr/lib/rabbitmq/bin/rabbitmq-server")
 	if err != nil {
 		return err
 	}
 	// RabbitMQ opens its AMQP listener last, once the node has booted.
 	return poll(ctx, 200*time.Millisecond, "rabbitmq", p, func() error { return amqpHandshake(c.p.AMQPPort) })
+}
+
+// RabbitMQCtl runs rabbitmqctl against the control plane's node (e.g. "list_queues", "name",
+// "messages") and returns its standard output.
+func (c *Cloud) RabbitMQCtl(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, "/usr/lib/rabbitmq/bin/rabbitmqctl", append([]string{"--quiet"}, args...)...)
+	cmd.Env = c.rmqEnv
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("rabbitmqctl %s: %w: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	return out, nil
 }
 
 // startKeystone bootstraps Keystone's database and keys, serves it with uwsgi and registers

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,21 +80,38 @@ func TestOpenStackControlPlane(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		switch s.Status {
-		case "ACTIVE":
+		if s.Status == "ACTIVE" || s.Status == "ERROR" {
 			return nil
-		case "ERROR":
-			cancel()
-			return errors.New("server went to ERROR: " + s.Fault.Message)
 		}
 		return errors.New("status " + s.Status)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if s.Status == "ERROR" {
+		t.Fatalf("server went to ERROR: %s", s.Fault.Message)
+	}
 	t.Logf("server %s ACTIVE in %s", srv.ID, time.Since(began).Round(10*time.Millisecond))
 	if s.TenantID != c.ProjectID {
 		t.Errorf("server's project %s, want %s", s.TenantID, c.ProjectID)
+	}
+
+	// Nova published versioned notifications of the build on the control plane's RabbitMQ.
+	err = poll(ctx, time.Second, "versioned notifications", nil, func() error {
+		out, err := c.RabbitMQCtl(ctx, "list_queues", "name", "messages")
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 2 && f[0] == "versioned_notifications.info" && f[1] != "0" {
+				return nil
+			}
+		}
+		return fmt.Errorf("no message in versioned_notifications.info: %s", out)
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 
 	pages, err := ports.List(network, ports.ListOpts{DeviceID: srv.ID}).AllPages(ctx)
