@@ -441,6 +441,10 @@ func (c *Cloud) startRabbitMQ(ctx context.Context, epmdPort, distPort int) error
 		"RABBITMQ_LOG_BASE="+filepath.Join(r, "log"),
 		"RABBITMQ_LOGS=-",
 		"RABBITMQ_PID_FILE="+filepath.Join(r, "rabbitmq.pid"),
+		// In its foreground mode rabbitmq-server keeps a shell as the Erlang VM's parent; with
+		// "detached" set, the script execs the VM in its place (still without input), so the
+		// VM is the harness's own child and dies with the test binary (Pdeathsig).
+		"detached=1",
 	)
 	c.rmqEnv = env
 	p, err := c.start("rabbitmq", env, "/usr/lib/rabbitmq/bin/rabbitmq-server")
