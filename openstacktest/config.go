@@ -84,7 +84,8 @@ key_repository = {{.Dir}}/keystone/credential-keys
 	"glance/glance-api.conf": `[DEFAULT]
 ` + commonDefault + `bind_host = 127.0.0.1
 bind_port = {{.Ports.Glance}}
-workers = 1
+# No forked worker: one that outlives a killed test binary would be left running.
+workers = 0
 image_cache_dir = {{.Dir}}/glance/image-cache
 enabled_backends = file:file
 
