@@ -77,7 +77,7 @@ type Cloud struct {
 	stopMu sync.Once
 }
 
-// binaries are the programs the control plane needs, by what they are called in messages.
+// binaries are the programs the control plane runs; Available reports those missing.
 var binaries = []string{
 	"/usr/sbin/mariadbd", "/usr/bin/mariadb-install-db", "/usr/bin/mariadb",
 	"/usr/bin/epmd", "/usr/lib/rabbitmq/bin/rabbitmq-server",
