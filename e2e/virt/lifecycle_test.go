@@ -85,7 +85,18 @@ func TestLibvirtLifecycle(t *testing.T) {
 		if _, res, err := websocket.DefaultDialer.DialContext(ctx, url, nil); err == nil || res == nil || res.StatusCode != http.StatusUnauthorized {
 			t.Errorf("a second use of the console URL: %v (%v), want 401", err, res)
 		}
-		clock.step("the console showed the boot and echoed %s; its URL then refused", probe)
+		// A new session attaches and echoes again: the first one left the console usable.
+		again, res, err := websocket.DefaultDialer.DialContext(ctx, lab.consoleSession(ctx, t, id), nil)
+		if err != nil {
+			t.Fatalf("open a second console session: %v (%v)", err, res)
+		}
+		defer again.Close()
+		probe2 := randomToken("typed-")
+		if err := again.WriteMessage(websocket.TextMessage, []byte(probe2+"\r")); err != nil {
+			t.Fatal(err)
+		}
+		readConsole(t, again, probe2)
+		clock.step("the console showed the boot and echoed %s; its URL then refused; a new session echoed %s", probe, probe2)
 	})
 
 	step(t, "stop powers the guest off", func(t *testing.T) {
