@@ -269,9 +269,8 @@ var ErrNotPipelined = errors.New("the queue cannot join a pipeline on a Redis Cl
 // EnqueueIf adds to the pipeline the enqueue of key, as Enqueue does, which takes effect only
 // if guard exists when it runs: pipelined after a command that writes guard only when the key
 // has work (a create's script writing the new record), the two make one round trip, and a
-// refused write enqueues nothing. The returned command's error is the enqueue's (NOSCRIPT
-// after Redis lost its scripts: then Enqueue the key). On a Redis Cluster it adds nothing and
-// returns ErrNotPipelined.
+// refused write enqueues nothing. Once the pipeline ran, Joined says whether the key was
+// enqueued. On a Redis Cluster it adds nothing and returns ErrNotPipelined.
 func (q *Queue) EnqueueIf(ctx context.Context, pipe redis.Pipeliner, key, guard string) (*redis.Cmd, error) {
 	if q.cluster() {
 		return nil, ErrNotPipelined
@@ -280,6 +279,17 @@ func (q *Queue) EnqueueIf(ctx context.Context, pipe redis.Pipeliner, key, guard 
 	fields := q.traceFields(ctx)
 	args := append([]any{key, len(fields)}, fields...)
 	return enqueueIfScript.EvalSha(ctx, pipe, []string{streamKey(shard), stateKey(shard), delayedKey(shard), guard}, args...), nil
+}
+
+// Joined reports whether the enqueue EnqueueIf added to a pipeline, since run, added the key.
+// It did not when its guard was missing, or when Redis had lost the queue's scripts (a restart,
+// a failover): those are loaded again, so that the next one does; meanwhile Enqueue the key.
+func (q *Queue) Joined(ctx context.Context, cmd *redis.Cmd) bool {
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		enqueueIfScript.Load(ctx, q.rdb)
+		return false
+	}
+	return cmd.Err() == nil && cmd.Val() != "unguarded"
 }
 
 // EnqueueAfter adds the key after d. A key already scheduled earlier keeps the earlier time.

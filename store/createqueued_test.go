@@ -1,20 +1,17 @@
 package store
 
 import (
-	"context"
-	"sync/atomic"
 	"testing"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/queue"
+	"github.com/computeql/computeql/redistest"
 )
 
 // TestCreateQueuedInOneRoundTrip: with a queue that joins its pipeline, an accepted create
 // and the enqueue of its work key are one round trip; a refused create enqueues nothing; a
-// Redis that lost the scripts still creates, once, and leaves the enqueue to the caller; a
-// store without a queue never enqueues.
+// Redis that lost the scripts still creates, once, and leaves the enqueue to the caller, and
+// the create after it is one round trip again; a store without a queue never enqueues.
 func TestCreateQueuedInOneRoundTrip(t *testing.T) {
 	rdb := redisServer.Client(t)
 	q, err := queue.New(rdb, queue.Options{})
@@ -28,7 +25,7 @@ func TestCreateQueuedInOneRoundTrip(t *testing.T) {
 	if err := s.Load(ctx); err != nil {
 		t.Fatal(err)
 	}
-	calls := &tripHook{}
+	calls := &redistest.RoundTrips{}
 	rdb.AddHook(calls)
 	waiting := func(inst *instance.Instance) bool {
 		t.Helper()
@@ -40,12 +37,12 @@ func TestCreateQueuedInOneRoundTrip(t *testing.T) {
 	}
 
 	accepted := newInstance("acme", "web", "a")
-	before := calls.n.Load()
+	before := calls.N()
 	refusal, queued, err := s.CreateQueued(ctx, accepted, "claim-a", roomy, instance.Idempotency{})
 	if err != nil || refusal != nil || !queued {
 		t.Fatalf("create: %+v, queued %t, %v; want accepted and queued", refusal, queued, err)
 	}
-	if n := calls.n.Load() - before; n != 1 {
+	if n := calls.N() - before; n != 1 {
 		t.Errorf("the create and its enqueue took %d round trips, want 1", n)
 	}
 	if !waiting(accepted) {
@@ -72,6 +69,15 @@ func TestCreateQueuedInOneRoundTrip(t *testing.T) {
 	if got := rdb.Get(ctx, claimKey("acme", "claim-b")).Val(); got != lost.ID {
 		t.Errorf("after the scripts were lost the claim holds %q, want %q", got, lost.ID)
 	}
+	// The scripts are loaded again: the next create is one round trip with its enqueue.
+	again := newInstance("acme", "web", "d")
+	before = calls.N()
+	if refusal, queued, err := s.CreateQueued(ctx, again, "claim-d", roomy, instance.Idempotency{}); err != nil || refusal != nil || !queued {
+		t.Fatalf("the next create: %+v, queued %t, %v; want accepted and queued", refusal, queued, err)
+	}
+	if n := calls.N() - before; n != 1 {
+		t.Errorf("the next create and its enqueue took %d round trips, want 1", n)
+	}
 
 	alone := newInstance("acme", "web", "c")
 	if refusal, queued, err := New(rdb).CreateQueued(ctx, alone, "claim-c", roomy, instance.Idempotency{}); err != nil || refusal != nil || queued {
@@ -79,26 +85,5 @@ func TestCreateQueuedInOneRoundTrip(t *testing.T) {
 	}
 	if waiting(alone) {
 		t.Errorf("a store without a queue enqueued")
-	}
-}
-
-// tripHook counts round trips to Redis, leaving out a new connection's handshake.
-type tripHook struct{ n atomic.Int64 }
-
-func (h *tripHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *tripHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() != "hello" {
-			h.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h *tripHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 0 && cmds[0].Name() != "client" {
-			h.n.Add(1)
-		}
-		return next(ctx, cmds)
 	}
 }

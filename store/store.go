@@ -27,9 +27,10 @@ type Store struct {
 }
 
 // Enqueuer adds to a pipeline the enqueue of a key that takes effect only if a guard key
-// exists when it runs (queue.Queue.EnqueueIf).
+// exists when it runs, and says, once the pipeline ran, whether it did (queue.Queue).
 type Enqueuer interface {
 	EnqueueIf(ctx context.Context, pipe redis.Pipeliner, key, guard string) (*redis.Cmd, error)
+	Joined(ctx context.Context, cmd *redis.Cmd) bool
 }
 
 // Option configures a Store.
@@ -143,13 +144,13 @@ func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim strin
 // only an accepted create writes), go in one round trip. Should Redis have lost the scripts,
 // the create is run again by itself (the pipelined one did nothing) and the caller enqueues.
 func (s *Store) CreateQueued(ctx context.Context, inst *instance.Instance, claim string, limits quota.Amounts, idem instance.Idempotency) (*instance.Refusal, bool, error) {
+	if s.queue == nil {
+		r, err := s.Create(ctx, inst, claim, limits, idem)
+		return r, false, err
+	}
 	keys, args, err := createCall(inst, claim, limits, idem)
 	if err != nil {
 		return nil, false, err
-	}
-	if s.queue == nil {
-		r, err := createReply(createScript.Run(ctx, s.rdb, keys, args...))
-		return r, false, err
 	}
 	var created, queued *redis.Cmd
 	var joined error
@@ -158,15 +159,14 @@ func (s *Store) CreateQueued(ctx context.Context, inst *instance.Instance, claim
 		queued, joined = s.queue.EnqueueIf(ctx, p, inst.Key(), keys[1])
 		return nil
 	})
+	// Asked whatever the create's fate: it loads the queue's script again if Redis lost it.
+	enqueued := joined == nil && s.queue.Joined(ctx, queued)
 	if redis.HasErrorPrefix(created.Err(), "NOSCRIPT") {
 		r, err := createReply(createScript.Run(ctx, s.rdb, keys, args...))
 		return r, false, err
 	}
 	r, err := createReply(created)
-	if err != nil || r != nil {
-		return r, false, err
-	}
-	return nil, joined == nil && queued.Err() == nil && queued.Val() != "unguarded", nil
+	return r, enqueued && err == nil && r == nil, err
 }
 
 // createCall is createScript's keys and arguments for the instance.
