@@ -27,12 +27,17 @@ func (s *Service) findImage(ctx context.Context, org, project, id string) (*regi
 	if _, err := uuid.Parse(id); err != nil {
 		return nil, nil
 	}
+	return s.projectImage(ctx, org, project, func(img *region.Image) bool { return img.ID == id })
+}
+
+// projectImage returns the first image the region made for the project that matches, or nil.
+func (s *Service) projectImage(ctx context.Context, org, project string, match func(*region.Image) bool) (*region.Image, error) {
 	imgs, err := s.region.Images(ctx, org, project)
 	if err != nil {
 		return nil, regionError(err, "the images of project "+strconv.Quote(project))
 	}
 	for i := range imgs {
-		if imgs[i].ID == id {
+		if match(&imgs[i]) {
 			return &imgs[i], nil
 		}
 	}

@@ -218,16 +218,7 @@ func (s *Service) Snapshot(ctx context.Context, req SnapshotRequest) (*region.Im
 
 // imageOf returns the image of the instance's project that the request key made, or nil.
 func (s *Service) imageOf(ctx context.Context, inst *Instance, key string) (*region.Image, error) {
-	imgs, err := s.region.Images(ctx, inst.OrganizationID, inst.ProjectID)
-	if err != nil {
-		return nil, regionError(err, "the images of project "+strconv.Quote(inst.ProjectID))
-	}
-	for i := range imgs {
-		if imgs[i].Tags[RequestTag] == key {
-			return &imgs[i], nil
-		}
-	}
-	return nil, nil
+	return s.projectImage(ctx, inst.OrganizationID, inst.ProjectID, func(img *region.Image) bool { return img.Tags[RequestTag] == key })
 }
 
 // TagsOf lists a region resource's tags ordered by name.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -115,4 +116,35 @@ func State(tb testing.TB, c *redis.Client) map[string]string {
 		out[k] = typ + " " + fmt.Sprint(v)
 	}
 	return out
+}
+
+// RoundTrips is a client hook that counts round trips to Redis: one per command or pipeline
+// sent, leaving out a new connection's handshake (HELLO and the CLIENT SETINFO pipeline),
+// which is the pool's cost, not the caller's.
+type RoundTrips struct{ n atomic.Int64 }
+
+// N is how many round trips were counted.
+func (h *RoundTrips) N() int64 { return h.n.Load() }
+
+// DialHook implements redis.Hook.
+func (h *RoundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook implements redis.Hook.
+func (h *RoundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() != "hello" {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// ProcessPipelineHook implements redis.Hook.
+func (h *RoundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && cmds[0].Name() != "client" {
+			h.n.Add(1)
+		}
+		return next(ctx, cmds)
+	}
 }

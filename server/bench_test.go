@@ -2,7 +2,6 @@ package server
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,7 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/computeql/computeql/redistest"
 )
 
 // BenchmarkCreateHTTP measures createInstance through the whole HTTP handler (authentication,
@@ -29,7 +28,7 @@ func BenchmarkCreateHTTP(b *testing.B) {
 	}
 	member := a.admin(b)
 	var n atomic.Int64
-	calls := &callCounter{}
+	calls := &redistest.RoundTrips{}
 	a.rdb.AddHook(calls)
 	b.SetParallelism(32) // 32 × GOMAXPROCS concurrent clients: 64 on this 2-core machine
 	b.ResetTimer()
@@ -47,16 +46,5 @@ func BenchmarkCreateHTTP(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "creates/s")
-	b.ReportMetric(float64(calls.n.Load())/float64(b.N), "redis-roundtrips/op")
-}
-
-// callCounter counts round trips to Redis: one per command or pipeline sent.
-type callCounter struct{ n atomic.Int64 }
-
-func (c *callCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (c *callCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { c.n.Add(1); return next(ctx, cmd) }
-}
-func (c *callCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error { c.n.Add(1); return next(ctx, cmds) }
+	b.ReportMetric(float64(calls.N())/float64(b.N), "redis-roundtrips/op")
 }

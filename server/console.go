@@ -47,9 +47,7 @@ func newConsoleHandler(o Options, origins originPolicy, limits *connLimits) (*co
 			ReadBufferSize:   1024,
 			WriteBufferSize:  4096,
 			CheckOrigin:      origins.allows,
-			Error: func(w http.ResponseWriter, r *http.Request, status int, reason error) {
-				writeError(w, r, status, instance.CodeBadUserInput, "WebSocket handshake refused: "+reason.Error())
-			},
+			Error:            refuseHandshake,
 		},
 		open: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "computeql_console_sessions",
@@ -124,15 +122,18 @@ func (h *consoleHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.serve(ws, attached)
 }
 
+// attachStatus is the HTTP status of a session that cannot be attached, by its error's code;
+// any other code is 500.
+var attachStatus = map[instance.Code]int{
+	instance.CodeNotFound:      http.StatusNotFound,
+	instance.CodeForbidden:     http.StatusForbidden,
+	instance.CodeUnprocessable: http.StatusConflict,
+	instance.CodeConsistency:   http.StatusConflict,
+	instance.CodeUnavailable:   http.StatusServiceUnavailable,
+}
+
 // refuse answers a session that cannot be attached with its error's code and message.
 func (h *consoleHandler) refuse(w http.ResponseWriter, r *http.Request, err error) {
-	status := map[instance.Code]int{
-		instance.CodeNotFound:      http.StatusNotFound,
-		instance.CodeForbidden:     http.StatusForbidden,
-		instance.CodeUnprocessable: http.StatusConflict,
-		instance.CodeConsistency:   http.StatusConflict,
-		instance.CodeUnavailable:   http.StatusServiceUnavailable,
-	}
 	code := instance.CodeOf(err)
 	msg := "internal error"
 	var e *instance.Error
@@ -141,7 +142,7 @@ func (h *consoleHandler) refuse(w http.ResponseWriter, r *http.Request, err erro
 	} else {
 		h.log.ErrorContext(r.Context(), "console: attach", "err", err)
 	}
-	writeError(w, r, cmp.Or(status[code], http.StatusInternalServerError), code, msg)
+	writeError(w, r, cmp.Or(attachStatus[code], http.StatusInternalServerError), code, msg)
 }
 
 // serve carries the console over the socket: this goroutine writes what the guest writes,

@@ -105,14 +105,17 @@ func newWSTransport(o Options, origins originPolicy, limits *connLimits, m *webs
 			WriteBufferPool: &sync.Pool{},
 			Subprotocols:    slices.Clone(websocketSubprotocols),
 			CheckOrigin:     origins.allows,
-			Error: func(w http.ResponseWriter, r *http.Request, status int, reason error) {
-				writeError(w, r, status, instance.CodeBadUserInput, "WebSocket handshake refused: "+reason.Error())
-			},
+			Error:           refuseHandshake,
 		},
 		keys: o.Keys, limits: limits, log: o.Logger, metrics: m, lifetime: o.Context,
 		initTimeout: o.initTimeout, keepAlive: o.KeepAliveInterval, writeTimeout: o.StreamWriteTimeout,
 		readLimit: o.MaxBodyBytes,
 	}
+}
+
+// refuseHandshake answers a WebSocket handshake the upgrader refused, with its reason.
+func refuseHandshake(w http.ResponseWriter, r *http.Request, status int, reason error) {
+	writeError(w, r, status, instance.CodeBadUserInput, "WebSocket handshake refused: "+reason.Error())
 }
 
 var _ graphql.Transport = (*wsTransport)(nil)

@@ -1,7 +1,6 @@
 package store
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -205,7 +204,7 @@ func TestHistoryPageWorkDoesNotGrowWithTheLog(t *testing.T) {
 		if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
-		counter := &countingHook{}
+		counter := &redistest.RoundTrips{}
 		rdb.AddHook(counter)
 		page, more, err := s.History(ctx, "acme", watched.ID, "", 3)
 		if err != nil || len(page) != 3 || !more {
@@ -215,7 +214,7 @@ func TestHistoryPageWorkDoesNotGrowWithTheLog(t *testing.T) {
 		if err != nil || len(rest) != 2 || more {
 			t.Fatalf("second page: %d events, more %v, %v", len(rest), more, err)
 		}
-		trips := counter.n
+		trips := int(counter.N())
 		return xrangeCalls(t, rdb), trips
 	}
 	smallCalls, smallTrips := work(100)
@@ -225,17 +224,6 @@ func TestHistoryPageWorkDoesNotGrowWithTheLog(t *testing.T) {
 		t.Errorf("two pages cost %d XRANGE in %d round trips on a log of 10,000, %d in %d on 100; want the same, one round trip a page",
 			largeCalls, largeTrips, smallCalls, smallTrips)
 	}
-}
-
-// countingHook counts the commands and pipelines a client sends.
-type countingHook struct{ n int }
-
-func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { h.n++; return next(ctx, cmd) }
-}
-func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error { h.n++; return next(ctx, cmds) }
 }
 
 // TestDeletedInstancesKeepTheirHistoryUpToABound: a forgotten instance's history index stays
@@ -286,12 +274,12 @@ func TestListReadsDescriptionsInItsPipeline(t *testing.T) {
 	if err != nil || len(page) != 1 {
 		t.Fatalf("list: %d, %v", len(page), err)
 	}
-	counter := &countingHook{}
+	counter := &redistest.RoundTrips{}
 	rdb.AddHook(counter)
-	if l, err := page[0].Large(ctx, instance.FieldDescription); err != nil || l.Description != "shown in lists" || counter.n != 0 {
-		t.Errorf("description %q (%v) after %d round trips, want it with none", l.Description, err, counter.n)
+	if l, err := page[0].Large(ctx, instance.FieldDescription); err != nil || l.Description != "shown in lists" || counter.N() != 0 {
+		t.Errorf("description %q (%v) after %d round trips, want it with none", l.Description, err, counter.N())
 	}
-	if l, err := page[0].Large(ctx, instance.FieldTags); err != nil || len(l.Tags) != 1 || counter.n != 1 {
-		t.Errorf("tags %v (%v) after %d round trips, want them read with one", l.Tags, err, counter.n)
+	if l, err := page[0].Large(ctx, instance.FieldTags); err != nil || len(l.Tags) != 1 || counter.N() != 1 {
+		t.Errorf("tags %v (%v) after %d round trips, want them read with one", l.Tags, err, counter.N())
 	}
 }
