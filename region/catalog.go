@@ -61,11 +61,15 @@ type Region struct {
 
 // LibvirtRegion is where and how a libvirt region runs its virtual machines.
 type LibvirtRegion struct {
-	// URI is the host's libvirt connection URI: qemu:///system (optionally with
-	// ?socket=/path/to/libvirt-sock) or qemu+tcp://host[:port]/system.
-	URI string `json:"uri"`
-	// Pool is the storage pool that holds base images, overlays and seeds; it is created as a
-	// directory pool at PoolPath when missing. Defaults to "computeql".
+	// URI is the libvirt connection URI of a region of one host: qemu:///system (optionally
+	// with ?socket=/path/to/libvirt-sock) or qemu+tcp://host[:port]/system. A region of
+	// several hosts lists them in Hosts instead.
+	URI string `json:"uri,omitempty"`
+	// Hosts are the region's hosts, when it has more than the one URI names. A new server
+	// goes to the host with the most free memory that fits its flavor.
+	Hosts []LibvirtHost `json:"hosts,omitempty"`
+	// Pool is the storage pool that holds base images, overlays and seeds on each host; it is
+	// created as a directory pool at PoolPath when missing. Defaults to "computeql".
 	Pool string `json:"pool,omitempty"`
 	// PoolPath is the directory of a pool computeql creates. Defaults to
 	// /var/lib/libvirt/images/<pool>.
@@ -79,6 +83,41 @@ type LibvirtRegion struct {
 	// BuildTimeout is how long a new server's guest has to take its network address after
 	// the domain started before the server shows ERROR, as a Go duration. Defaults to 10m.
 	BuildTimeout string `json:"buildTimeout,omitempty"`
+}
+
+// LibvirtHost is one host of a libvirt region.
+type LibvirtHost struct {
+	// Name names the host in conditions, logs and metrics; it must stay the same for as long
+	// as the host holds servers. Lower-case letters, digits and '-'.
+	Name string `json:"name"`
+	// URI is the host's libvirt connection URI, as LibvirtRegion.URI.
+	URI string `json:"uri"`
+	// PoolPath is the directory of the pool computeql creates on this host. Defaults to the
+	// region's.
+	PoolPath string `json:"poolPath,omitempty"`
+	// Pool is the region's Pool; set by the catalogue's defaults.
+	Pool string `json:"-"`
+}
+
+// DefaultLibvirtHost is the name of the one host of a region that gives a URI alone.
+const DefaultLibvirtHost = "default"
+
+// HostList returns the region's hosts, each with its pool settings: Hosts, or the one host
+// URI names (DefaultLibvirtHost).
+func (l *LibvirtRegion) HostList() []LibvirtHost {
+	hosts := l.Hosts
+	if len(hosts) == 0 {
+		hosts = []LibvirtHost{{Name: DefaultLibvirtHost, URI: l.URI}}
+	}
+	out := make([]LibvirtHost, len(hosts))
+	for i, h := range hosts {
+		h.Pool = l.Pool
+		if h.PoolPath == "" {
+			h.PoolPath = l.PoolPath
+		}
+		out[i] = h
+	}
+	return out
 }
 
 // Libvirt acceleration modes.

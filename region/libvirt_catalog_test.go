@@ -2,6 +2,7 @@ package region
 
 import (
 	"encoding/json"
+	"reflect"
 	"testing"
 )
 
@@ -39,6 +40,12 @@ func TestLibvirtRegionDefaults(t *testing.T) {
 			Region{ID: "eu", Name: "EU", Driver: DriverLibvirt, Libvirt: &LibvirtRegion{
 				URI: "qemu+tcp://host/system", Pool: "p", PoolPath: "/data/p", Accel: AccelTCG, StopTimeout: "2m30s", BuildTimeout: "20m",
 			}}},
+		{"libvirt hosts", `{"id": "eu", "name": "EU", "driver": "libvirt", "libvirt": {"hosts": [
+			{"name": "a", "uri": "qemu+tcp://a/system"}, {"name": "b", "uri": "qemu+tcp://b/system", "poolPath": "/data/b"}]}}`,
+			Region{ID: "eu", Name: "EU", Driver: DriverLibvirt, Libvirt: &LibvirtRegion{
+				Hosts: []LibvirtHost{{Name: "a", URI: "qemu+tcp://a/system"}, {Name: "b", URI: "qemu+tcp://b/system", PoolPath: "/data/b"}},
+				Pool:  "computeql", PoolPath: "/var/lib/libvirt/images/computeql", Accel: AccelAuto, StopTimeout: "60s", BuildTimeout: "10m",
+			}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Parse([]byte(`{"regions": [` + tc.region + `]}`))
@@ -47,7 +54,7 @@ func TestLibvirtRegionDefaults(t *testing.T) {
 			}
 			got := c.Regions[0]
 			if got.ID != tc.want.ID || got.Name != tc.want.Name || got.Driver != tc.want.Driver ||
-				(got.Libvirt == nil) != (tc.want.Libvirt == nil) || got.Libvirt != nil && *got.Libvirt != *tc.want.Libvirt {
+				(got.Libvirt == nil) != (tc.want.Libvirt == nil) || got.Libvirt != nil && !reflect.DeepEqual(*got.Libvirt, *tc.want.Libvirt) {
 				t.Errorf("region %s, want %s", dump(got), dump(tc.want))
 			}
 		})
@@ -81,7 +88,21 @@ func TestLibvirtParseRefuses(t *testing.T) {
 			c.Regions[0].Driver = DriverSim
 			c.Regions[0].Libvirt = &LibvirtRegion{URI: "qemu:///system"}
 		}, eu + `libvirt settings given, but the driver is "sim"`},
-		{"no uri", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.URI = "" }), eu + `libvirt: uri is missing`},
+		{"no uri", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.URI = "" }), eu + `libvirt: "uri" (one host) or "hosts" (several) is missing`},
+		{"uri and hosts", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.Hosts = twoHosts() }),
+			eu + `libvirt: give "uri" for a region of one host or "hosts" for several, not both`},
+		{"host without a name", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.URI, l.Hosts = "", twoHosts(); l.Hosts[1].Name = "" }),
+			eu + `libvirt: hosts[1] "": name: want lower-case letters, digits and '-', at most 63`},
+		{"host name in upper case", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.URI, l.Hosts = "", twoHosts(); l.Hosts[0].Name = "Rack1" }),
+			eu + `libvirt: hosts[0] "Rack1": name: want lower-case letters, digits and '-', at most 63`},
+		{"host name twice", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.URI, l.Hosts = "", twoHosts(); l.Hosts[1].Name = "rack1" }),
+			eu + `libvirt: hosts[1] "rack1": duplicate host name`},
+		{"host uri twice", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.URI, l.Hosts = "", twoHosts(); l.Hosts[1].URI = l.Hosts[0].URI }),
+			eu + `libvirt: hosts[1] "rack2": uri "qemu+tcp://rack1/system" names a host listed before`},
+		{"host without a uri", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.URI, l.Hosts = "", twoHosts(); l.Hosts[1].URI = "" }),
+			eu + `libvirt: hosts[1] "rack2": uri is missing`},
+		{"host with a relative poolPath", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.URI, l.Hosts = "", twoHosts(); l.Hosts[0].PoolPath = "pool" }),
+			eu + `libvirt: hosts[0] "rack1": poolPath "pool" is not an absolute path`},
 		{"session uri", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.URI = "qemu:///session" }),
 			eu + `libvirt: uri "qemu:///session": want the system daemon (path /system): a session daemon cannot make networks`},
 		{"ssh uri", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.URI = "qemu+ssh://host/system" }),
@@ -302,5 +323,30 @@ func TestExampleLibvirtCatalogLoads(t *testing.T) {
 	}
 	if sg, ok := c.SecurityGroup("lab-web"); !ok || len(sg.Rules) != 2 {
 		t.Errorf("security group lab-web: %+v, want its two rules", sg)
+	}
+}
+
+// twoHosts are two valid hosts of a libvirt region.
+func twoHosts() []LibvirtHost {
+	return []LibvirtHost{{Name: "rack1", URI: "qemu+tcp://rack1/system"}, {Name: "rack2", URI: "qemu+tcp://rack2/system"}}
+}
+
+func TestLibvirtHostList(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		region LibvirtRegion
+		want   []LibvirtHost
+	}{
+		{"one host by uri", LibvirtRegion{URI: "qemu:///system", Pool: "p", PoolPath: "/data/p"},
+			[]LibvirtHost{{Name: DefaultLibvirtHost, URI: "qemu:///system", Pool: "p", PoolPath: "/data/p"}}},
+		{"hosts take the region's pool, and its path unless they give one",
+			LibvirtRegion{Hosts: []LibvirtHost{{Name: "a", URI: "qemu+tcp://a/system"}, {Name: "b", URI: "qemu+tcp://b/system", PoolPath: "/b"}}, Pool: "p", PoolPath: "/data/p"},
+			[]LibvirtHost{{Name: "a", URI: "qemu+tcp://a/system", Pool: "p", PoolPath: "/data/p"}, {Name: "b", URI: "qemu+tcp://b/system", Pool: "p", PoolPath: "/b"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.region.HostList(); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("HostList() = %+v, want %+v", got, tc.want)
+			}
+		})
 	}
 }

@@ -363,9 +363,7 @@ func validateRegion(p *problems, i int, r *Region) {
 			p.add(e, `driver "libvirt" needs "libvirt": {"uri": ...}`)
 			return
 		}
-		if _, err := ParseLibvirtURI(l.URI); err != nil {
-			p.add(e, "libvirt: %v", err)
-		}
+		validateLibvirtHosts(p, e, l)
 		if !volumeName.MatchString(l.Pool) {
 			p.add(e, "libvirt: pool %q: want letters, digits, '.', '_' and '-'", l.Pool)
 		}
@@ -385,6 +383,46 @@ func validateRegion(p *problems, i int, r *Region) {
 		}
 	default:
 		p.add(e, "unknown driver %q (want sim or libvirt)", r.Driver)
+	}
+}
+
+// hostName is what a libvirt host's name may be: it goes into Redis keys and log fields.
+var hostName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// validateLibvirtHosts checks that a libvirt region has one host by uri, or hosts by name, each
+// reachable by a URI the driver speaks, none named or reached twice.
+func validateLibvirtHosts(p *problems, e string, l *LibvirtRegion) {
+	switch {
+	case l.URI != "" && len(l.Hosts) > 0:
+		p.add(e, `libvirt: give "uri" for a region of one host or "hosts" for several, not both`)
+		return
+	case l.URI == "" && len(l.Hosts) == 0:
+		p.add(e, `libvirt: "uri" (one host) or "hosts" (several) is missing`)
+		return
+	}
+	names, uris := map[string]bool{}, map[string]bool{}
+	for i, h := range l.HostList() {
+		where := "libvirt: "
+		if len(l.Hosts) > 0 {
+			where = fmt.Sprintf("libvirt: hosts[%d] %q: ", i, h.Name)
+		}
+		if !hostName.MatchString(h.Name) {
+			p.add(e, "%sname: want lower-case letters, digits and '-', at most 63", where)
+		}
+		if names[h.Name] {
+			p.add(e, "%sduplicate host name", where)
+		}
+		names[h.Name] = true
+		if _, err := ParseLibvirtURI(h.URI); err != nil {
+			p.add(e, "%s%v", where, err)
+		}
+		if uris[h.URI] {
+			p.add(e, "%suri %q names a host listed before", where, h.URI)
+		}
+		uris[h.URI] = true
+		if len(l.Hosts) > 0 && l.Hosts[i].PoolPath != "" && !filepath.IsAbs(h.PoolPath) {
+			p.add(e, "%spoolPath %q is not an absolute path", where, h.PoolPath)
+		}
 	}
 }
 

@@ -143,6 +143,17 @@ var (
 	ErrNoCapacity = errors.New("no capacity in the region")
 )
 
+// HostUnreachable is ErrUnreachable for one host of a region of several: what that host holds
+// is unknown until it is back, while the other hosts answer.
+type HostUnreachable struct{ Region, Host string }
+
+func (e HostUnreachable) Error() string {
+	return "host " + e.Host + " of region " + e.Region + " cannot be reached"
+}
+
+// Unwrap makes the error ErrUnreachable.
+func (e HostUnreachable) Unwrap() error { return ErrUnreachable }
+
 // Reason is the region's own words in err, fit for users: its text without the sentinel
 // (ErrRefused, ErrNoCapacity, …) it wraps.
 func Reason(err, sentinel error) string {

@@ -97,6 +97,10 @@ func (r *Reconciler) Handle(ctx context.Context, t queue.Task) (time.Duration, e
 		// nothing is decided (deleted, recreated, marked ERROR) from the host's silence.
 		r.Logger.WarnContext(ctx, "region host unreachable", "instance", inst.ID, "org", org, "region", inst.RegionID, "err", err)
 		msg := "The host of region " + inst.RegionID + " cannot be reached. The last known state is shown; reconciling resumes when the host is back."
+		if host := (region.HostUnreachable{}); errors.As(err, &host) {
+			msg = "Host " + host.Host + " of region " + inst.RegionID + ", which may hold this instance's server, cannot be reached. " +
+				"The last known state is shown; reconciling resumes when the host is back."
+		}
 		_, werr := r.writeStatus(ctx, inst, inst.Unreachable(msg, r.Now()), instance.EventStatusChanged)
 		return r.UnreachableRetry, werr
 	}

@@ -84,6 +84,8 @@ func imagePaths(t *testing.T, image string, files ...string) []string {
 // catalogue is what a test puts in its catalogue besides the region, organization and network.
 type catalogue struct {
 	flavors, images, cas, securityGroups []map[string]any
+	// hosts, when given, are the region's hosts (rack1, rack2, …) instead of writeCatalog's.
+	hosts []*virttest.Host
 }
 
 // busyboxCatalogue offers flavor "tiny" and image "busybox", the guest that boots in seconds.
@@ -102,13 +104,23 @@ func busyboxCatalogue(t *testing.T) catalogue {
 // with QUOTA_EXCEEDED.
 func writeCatalog(t *testing.T, host *virttest.Host, c catalogue) string {
 	t.Helper()
+	settings := map[string]any{
+		"accel": "tcg",
+		// Long enough for a guest to power off on the ACPI button under a loaded TCG,
+		// short enough that a guest ignoring it does not stall the test for long.
+		"stopTimeout": "30s",
+	}
+	if len(c.hosts) == 0 {
+		settings["uri"], settings["poolPath"] = host.URI, filepath.Join(host.Dir, "pool")
+	} else {
+		hosts := make([]any, len(c.hosts))
+		for i, h := range c.hosts {
+			hosts[i] = map[string]any{"name": fmt.Sprintf("rack%d", i+1), "uri": h.URI, "poolPath": filepath.Join(h.Dir, "pool")}
+		}
+		settings["hosts"] = hosts
+	}
 	doc := map[string]any{
-		"regions": []any{map[string]any{"id": "lab", "name": "Lab", "driver": "libvirt", "libvirt": map[string]any{
-			"uri": host.URI, "poolPath": filepath.Join(host.Dir, "pool"), "accel": "tcg",
-			// Long enough for a guest to power off on the ACPI button under a loaded TCG,
-			// short enough that a guest ignoring it does not stall the test for long.
-			"stopTimeout": "30s",
-		}}},
+		"regions": []any{map[string]any{"id": "lab", "name": "Lab", "driver": "libvirt", "libvirt": settings}},
 		"organizations": []any{map[string]any{"id": org, "name": "Acme", "projects": []any{map[string]any{"id": project, "name": "Web"}},
 			"quota": map[string]any{"servers": 10, "gpus": 8, "publicIPs": 2, "cpus": 64, "memoryGiB": 8192}}},
 		"networks": []any{map[string]any{"id": networkID, "name": "web", "organizationId": org, "projectId": project,

@@ -42,7 +42,7 @@ func TestServerOfVolume(t *testing.T) {
 
 // collectingDriver is a driver of region "lab", with one network (labnet, 10.77.0.0/24), on a
 // private libvirtd, whose clock the test moves with the returned pointer.
-func collectingDriver(t *testing.T) (*Driver, *golibvirt.Libvirt, *time.Time) {
+func collectingDriver(t *testing.T) (*hostDriver, *golibvirt.Libvirt, *time.Time) {
 	t.Helper()
 	host := virttest.Start(t, virttest.Options{})
 	rs, err := redistest.Start()
@@ -67,9 +67,9 @@ func labCatalogJSON(host *virttest.Host, images string) string {
 		"securityGroups": [], "sshCertificateAuthorities": [], "flavors": [], "images": [%s]}`, host.URI, filepath.Join(host.Dir, "pool"), images)
 }
 
-// labDriver runs a driver of region "lab" of the catalogue until the test ends, and returns
-// it once connected, with its connection.
-func labDriver(t *testing.T, doc, redisAddr string, log *slog.Logger, now func() time.Time) (*Driver, *golibvirt.Libvirt) {
+// labDriver runs a driver of region "lab" of the catalogue, whose one host it returns, until
+// the test ends, and returns it once connected, with its connection.
+func labDriver(t *testing.T, doc, redisAddr string, log *slog.Logger, now func() time.Time) (*hostDriver, *golibvirt.Libvirt) {
 	t.Helper()
 	cat, err := region.Parse([]byte(doc))
 	if err != nil {
@@ -78,15 +78,16 @@ func labDriver(t *testing.T, doc, redisAddr string, log *slog.Logger, now func()
 	lab, _ := cat.Region("lab")
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
 	t.Cleanup(func() { _ = rdb.Close() })
-	d, err := New(Options{Region: *lab, Catalog: cat, Redis: rdb, Logger: log, Now: now})
+	r, err := New(Options{Region: *lab, Catalog: cat, Redis: rdb, Logger: log, Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
+	go func() { done <- r.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	eventually.Holds(t, 30*time.Second, d.Connected, "driver connected")
+	eventually.Holds(t, 30*time.Second, r.Connected, "driver connected")
+	d := r.hosts[0]
 	conn, err := d.host("test")
 	if err != nil {
 		t.Fatal(err)
@@ -216,7 +217,7 @@ func TestLibvirtNetworkDefinedAtOnceByTwoProcesses(t *testing.T) {
 	var wg sync.WaitGroup
 	uuids := make([][16]byte, 2)
 	for i, p := range []struct {
-		d    *Driver
+		d    *hostDriver
 		conn *golibvirt.Libvirt
 	}{{a, connA}, {b, connB}} {
 		wg.Go(func() {

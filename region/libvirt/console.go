@@ -19,7 +19,7 @@ func consoleLogName(id string) string { return namePrefix + id + "-console.log" 
 // ConsoleOutput implements region.Client. QEMU appends everything the guest writes to its
 // serial port to a file in the region's storage pool, so it is read through the pool like a
 // disk: from any process, over any connection to the host.
-func (d *Driver) ConsoleOutput(ctx context.Context, id string, tailBytes int) (region.ConsoleOutput, error) {
+func (d *hostDriver) ConsoleOutput(ctx context.Context, id string, tailBytes int) (region.ConsoleOutput, error) {
 	conn, err := d.host("console output")
 	if err != nil {
 		return region.ConsoleOutput{}, err
@@ -85,7 +85,7 @@ func hasConsoleLog(s *server) bool {
 // OpenConsole implements region.Client with libvirt's console stream of the server's serial
 // port, forced: a newer attachment takes the console from an older one, whose reads then end,
 // as virsh console --force does (libvirt serves one at a time).
-func (d *Driver) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+func (d *hostDriver) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser, error) {
 	conn, s, err := d.verb("open console", id)
 	if err != nil {
 		return nil, err

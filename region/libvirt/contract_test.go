@@ -51,6 +51,8 @@ func busybox(t testing.TB) (kernel, initrd string) {
 type more struct {
 	flavors, images []string
 	buildTimeout    string
+	// hosts, when given, are the region's hosts (rack1, rack2, …) instead of the one host.
+	hosts []*virttest.Host
 }
 
 func labCatalog(t testing.TB, host *virttest.Host, kernel, initrd string, add ...more) *region.Catalog {
@@ -71,7 +73,7 @@ func labCatalog(t testing.TB, host *virttest.Host, kernel, initrd string, add ..
 	}
 	doc := fmt.Sprintf(`{
   "regions": [{"id": "lab", "name": "Lab", "driver": "libvirt",
-    "libvirt": {"uri": %q, "poolPath": %q, "accel": "tcg", "stopTimeout": "20s", "buildTimeout": %q}}],
+    "libvirt": {%s, "accel": "tcg", "stopTimeout": "20s", "buildTimeout": %q}}],
   "organizations": [{"id": "acme", "name": "Acme", "projects": [{"id": "web", "name": "Web"}]}],
   "networks": [{"id": "lab-web", "name": "web", "organizationId": "acme", "projectId": "web", "region": "lab", "prefix": "10.91.0.0/24"}],
   "securityGroups": [],
@@ -81,13 +83,26 @@ func labCatalog(t testing.TB, host *virttest.Host, kernel, initrd string, add ..
     {"id": "huge", "name": "huge", "cpus": 1, "memoryGiB": 4096, "diskGB": 1, "architecture": "x86_64", "regions": ["lab"]}%s],
   "images": [{"id": "busybox", "name": "busybox", "architecture": "x86_64", "sizeGiB": 1, "virtualization": "virtualized",
     "state": "ready", "regions": ["lab"], "kernel": %q, "initrd": %q, "cmdline": "console=ttyS0"}%s]
-}`, host.URI, filepath.Join(host.Dir, "pool"), m.buildTimeout, strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub))), extra(m.flavors),
+}`, hostsJSON(host, m.hosts), m.buildTimeout, strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub))), extra(m.flavors),
 		kernel, initrd, extra(m.images))
 	cat, err := region.Parse([]byte(doc))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return cat
+}
+
+// hostsJSON is the libvirt settings that name the region's hosts: host by uri, or hosts as
+// rack1, rack2, …, each with its pool in its own directory.
+func hostsJSON(host *virttest.Host, hosts []*virttest.Host) string {
+	if len(hosts) == 0 {
+		return fmt.Sprintf(`"uri": %q, "poolPath": %q`, host.URI, filepath.Join(host.Dir, "pool"))
+	}
+	list := make([]string, len(hosts))
+	for i, h := range hosts {
+		list[i] = fmt.Sprintf(`{"name": "rack%d", "uri": %q, "poolPath": %q}`, i+1, h.URI, filepath.Join(h.Dir, "pool"))
+	}
+	return `"hosts": [` + strings.Join(list, ", ") + `]`
 }
 
 // extra joins JSON array elements to follow others.

@@ -79,7 +79,7 @@ type server struct {
 }
 
 func (s *server) indexed() indexed {
-	return indexed{id: s.id, scope: s.rec.Spec.Scope, tags: maps.Clone(s.rec.Spec.Tags), mac: s.rec.MAC, network: s.rec.Network}
+	return indexed{id: s.id, scope: s.rec.Spec.Scope, tags: maps.Clone(s.rec.Spec.Tags), mac: s.rec.MAC, network: s.rec.Network, ip: s.rec.IP}
 }
 
 // readServer reads a domain's definition, metadata and state.
@@ -138,7 +138,7 @@ func decodeRecord(metadata string) (*record, error) {
 // deadline, the moment the guest took its address) never undo each other. This process's
 // writers take turns; another process's write can still fall between the read and the write,
 // a window of one call.
-func (d *Driver) updateRecord(conn *golibvirt.Libvirt, s *server, change func(*record)) error {
+func (d *hostDriver) updateRecord(conn *golibvirt.Libvirt, s *server, change func(*record)) error {
 	d.records.Lock()
 	defer d.records.Unlock()
 	fresh, err := readServer(conn, s.dom)

@@ -49,10 +49,18 @@ type Options struct {
 	ConnectTimeout time.Duration
 }
 
-// Driver is a libvirt region. Its methods are safe for concurrent use; Run keeps its
-// connection to the host, and until Run has connected every call is ErrUnavailable.
-type Driver struct {
-	opts        Options
+// hostDriver is one host of a libvirt region. Its methods are safe for concurrent use; Run
+// keeps its connection to the host, and until Run has connected every call is ErrUnavailable.
+type hostDriver struct {
+	opts Options
+	// cfg is the host's entry in the region's settings.
+	cfg region.LibvirtHost
+	// keyHost names the host in Redis keys of what its pool holds; "" for a region that
+	// names its one host by uri alone, whose keys predate several hosts.
+	keyHost string
+	// first is the region's first host, which owns the images recorded before hosts were
+	// named.
+	first       bool
 	uri         region.LibvirtURI
 	stopTimeout time.Duration
 	// buildTimeout is how long a guest has to take its address once started.
@@ -69,7 +77,8 @@ type Driver struct {
 	// recovering is set while a pass of recoverSnapshots runs.
 	recovering atomic.Bool
 
-	index   *index
+	index *index
+	// watches is the region's: every host's events go to every watch of the region.
 	watches *broadcaster
 	// stopping are the servers whose graceful stop this process watches, to force them off
 	// after the stop timeout.
@@ -80,6 +89,12 @@ type Driver struct {
 	// allocate serialises this process's address reservations; the host refuses a duplicate
 	// reservation from another process, and the next address is tried.
 	allocate sync.Mutex
+	// instancesKey is the host's set of instances (hostInstancesKey); "" in a region of one
+	// host.
+	instancesKey string
+	// addressTaken reports whether another host of the region holds an address of a network;
+	// nil in a region of one host.
+	addressTaken func(network, ip, mac string) bool
 	// imports serialises this process's image imports, apart from reservations: an import can
 	// take minutes.
 	imports sync.Mutex
@@ -95,20 +110,12 @@ type Driver struct {
 	unowned map[string]time.Time
 }
 
-var _ region.Client = (*Driver)(nil)
-
-// New returns a driver of the region; it connects when Run starts.
-func New(opts Options) (*Driver, error) {
+// newHost returns the driver of one host of the region; it connects when Run starts.
+func newHost(opts Options, cfg region.LibvirtHost, keyHost string, watches *broadcaster) (*hostDriver, error) {
 	r := opts.Region
-	if r.Driver != region.DriverLibvirt || r.Libvirt == nil {
-		return nil, fmt.Errorf("libvirt: region %q is not a libvirt region", r.ID)
-	}
-	if opts.Catalog == nil || opts.Redis == nil {
-		return nil, errors.New("libvirt: Catalog and Redis are required")
-	}
-	uri, err := region.ParseLibvirtURI(r.Libvirt.URI)
+	uri, err := region.ParseLibvirtURI(cfg.URI)
 	if err != nil {
-		return nil, fmt.Errorf("libvirt: region %q: %w", r.ID, err)
+		return nil, fmt.Errorf("libvirt: region %q host %q: %w", r.ID, cfg.Name, err)
 	}
 	stop, err := time.ParseDuration(r.Libvirt.StopTimeout)
 	if err != nil || stop <= 0 {
@@ -118,34 +125,26 @@ func New(opts Options) (*Driver, error) {
 	if err != nil || build <= 0 {
 		return nil, fmt.Errorf("libvirt: region %q: buildTimeout %q is not a positive duration", r.ID, r.Libvirt.BuildTimeout)
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
+	log := opts.Logger.With("region", r.ID)
+	if keyHost != "" {
+		log = log.With("host", cfg.Name)
 	}
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
-	if opts.Retry <= 0 {
-		opts.Retry = 2 * time.Second
-	}
-	if opts.Tick <= 0 {
-		opts.Tick = time.Second
-	}
-	if opts.ConnectTimeout <= 0 {
-		opts.ConnectTimeout = time.Minute
-	}
-	return &Driver{
-		opts: opts, uri: uri, stopTimeout: stop, buildTimeout: build, log: opts.Logger.With("region", r.ID),
-		index: newIndex(), watches: newBroadcaster(), unowned: map[string]time.Time{},
+	return &hostDriver{
+		opts: opts, cfg: cfg, keyHost: keyHost, uri: uri, stopTimeout: stop, buildTimeout: build, log: log,
+		index: newIndex(), watches: watches, unowned: map[string]time.Time{},
 	}, nil
 }
 
 // errUnreachable is every call's answer while the host cannot be reached.
-func (d *Driver) errUnreachable(op string) error {
+func (d *hostDriver) errUnreachable(op string) error {
+	if d.keyHost != "" {
+		return fmt.Errorf("%s: libvirt %w", op, region.HostUnreachable{Region: d.opts.Region.ID, Host: d.cfg.Name})
+	}
 	return fmt.Errorf("%s: libvirt host of region %s: %w", op, d.opts.Region.ID, region.ErrUnreachable)
 }
 
 // host returns the connection, or ErrUnavailable while there is none.
-func (d *Driver) host(op string) (*golibvirt.Libvirt, error) {
+func (d *hostDriver) host(op string) (*golibvirt.Libvirt, error) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	if d.conn == nil {
@@ -155,14 +154,14 @@ func (d *Driver) host(op string) (*golibvirt.Libvirt, error) {
 }
 
 // Connected reports whether the driver is connected to its host.
-func (d *Driver) Connected() bool {
+func (d *hostDriver) Connected() bool {
 	_, err := d.host("")
 	return err == nil
 }
 
 // fault wraps an error of a call to the host: a lost connection is ErrUnreachable, so that
 // callers wait and retry, anything else is the host's refusal or failure as it said it.
-func (d *Driver) fault(op string, err error) error {
+func (d *hostDriver) fault(op string, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -178,7 +177,7 @@ func (d *Driver) fault(op string, err error) error {
 // again (nothing that happened while disconnected is missed), then follows the host's
 // lifecycle events and forces stops past their timeout, and dials again when the host goes
 // away.
-func (d *Driver) Run(ctx context.Context) error {
+func (d *hostDriver) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		err := d.session(ctx)
 		if ctx.Err() != nil {
@@ -196,7 +195,7 @@ func (d *Driver) Run(ctx context.Context) error {
 }
 
 // session is one connection's life.
-func (d *Driver) session(parent context.Context) error {
+func (d *hostDriver) session(parent context.Context) error {
 	cut := &dial.CutDialer{Network: d.uri.Network, Address: d.uri.Address, Timeout: heartbeat}
 	// go-libvirt's calls carry no deadline, and a host that accepts the connection without
 	// answering (a libvirtd still starting, or hung) would hold the connecting calls below for
@@ -279,6 +278,9 @@ func (d *Driver) session(parent context.Context) error {
 		d.release(conn, gone) // only a previous session indexed it, which set the pool
 		d.watches.publish(region.Event{Kind: region.ServerDeleted, ServerID: gone.id, Scope: gone.scope, Tags: gone.tags})
 	}
+	if err := d.recordInstances(ctx, all); err != nil {
+		return fmt.Errorf("record the host's instances: %w", err)
+	}
 	jobCtx, stopJobs := context.WithCancel(ctx)
 	jobs = &jobGroup{ctx: jobCtx}
 	d.mu.Lock()
@@ -295,7 +297,7 @@ func (d *Driver) session(parent context.Context) error {
 			d.watches.publish(region.Event{Kind: region.ServerUpdated, ServerID: s.id, Scope: s.scope, Tags: s.tags})
 		}
 	}()
-	d.log.InfoContext(ctx, "connected to libvirt host", "uri", d.opts.Region.Libvirt.URI, "domain_type", accel, "servers", len(servers))
+	d.log.InfoContext(ctx, "connected to libvirt host", "uri", d.cfg.URI, "domain_type", accel, "servers", len(servers))
 	for _, s := range all {
 		d.watches.publish(region.Event{Kind: region.ServerUpdated, ServerID: s.id, Scope: s.scope, Tags: s.tags})
 	}
@@ -371,7 +373,7 @@ type jobGroup struct {
 func (g *jobGroup) Go(fn func(context.Context)) { g.wg.Go(func() { fn(g.ctx) }) }
 
 // recover runs a pass of recoverSnapshots as a job, unless one runs still.
-func (d *Driver) recover(jobs *jobGroup, conn *golibvirt.Libvirt, pool golibvirt.StoragePool) {
+func (d *hostDriver) recover(jobs *jobGroup, conn *golibvirt.Libvirt, pool golibvirt.StoragePool) {
 	if !d.recovering.CompareAndSwap(false, true) {
 		return
 	}
@@ -410,7 +412,7 @@ func alive(conn *golibvirt.Libvirt) error {
 // acceleration decides the domain type: kvm where asked for, qemu (TCG) where asked for, and
 // for auto, kvm when the host offers it and, on a local host, its KVM is not the PVM variant,
 // which cannot run stock guest kernels.
-func (d *Driver) acceleration(conn *golibvirt.Libvirt) (string, error) {
+func (d *hostDriver) acceleration(conn *golibvirt.Libvirt) (string, error) {
 	switch d.opts.Region.Libvirt.Accel {
 	case region.AccelKVM:
 		return "kvm", nil
@@ -433,7 +435,7 @@ func (d *Driver) acceleration(conn *golibvirt.Libvirt) (string, error) {
 }
 
 // listServers reads every server of the region on the host.
-func (d *Driver) listServers(conn *golibvirt.Libvirt) ([]*server, error) {
+func (d *hostDriver) listServers(conn *golibvirt.Libvirt) ([]*server, error) {
 	doms, _, err := conn.ConnectListAllDomains(1, 0)
 	if err != nil {
 		return nil, fmt.Errorf("list domains: %w", err)

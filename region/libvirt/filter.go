@@ -126,7 +126,7 @@ func ports(srcMin, srcMax, dstMin, dstMax uint) libvirtxml.NWFilterRuleCommonPor
 }
 
 // defineFilter defines (or redefines, applying it to the running guest) the server's filter.
-func (d *Driver) defineFilter(conn *golibvirt.Libvirt, serverID string, n region.ServerNetworking) error {
+func (d *hostDriver) defineFilter(conn *golibvirt.Libvirt, serverID string, n region.ServerNetworking) error {
 	doc, err := filterXML(d.opts.Catalog, serverID, n)
 	if err != nil {
 		return err
@@ -155,7 +155,7 @@ func undefineFilter(conn *golibvirt.Libvirt, serverID string) error {
 // collectFilters undefines the filters of servers whose domain does not exist: what a process
 // that died between defining a server's filter and its domain left behind. Like reservations,
 // one is undefined only when it was already unowned at a pass at least orphanAge earlier.
-func (d *Driver) collectFilters(conn *golibvirt.Libvirt) (int, error) {
+func (d *hostDriver) collectFilters(conn *golibvirt.Libvirt) (int, error) {
 	filters, _, err := conn.ConnectListAllNwfilters(1, 0)
 	if err != nil {
 		return 0, fmt.Errorf("list network filters: %w", err)

@@ -55,14 +55,14 @@ return 0`)
 // baseVolume returns the image's base volume: the named volume, or the image's file imported
 // into the pool under a name of its own on first use. A missing volume or file is the image's
 // fault, reported as a refusal; Redis not answering is ErrUnavailable.
-func (d *Driver) baseVolume(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool, img *region.Image) (volume, error) {
+func (d *hostDriver) baseVolume(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool, img *region.Image) (volume, error) {
 	if img.Volume != "" {
 		vol, found, err := lookupVolume(conn, pool, img.Volume)
 		if err != nil {
 			return volume{}, err
 		}
 		if !found {
-			return volume{}, fmt.Errorf("image %s: volume %q is missing from pool %s: %w", img.ID, img.Volume, d.opts.Region.Libvirt.Pool, region.ErrRefused)
+			return volume{}, fmt.Errorf("image %s: volume %q is missing from pool %s: %w", img.ID, img.Volume, d.cfg.Pool, region.ErrRefused)
 		}
 		return describe(conn, vol)
 	}
@@ -71,7 +71,7 @@ func (d *Driver) baseVolume(ctx context.Context, conn *golibvirt.Libvirt, pool g
 	// polling Redis.
 	d.imports.Lock()
 	defer d.imports.Unlock()
-	lock, ready := importLockKey(d.opts.Region.ID, name), imageReadyKey(d.opts.Region.ID, name)
+	lock, ready := importLockKey(d.opts.Region.ID, d.keyHost, name), imageReadyKey(d.opts.Region.ID, d.keyHost, name)
 	for {
 		vol, found, err := lookupVolume(conn, pool, name)
 		if err != nil {
@@ -109,8 +109,8 @@ func (d *Driver) baseVolume(ctx context.Context, conn *golibvirt.Libvirt, pool g
 
 // importLocked imports the image's file as the volume, holding the import lock (renewed
 // while the upload runs), and marks the volume ready.
-func (d *Driver) importLocked(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool, img *region.Image, name, lock, token string) (volume, error) {
-	ready := imageReadyKey(d.opts.Region.ID, name)
+func (d *hostDriver) importLocked(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool, img *region.Image, name, lock, token string) (volume, error) {
+	ready := imageReadyKey(d.opts.Region.ID, d.keyHost, name)
 	markReady := func(vol golibvirt.StorageVol) (volume, error) {
 		if err := d.opts.Redis.Set(ctx, ready, "1", 0).Err(); err != nil {
 			return volume{}, fmt.Errorf("image %s: %v: %w", img.ID, err, region.ErrUnavailable)
@@ -173,7 +173,7 @@ func (d *Driver) importLocked(ctx context.Context, conn *golibvirt.Libvirt, pool
 
 // renewLease keeps a lock (the import lock while the upload runs, a snapshot lock while the
 // snapshot is made) until ctx ends.
-func (d *Driver) renewLease(ctx context.Context, lock, token string) {
+func (d *hostDriver) renewLease(ctx context.Context, lock, token string) {
 	t := time.NewTicker(importLease / 3)
 	defer t.Stop()
 	for {

@@ -84,7 +84,7 @@ func TestLibvirtImportsImageOnceAcrossProcesses(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, p := range []struct {
 		name string
-		d    *Driver
+		d    *hostDriver
 	}{{"process a", a}, {"process b", b}} {
 		wg.Go(func() {
 			conn := connA
@@ -104,11 +104,11 @@ func TestLibvirtImportsImageOnceAcrossProcesses(t *testing.T) {
 		t.Errorf("%d imports of the image by two processes at once, want 1", n)
 	}
 	name := namePrefix + "image-big"
-	ready := imageReadyKey("lab", name)
+	ready := imageReadyKey("lab", "", name)
 	if n, err := rdb.Exists(ctx, ready).Result(); err != nil || n != 1 {
 		t.Fatalf("ready mark %s: %d, %v; want it set", ready, n, err)
 	}
-	if n, err := rdb.Exists(ctx, importLockKey("lab", name)).Result(); err != nil || n != 0 {
+	if n, err := rdb.Exists(ctx, importLockKey("lab", "", name)).Result(); err != nil || n != 0 {
 		t.Errorf("import lock still held after the import: %d, %v", n, err)
 	}
 
@@ -178,7 +178,7 @@ func TestLibvirtImportsImageOnceAcrossProcesses(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := d.baseVolume(ctx, connA, a.pool, img); !errors.Is(err, region.ErrUnavailable) {
+		if _, err := d.hosts[0].baseVolume(ctx, connA, a.pool, img); !errors.Is(err, region.ErrUnavailable) {
 			t.Errorf("baseVolume with Redis down: %v, want ErrUnavailable", err)
 		}
 	})

@@ -8,16 +8,33 @@ func sshKeyKey(regionID, org, project string) string {
 	return "libvirt:{" + regionID + "}:sshkey:" + org + "/" + project
 }
 
+// poolKey is the prefix of a host's pool's keys: each host has a pool of its own. A region that
+// names its one host by uri alone (host "") keeps the keys it had before regions had hosts.
+func poolKey(regionID, host string) string {
+	if host == "" {
+		return "libvirt:{" + regionID + "}:"
+	}
+	return "libvirt:{" + regionID + "}:host:" + host + ":"
+}
+
 // importLockKey is held (with a random token, for importLease) by the process importing an
-// image's base volume into the region's pool.
-func importLockKey(regionID, volume string) string {
-	return "libvirt:{" + regionID + "}:import:" + volume
+// image's base volume into a host's pool.
+func importLockKey(regionID, host, volume string) string {
+	return poolKey(regionID, host) + "import:" + volume
 }
 
 // imageReadyKey marks an imported base volume as whole: it exists once every byte is in the
-// pool, and a base volume without it is never backed onto.
-func imageReadyKey(regionID, volume string) string {
-	return "libvirt:{" + regionID + "}:imported:" + volume
+// host's pool, and a base volume without it is never backed onto.
+func imageReadyKey(regionID, host, volume string) string {
+	return poolKey(regionID, host) + "imported:" + volume
+}
+
+// hostInstancesKey is the set of the instances (the values of their region.InstanceTag) that
+// may have a server on a host: added to before a server is made there, removed from once the
+// host has none left. While the host cannot be reached, it is what says that an instance's
+// server may be there, so that nothing is made again elsewhere.
+func hostInstancesKey(regionID, host string) string {
+	return "libvirt:{" + regionID + "}:host-instances:" + host
 }
 
 // snapshotLockKey is held (with the image's id, for snapshotLease) by the process making a

@@ -30,7 +30,7 @@ func gateway(p netip.Prefix) netip.Addr { return p.Masked().Addr().Next() }
 // ensureNetwork returns the libvirt network of a catalogue network, defining and starting a
 // NAT network with DHCP on its prefix when it is missing or inactive. Addresses are handed out
 // only to the reservations the driver makes, one per server.
-func (d *Driver) ensureNetwork(conn *golibvirt.Libvirt, n *region.Network) (golibvirt.Network, error) {
+func (d *hostDriver) ensureNetwork(conn *golibvirt.Libvirt, n *region.Network) (golibvirt.Network, error) {
 	name := networkName(n)
 	net, err := conn.NetworkLookupByName(name)
 	if isCode(err, golibvirt.ErrNoNetwork) {
@@ -96,7 +96,7 @@ var errNetworkFull = fmt.Errorf("no free address: %w", region.ErrNoCapacity)
 // DHCP. An address is free when no reservation holds it and no lease does: dnsmasq would not
 // hand out an address still leased to a deleted server's MAC. A reservation another process
 // made meanwhile makes the host refuse ours, and the next address is tried.
-func (d *Driver) reserve(conn *golibvirt.Libvirt, net golibvirt.Network, n *region.Network, mac string) (string, error) {
+func (d *hostDriver) reserve(conn *golibvirt.Libvirt, net golibvirt.Network, n *region.Network, mac string) (string, error) {
 	d.allocate.Lock()
 	defer d.allocate.Unlock()
 	used, err := usedAddresses(conn, net)
@@ -117,6 +117,14 @@ func (d *Driver) reserve(conn *golibvirt.Libvirt, net golibvirt.Network, n *regi
 			return "", err
 		}
 		err = conn.NetworkUpdateCompat(net, golibvirt.NetworkUpdateCommandAddLast, golibvirt.NetworkSectionIPDhcpHost, -1, doc, affect(conn, net))
+		if err == nil && d.addressTaken != nil && d.addressTaken(net.Name, ip.String(), mac) {
+			// Another host of the region has it. Looked at only once ours is made: of two
+			// hosts reserving an address at once, at least one sees the other's and moves on.
+			if err := release(conn, net.Name, mac); err != nil {
+				return "", fmt.Errorf("give back %s in network %s: %w", ip, net.Name, err)
+			}
+			continue
+		}
 		if err == nil {
 			return ip.String(), nil
 		}
@@ -244,7 +252,7 @@ func xmlOf(host libvirtxml.NetworkDHCPHost) (string, error) {
 // domain left behind. Reservations carry no time, so one is released only when it was
 // already unowned at a pass at least orphanAge earlier: no create takes that long between the
 // two steps.
-func (d *Driver) collectReservations(conn *golibvirt.Libvirt) (int, error) {
+func (d *hostDriver) collectReservations(conn *golibvirt.Libvirt) (int, error) {
 	owned, err := domainMACs(conn)
 	if err != nil {
 		return 0, err
@@ -288,7 +296,7 @@ func (d *Driver) collectReservations(conn *golibvirt.Libvirt) (int, error) {
 
 // unownedLongEnough records that what key names was found unowned now, and reports whether a
 // pass at least orphanAge earlier found it unowned already.
-func (d *Driver) unownedLongEnough(key string, now time.Time) bool {
+func (d *hostDriver) unownedLongEnough(key string, now time.Time) bool {
 	first, known := d.unowned[key]
 	if !known {
 		d.unowned[key] = now
@@ -299,7 +307,7 @@ func (d *Driver) unownedLongEnough(key string, now time.Time) bool {
 
 // forgetUnseen drops the records of the kind (a key prefix) that this pass did not find
 // unowned: owned again, or removed by someone else.
-func (d *Driver) forgetUnseen(kind string, seen map[string]bool) {
+func (d *hostDriver) forgetUnseen(kind string, seen map[string]bool) {
 	for key := range d.unowned {
 		if strings.HasPrefix(key, kind) && !seen[key] {
 			delete(d.unowned, key)

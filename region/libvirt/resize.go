@@ -15,7 +15,7 @@ import (
 // flavor's memory and vCPUs, and its disk overlay grown to the flavor's disk. The guest's
 // disk content, MAC and reserved address stay; the guest grows its file system at its next
 // boot (cloud-init's growpart does on Debian's cloud images).
-func (d *Driver) ResizeServer(ctx context.Context, id, flavorID string) (region.Server, error) {
+func (d *hostDriver) ResizeServer(ctx context.Context, id, flavorID string) (region.Server, error) {
 	conn, s, err := d.verb("resize server", id)
 	if err != nil {
 		return region.Server{}, err
@@ -44,7 +44,7 @@ func (d *Driver) ResizeServer(ctx context.Context, id, flavorID string) (region.
 	d.mu.RUnlock()
 	// A stopped server keeps its room on the host, so only what the new flavor adds must fit.
 	growth := region.Flavor{ID: to.ID, CPUs: max(0, to.CPUs-from.CPUs), MemoryGiB: max(0, to.MemoryGiB-from.MemoryGiB), DiskGB: to.DiskGB - from.DiskGB}
-	placed, err := d.admit(conn, pool, &growth)
+	placed, err := d.admit(&growth)
 	if err != nil {
 		return region.Server{}, err
 	}
@@ -62,7 +62,7 @@ func (d *Driver) ResizeServer(ctx context.Context, id, flavorID string) (region.
 
 // growDisk grows the server's disk overlay to sizeBytes; a server booting a kernel without a
 // disk has none to grow.
-func (d *Driver) growDisk(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, s *server, sizeBytes uint64) error {
+func (d *hostDriver) growDisk(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, s *server, sizeBytes uint64) error {
 	name := namePrefix + s.id + ".qcow2"
 	if !slices.Contains(s.rec.Volumes, name) {
 		return nil
@@ -86,7 +86,7 @@ func (d *Driver) growDisk(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, s
 
 // redefine gives the shut-off domain the flavor's memory and vCPUs, and records the flavor,
 // in one definition: a domain never has the one without the other.
-func (d *Driver) redefine(conn *golibvirt.Libvirt, s *server, f *region.Flavor) error {
+func (d *hostDriver) redefine(conn *golibvirt.Libvirt, s *server, f *region.Flavor) error {
 	d.records.Lock()
 	defer d.records.Unlock()
 	fresh, err := readServer(conn, s.dom)

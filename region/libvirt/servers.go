@@ -29,7 +29,7 @@ const (
 )
 
 // FindServers implements region.Client through the index.
-func (d *Driver) FindServers(ctx context.Context, scope region.Scope, tag, value string) ([]region.Server, error) {
+func (d *hostDriver) FindServers(ctx context.Context, scope region.Scope, tag, value string) ([]region.Server, error) {
 	conn, err := d.host("find servers")
 	if err != nil {
 		return nil, err
@@ -49,7 +49,7 @@ func (d *Driver) FindServers(ctx context.Context, scope region.Scope, tag, value
 }
 
 // Servers implements region.Lister: every server of the region, read from the host.
-func (d *Driver) Servers(ctx context.Context) ([]region.Server, error) {
+func (d *hostDriver) Servers(ctx context.Context) ([]region.Server, error) {
 	conn, err := d.host("list servers")
 	if err != nil {
 		return nil, err
@@ -69,7 +69,7 @@ func (d *Driver) Servers(ctx context.Context) ([]region.Server, error) {
 }
 
 // GetServer implements region.Client.
-func (d *Driver) GetServer(ctx context.Context, id string) (region.Server, error) {
+func (d *hostDriver) GetServer(ctx context.Context, id string) (region.Server, error) {
 	conn, err := d.host("get server")
 	if err != nil {
 		return region.Server{}, err
@@ -82,7 +82,7 @@ func (d *Driver) GetServer(ctx context.Context, id string) (region.Server, error
 }
 
 // lookup reads the server with the id from the host.
-func (d *Driver) lookup(conn *golibvirt.Libvirt, id string) (*server, error) {
+func (d *hostDriver) lookup(conn *golibvirt.Libvirt, id string) (*server, error) {
 	u, ok := parseUUID(id)
 	if !ok {
 		return nil, fmt.Errorf("server %q: %w", id, region.ErrServerNotFound)
@@ -107,7 +107,7 @@ func (d *Driver) lookup(conn *golibvirt.Libvirt, id string) (*server, error) {
 	return s, nil
 }
 
-func (d *Driver) get(conn *golibvirt.Libvirt, id string) (region.Server, error) {
+func (d *hostDriver) get(conn *golibvirt.Libvirt, id string) (region.Server, error) {
 	s, err := d.lookup(conn, id)
 	if err != nil {
 		return region.Server{}, err
@@ -118,7 +118,7 @@ func (d *Driver) get(conn *golibvirt.Libvirt, id string) (region.Server, error) 
 // observe is the region's view of a server. A server is BUILDING until its guest takes the
 // address reserved for it; the first time it is seen to, that is recorded, so that every
 // process agrees it was built.
-func (d *Driver) observe(conn *golibvirt.Libvirt, s *server) region.Server {
+func (d *hostDriver) observe(conn *golibvirt.Libvirt, s *server) region.Server {
 	if s.state == golibvirt.DomainRunning && !s.rec.Built && s.rec.Error == "" {
 		if ok, err := leased(conn, s.rec.Network, s.rec.MAC, s.rec.IP); err == nil && ok {
 			if err := d.updateRecord(conn, s, func(r *record) { r.Built, r.Stalled = true, "" }); err != nil {
@@ -152,7 +152,24 @@ func (d *Driver) observe(conn *golibvirt.Libvirt, s *server) region.Server {
 // image volume missing, a full pool, a domain that does not start) makes a server in ERROR
 // that says why and holds nothing: no disk, seed or address reservation is left behind.
 // A host too full for the flavor is ErrNoCapacity, and nothing is made.
-func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (region.Server, error) {
+func (d *hostDriver) CreateServer(ctx context.Context, spec region.ServerSpec) (region.Server, error) {
+	if _, err := d.host("create server"); err != nil {
+		return region.Server{}, err
+	}
+	r, err := d.resolve(ctx, spec)
+	if err != nil {
+		return region.Server{}, err // a refusal, in users' words, or the host failing
+	}
+	placed, err := d.admit(r.flavor)
+	if err != nil {
+		return region.Server{}, err // says what is short, as users read it
+	}
+	defer placed()
+	return d.create(ctx, spec, r)
+}
+
+// create makes the server of a resolved spec on the host, which admitted its flavor.
+func (d *hostDriver) create(ctx context.Context, spec region.ServerSpec, r resolved) (region.Server, error) {
 	conn, err := d.host("create server")
 	if err != nil {
 		return region.Server{}, err
@@ -160,15 +177,7 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 	d.mu.RLock()
 	pool, domainType := d.pool, d.accel
 	d.mu.RUnlock()
-	network, flavor, image, err := d.resolve(ctx, spec)
-	if err != nil {
-		return region.Server{}, err // a refusal, in users' words, or the host failing
-	}
-	placed, err := d.admit(conn, pool, flavor)
-	if err != nil {
-		return region.Server{}, err // says what is short, as users read it
-	}
-	defer placed()
+	network, flavor, image := r.network, r.flavor, r.image
 	seed, err := d.seed(ctx, spec)
 	if err != nil {
 		return region.Server{}, err // a refusal, in users' words, or Redis unavailable
@@ -221,29 +230,36 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 	return d.observe(conn, s), nil
 }
 
+// resolved is what a spec names, found in the catalogue.
+type resolved struct {
+	network *region.Network
+	flavor  *region.Flavor
+	image   *region.Image
+}
+
 // resolve finds what the spec names in the catalogue (the image may be a snapshot of the
 // spec's project instead), refusing what this region cannot run.
-func (d *Driver) resolve(ctx context.Context, spec region.ServerSpec) (*region.Network, *region.Flavor, *region.Image, error) {
+func (d *hostDriver) resolve(ctx context.Context, spec region.ServerSpec) (resolved, error) {
 	cat, r := d.opts.Catalog, &d.opts.Region
 	network, ok := cat.Network(spec.NetworkID)
 	if spec.RegionID != r.ID || !ok || network.Region != r.ID {
-		return nil, nil, nil, fmt.Errorf("network %q is not in region %s: %w", spec.NetworkID, r.ID, region.ErrRefused)
+		return resolved{}, fmt.Errorf("network %q is not in region %s: %w", spec.NetworkID, r.ID, region.ErrRefused)
 	}
 	flavor, ok := cat.Flavor(spec.FlavorID)
 	if !ok {
-		return nil, nil, nil, fmt.Errorf("flavor %q does not exist: %w", spec.FlavorID, region.ErrRefused)
+		return resolved{}, fmt.Errorf("flavor %q does not exist: %w", spec.FlavorID, region.ErrRefused)
 	}
 	if why := r.RunsFlavor(flavor); why != "" {
-		return nil, nil, nil, fmt.Errorf("region %s cannot run flavor %s: %s: %w", r.ID, flavor.ID, why, region.ErrRefused)
+		return resolved{}, fmt.Errorf("region %s cannot run flavor %s: %s: %w", r.ID, flavor.ID, why, region.ErrRefused)
 	}
 	if spec.Networking.PublicIP {
-		return nil, nil, nil, fmt.Errorf("region %s offers no public IP addresses: %w", r.ID, region.ErrRefused)
+		return resolved{}, fmt.Errorf("region %s offers no public IP addresses: %w", r.ID, region.ErrRefused)
 	}
 	image, err := d.image(ctx, spec)
 	if err != nil {
-		return nil, nil, nil, err
+		return resolved{}, err
 	}
-	return network, flavor, image, nil
+	return resolved{network: network, flavor: flavor, image: image}, nil
 }
 
 // placement is what a server takes of its host.
@@ -257,10 +273,17 @@ func placementOf(f *region.Flavor) placement {
 // making and has not defined yet, and counts this one among them until the returned function
 // is called (once its domain is defined, or its create failed). Without that, creates at once
 // would all see the same free room and overcommit the host.
-func (d *Driver) admit(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, f *region.Flavor) (func(), error) {
+func (d *hostDriver) admit(f *region.Flavor) (func(), error) {
+	conn, err := d.host("host capacity")
+	if err != nil {
+		return nil, err
+	}
+	d.mu.RLock()
+	pool := d.pool
+	d.mu.RUnlock()
 	d.placing.Lock()
 	defer d.placing.Unlock()
-	if err := d.capacity(conn, pool, f, d.pending); err != nil {
+	if _, err := d.capacity(conn, pool, f, d.pending); err != nil {
 		return nil, err
 	}
 	p := placementOf(f)
@@ -278,15 +301,15 @@ func (d *Driver) admit(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, f *r
 
 // capacity checks that the host has room for the flavor beside what its domains hold and what
 // is pending: its memory, its vCPUs shared at cpuAllocationRatio, and the flavor's disk free
-// in the pool (overlays grow as guests write).
-func (d *Driver) capacity(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, f *region.Flavor, pending placement) error {
+// in the pool (overlays grow as guests write). It returns the memory free before the flavor's.
+func (d *hostDriver) capacity(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, f *region.Flavor, pending placement) (uint64, error) {
 	memKiB, cpus, err := hostSize(conn)
 	if err != nil {
-		return d.fault("host capacity", err)
+		return 0, d.fault("host capacity", err)
 	}
 	held, err := allocated(conn)
 	if err != nil {
-		return d.fault("host capacity", err)
+		return 0, d.fault("host capacity", err)
 	}
 	usedKiB, usedCPUs := held.memKiB+pending.memKiB, held.cpus+pending.cpus
 	need := placementOf(f)
@@ -295,20 +318,20 @@ func (d *Driver) capacity(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, f
 	switch {
 	case usedKiB+need.memKiB+hostReservedKiB > memKiB:
 		d.log.Info("no room on the host", "flavor", f.ID, "free_mib", free(memKiB, usedKiB+hostReservedKiB)>>10, "need_mib", need.memKiB>>10)
-		return fmt.Errorf("its host has not enough free memory for flavor %s: %w", f.ID, region.ErrNoCapacity)
+		return 0, fmt.Errorf("its host has not enough free memory for flavor %s: %w", f.ID, region.ErrNoCapacity)
 	case usedCPUs+need.cpus > uint64(cpus)*cpuAllocationRatio:
 		d.log.Info("no room on the host", "flavor", f.ID, "free_vcpus", free(uint64(cpus)*cpuAllocationRatio, usedCPUs), "need_vcpus", f.CPUs)
-		return fmt.Errorf("its host has not enough free vCPUs for flavor %s: %w", f.ID, region.ErrNoCapacity)
+		return 0, fmt.Errorf("its host has not enough free vCPUs for flavor %s: %w", f.ID, region.ErrNoCapacity)
 	}
 	_, _, _, available, err := conn.StoragePoolGetInfo(pool)
 	if err != nil {
-		return d.fault("pool capacity", err)
+		return 0, d.fault("pool capacity", err)
 	}
 	if need.diskBytes+pending.diskBytes > available {
 		d.log.Info("no room in the pool", "flavor", f.ID, "free_bytes", free(available, pending.diskBytes), "need_bytes", need.diskBytes)
-		return fmt.Errorf("its storage has not enough free space for flavor %s: %w", f.ID, region.ErrNoCapacity)
+		return 0, fmt.Errorf("its storage has not enough free space for flavor %s: %w", f.ID, region.ErrNoCapacity)
 	}
-	return nil
+	return free(memKiB, usedKiB+hostReservedKiB), nil
 }
 
 // hostSize is the host's memory and CPUs. The memory is the whole machine's, from its memory
@@ -372,7 +395,7 @@ func free(total, used uint64) uint64 {
 
 // seed is what the guest learns at first boot: its instance id and hostname, the user data,
 // and either the SSH certificate authority it trusts or the project's public key.
-func (d *Driver) seed(ctx context.Context, spec region.ServerSpec) ([]byte, error) {
+func (d *hostDriver) seed(ctx context.Context, spec region.ServerSpec) ([]byte, error) {
 	s := nocloud.Seed{InstanceID: spec.Tags[region.InstanceTag], Hostname: spec.Name, UserData: spec.UserData}
 	if s.InstanceID == "" {
 		s.InstanceID = spec.Name
@@ -400,7 +423,7 @@ func (d *Driver) seed(ctx context.Context, spec region.ServerSpec) ([]byte, erro
 
 // build makes the server's disk and seed, defines its domain and starts it. The volumes it
 // made are in dom.rec.Volumes, for whoever undoes a failure.
-func (d *Driver) build(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool, dom domainSpec, seed []byte) (*server, error) {
+func (d *hostDriver) build(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool, dom domainSpec, seed []byte) (*server, error) {
 	if dom.image.File != "" || dom.image.Volume != "" {
 		base, err := d.baseVolume(ctx, conn, pool, dom.image)
 		if err != nil {
@@ -491,7 +514,7 @@ func userMessage(err error) string {
 // DeleteServer implements region.Client: the domain is stopped, its disk and seed deleted, its
 // address reservation released, and the domain undefined last, so that a delete cut short
 // is finished by the next one and leaves nothing behind.
-func (d *Driver) DeleteServer(ctx context.Context, id string) error {
+func (d *hostDriver) DeleteServer(ctx context.Context, id string) error {
 	conn, err := d.host("delete server")
 	if err != nil {
 		return err
@@ -545,7 +568,7 @@ func (d *Driver) DeleteServer(ctx context.Context, id string) error {
 }
 
 // verb reads a server for a power verb, refusing one that could not be made.
-func (d *Driver) verb(op, id string) (*golibvirt.Libvirt, *server, error) {
+func (d *hostDriver) verb(op, id string) (*golibvirt.Libvirt, *server, error) {
 	conn, err := d.host(op)
 	if err != nil {
 		return nil, nil, err
@@ -565,7 +588,7 @@ func running(s *server) bool {
 }
 
 // StartServer implements region.Client.
-func (d *Driver) StartServer(ctx context.Context, id string) (region.Server, error) {
+func (d *hostDriver) StartServer(ctx context.Context, id string) (region.Server, error) {
 	conn, s, err := d.verb("start server", id)
 	if err != nil {
 		return region.Server{}, err
@@ -599,7 +622,7 @@ func (d *Driver) StartServer(ctx context.Context, id string) (region.Server, err
 
 // StopServer implements region.Client: the guest is asked to power off (the ACPI power
 // button) and is forced off when it has not within the region's stop timeout.
-func (d *Driver) StopServer(ctx context.Context, id string) (region.Server, error) {
+func (d *hostDriver) StopServer(ctx context.Context, id string) (region.Server, error) {
 	conn, s, err := d.verb("stop server", id)
 	if err != nil {
 		return region.Server{}, err
@@ -623,7 +646,7 @@ func (d *Driver) StopServer(ctx context.Context, id string) (region.Server, erro
 
 // forceStops powers off every server whose graceful stop outlived the stop timeout, and
 // forgets the stops that completed. Only servers marked stopping are read.
-func (d *Driver) forceStops(ctx context.Context, conn *golibvirt.Libvirt) {
+func (d *hostDriver) forceStops(ctx context.Context, conn *golibvirt.Libvirt) {
 	for _, id := range d.stopping.list() {
 		if ctx.Err() != nil {
 			return
@@ -650,7 +673,7 @@ func (d *Driver) forceStops(ctx context.Context, conn *golibvirt.Libvirt) {
 // watchBuilds looks for the lease of every server still building. The first process to see
 // it records it, and the metadata's event tells every watch. A server that no longer runs
 // (stopped while building) is looked at again when it is started.
-func (d *Driver) watchBuilds(conn *golibvirt.Libvirt) {
+func (d *hostDriver) watchBuilds(conn *golibvirt.Libvirt) {
 	for _, id := range d.building.list() {
 		s, err := d.lookup(conn, id)
 		if err != nil {
@@ -678,7 +701,7 @@ func (d *Driver) watchBuilds(conn *golibvirt.Libvirt) {
 // stall marks a running guest that has not taken its address by its BuildBy: the server
 // shows ERROR saying why. It stays watched, and becomes RUNNING if the guest takes its address
 // after all. Its record's change is the event that tells the owner.
-func (d *Driver) stall(conn *golibvirt.Libvirt, s *server) {
+func (d *hostDriver) stall(conn *golibvirt.Libvirt, s *server) {
 	if s.rec.Stalled != "" || s.rec.BuildBy.IsZero() || d.opts.Now().Before(s.rec.BuildBy) {
 		return
 	}
@@ -698,7 +721,7 @@ func (d *Driver) stall(conn *golibvirt.Libvirt, s *server) {
 
 // RebootServer implements region.Client: soft is the ACPI power button, after which the host
 // starts the guest again; hard is a reset.
-func (d *Driver) RebootServer(ctx context.Context, id string, hard bool) (region.Server, error) {
+func (d *hostDriver) RebootServer(ctx context.Context, id string, hard bool) (region.Server, error) {
 	conn, s, err := d.verb("reboot server", id)
 	if err != nil {
 		return region.Server{}, err
@@ -721,7 +744,7 @@ func (d *Driver) RebootServer(ctx context.Context, id string, hard bool) (region
 
 // UpdateNetworking implements region.Client. The server keeps its domain, MAC and address;
 // security groups and allowed source addresses are recorded but not yet enforced.
-func (d *Driver) UpdateNetworking(ctx context.Context, id string, n region.ServerNetworking) (region.Server, error) {
+func (d *hostDriver) UpdateNetworking(ctx context.Context, id string, n region.ServerNetworking) (region.Server, error) {
 	conn, s, err := d.verb("update networking", id)
 	if err != nil {
 		return region.Server{}, err
@@ -740,7 +763,7 @@ func (d *Driver) UpdateNetworking(ctx context.Context, id string, n region.Serve
 
 // SSHKey implements region.Client: the project's key pair, whose public half every server of
 // the project without an SSH certificate authority authorizes.
-func (d *Driver) SSHKey(ctx context.Context, id string) (region.SSHKey, error) {
+func (d *hostDriver) SSHKey(ctx context.Context, id string) (region.SSHKey, error) {
 	_, s, err := d.verb("ssh key", id)
 	if err != nil {
 		return region.SSHKey{}, err
@@ -768,7 +791,7 @@ func (k projectKeyPair) PublicKey() ssh.PublicKey { return k.signer.PublicKey() 
 
 // projectKey returns the project's key pair, made on first use. It lives in Redis, under the
 // region's hash tag, so that every process and every server of the project shares it.
-func (d *Driver) projectKey(ctx context.Context, org, project string) (projectKeyPair, error) {
+func (d *hostDriver) projectKey(ctx context.Context, org, project string) (projectKeyPair, error) {
 	key := sshKeyKey(d.opts.Region.ID, org, project)
 	stored, err := d.opts.Redis.Get(ctx, key).Result()
 	if errors.Is(err, redis.Nil) {

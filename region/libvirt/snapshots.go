@@ -52,8 +52,19 @@ type snapshotRecord struct {
 	// a server made from it boots.
 	Image region.Image `json:"image"`
 	// Server is the server it was made of.
-	Server    string    `json:"server"`
+	Server string `json:"server"`
+	// Host is the host whose pool holds the image's volume, in a region that names its
+	// hosts; "" in one of a single host by uri.
+	Host      string    `json:"host,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
+}
+
+// owns reports whether the image's volume is in this host's pool.
+func (d *hostDriver) owns(rec *snapshotRecord) bool {
+	if rec.Host == "" {
+		return d.first
+	}
+	return rec.Host == d.keyHost
 }
 
 func imageVolumeName(id string) string { return snapshotPrefix + id + ".qcow2" }
@@ -64,7 +75,7 @@ func overlayName(serverID string) string {
 // Snapshot implements region.Client. It returns once the snapshot is taken (the instant the
 // image shows); the copy and the merge go on in the background, and the image is READY once
 // both are done, FAILED when the copy failed.
-func (d *Driver) Snapshot(ctx context.Context, id string, req region.ImageRequest) (region.Image, error) {
+func (d *hostDriver) Snapshot(ctx context.Context, id string, req region.ImageRequest) (region.Image, error) {
 	conn, s, err := d.verb("snapshot", id)
 	if err != nil {
 		return region.Image{}, err
@@ -109,7 +120,7 @@ func (d *Driver) Snapshot(ctx context.Context, id string, req region.ImageReques
 
 // takeSnapshot writes the image's record (CREATING) and takes the external snapshot; a
 // snapshot the host refuses leaves no record behind.
-func (d *Driver) takeSnapshot(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool, s *server, source *region.Image, disk, imageID string, req region.ImageRequest) (*snapshotRecord, error) {
+func (d *hostDriver) takeSnapshot(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool, s *server, source *region.Image, disk, imageID string, req region.ImageRequest) (*snapshotRecord, error) {
 	vol, err := conn.StorageVolLookupByName(pool, filepath.Base(disk))
 	if err != nil {
 		return nil, d.fault("snapshot: the server's disk", err)
@@ -119,7 +130,7 @@ func (d *Driver) takeSnapshot(ctx context.Context, conn *golibvirt.Libvirt, pool
 		return nil, d.fault("snapshot: the server's disk", err)
 	}
 	spec := s.rec.Spec
-	rec := &snapshotRecord{Server: s.id, CreatedAt: d.opts.Now().UTC(), Image: region.Image{
+	rec := &snapshotRecord{Server: s.id, Host: d.keyHost, CreatedAt: d.opts.Now().UTC(), Image: region.Image{
 		ID: imageID, Name: req.Name, Architecture: source.Architecture, SizeGiB: int64(capacity >> 30),
 		Virtualization: source.Virtualization, State: region.ImageStateCreating, OS: source.OS,
 		Regions: []string{d.opts.Region.ID}, OrganizationID: spec.OrganizationID, ProjectID: spec.ProjectID, Tags: req.Tags,
@@ -166,7 +177,7 @@ func snapshotXML(dom *libvirtxml.Domain, imageID, path string) (string, error) {
 
 // makeImage copies the frozen disk into the image's volume, merges the overlay back and
 // records the outcome, holding the server's snapshot lease throughout.
-func (d *Driver) makeImage(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool, rec *snapshotRecord, lock string) {
+func (d *hostDriver) makeImage(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool, rec *snapshotRecord, lock string) {
 	imageID := rec.Image.ID
 	renewing, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -198,7 +209,7 @@ func (d *Driver) makeImage(ctx context.Context, conn *golibvirt.Libvirt, pool go
 
 // copyDisk makes the image's volume: the host converts the server's frozen disk, through its
 // backing chain, into a qcow2 volume without a backing file.
-func (d *Driver) copyDisk(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, rec *snapshotRecord) error {
+func (d *hostDriver) copyDisk(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, rec *snapshotRecord) error {
 	src, err := conn.StorageVolLookupByName(pool, namePrefix+rec.Server+".qcow2")
 	if err != nil {
 		return fmt.Errorf("the server's disk: %w", err)
@@ -226,7 +237,7 @@ func (d *Driver) copyDisk(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, r
 // is committed into it (active, shallow: never further down, into the shared base) and the
 // domain pivots to it; then the overlay is deleted. A stopped server is started paused for the
 // commit and powered off again. A server that is gone, or not on the overlay, is left alone.
-func (d *Driver) mergeBack(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool, id string) error {
+func (d *hostDriver) mergeBack(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool, id string) error {
 	s, err := d.lookup(conn, id)
 	if errors.Is(err, region.ErrServerNotFound) {
 		return nil
@@ -261,7 +272,7 @@ func (d *Driver) mergeBack(ctx context.Context, conn *golibvirt.Libvirt, pool go
 }
 
 // commit merges the active layer of the domain's disk into the layer below and pivots to it.
-func (d *Driver) commit(ctx context.Context, conn *golibvirt.Libvirt, dom golibvirt.Domain) error {
+func (d *hostDriver) commit(ctx context.Context, conn *golibvirt.Libvirt, dom golibvirt.Domain) error {
 	found, _, _, _, _, err := conn.DomainGetBlockJobInfo(dom, "vda", 0)
 	if err != nil {
 		return fmt.Errorf("block job of vda: %w", err)
@@ -302,7 +313,7 @@ func (d *Driver) commit(ctx context.Context, conn *golibvirt.Libvirt, dom golibv
 
 // pinDisk makes sure the domain's persistent definition boots its own disk, as the live one
 // does after a pivot.
-func (d *Driver) pinDisk(conn *golibvirt.Libvirt, dom golibvirt.Domain, own string) error {
+func (d *hostDriver) pinDisk(conn *golibvirt.Libvirt, dom golibvirt.Domain, own string) error {
 	d.records.Lock()
 	defer d.records.Unlock()
 	doc, err := conn.DomainGetXMLDesc(dom, golibvirt.DomainXMLInactive)
@@ -347,7 +358,7 @@ func diskSource(dom *libvirtxml.Domain) string {
 }
 
 // writeSnapshotRecord writes the image's record.
-func (d *Driver) writeSnapshotRecord(ctx context.Context, rec *snapshotRecord) error {
+func (d *hostDriver) writeSnapshotRecord(ctx context.Context, rec *snapshotRecord) error {
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return err
@@ -359,7 +370,7 @@ func (d *Driver) writeSnapshotRecord(ctx context.Context, rec *snapshotRecord) e
 }
 
 // readSnapshotRecord reads an image's record; found is false when there is none.
-func (d *Driver) readSnapshotRecord(ctx context.Context, id string) (*snapshotRecord, bool, error) {
+func (d *hostDriver) readSnapshotRecord(ctx context.Context, id string) (*snapshotRecord, bool, error) {
 	data, err := d.opts.Redis.HGet(ctx, imagesKey(d.opts.Region.ID), id).Bytes()
 	if errors.Is(err, redis.Nil) {
 		return nil, false, nil
@@ -375,7 +386,7 @@ func (d *Driver) readSnapshotRecord(ctx context.Context, id string) (*snapshotRe
 }
 
 // snapshotRecords reads every image record of the region.
-func (d *Driver) snapshotRecords(ctx context.Context) ([]*snapshotRecord, error) {
+func (d *hostDriver) snapshotRecords(ctx context.Context) ([]*snapshotRecord, error) {
 	all, err := d.opts.Redis.HGetAll(ctx, imagesKey(d.opts.Region.ID)).Result()
 	if err != nil {
 		return nil, fmt.Errorf("image records: %v: %w", err, region.ErrUnavailable)
@@ -393,7 +404,7 @@ func (d *Driver) snapshotRecords(ctx context.Context) ([]*snapshotRecord, error)
 }
 
 // Images implements region.Client: the snapshots of the project, from their records.
-func (d *Driver) Images(ctx context.Context, org, project string) ([]region.Image, error) {
+func (d *hostDriver) Images(ctx context.Context, org, project string) ([]region.Image, error) {
 	if _, err := d.host("images"); err != nil {
 		return nil, err
 	}
@@ -413,7 +424,7 @@ func (d *Driver) Images(ctx context.Context, org, project string) ([]region.Imag
 // DeleteImage implements region.Client: the image's volume, then its record, so that a delete
 // cut short is finished by the next one. An image being made, or that a server's disk rests
 // on, is refused.
-func (d *Driver) DeleteImage(ctx context.Context, org, project, id string) error {
+func (d *hostDriver) DeleteImage(ctx context.Context, org, project, id string) error {
 	conn, err := d.host("delete image")
 	if err != nil {
 		return err
@@ -462,7 +473,7 @@ func (d *Driver) DeleteImage(ctx context.Context, org, project, id string) error
 
 // snapshotImage is the image a spec names when it is not the catalogue's: a ready snapshot of
 // the spec's project.
-func (d *Driver) snapshotImage(ctx context.Context, spec region.ServerSpec) (*region.Image, error) {
+func (d *hostDriver) snapshotImage(ctx context.Context, spec region.ServerSpec) (*region.Image, error) {
 	if _, err := uuid.Parse(spec.ImageID); err != nil {
 		return nil, fmt.Errorf("image %q does not exist: %w", spec.ImageID, region.ErrRefused)
 	}
@@ -480,7 +491,7 @@ func (d *Driver) snapshotImage(ctx context.Context, spec region.ServerSpec) (*re
 }
 
 // image is the image a spec names: the catalogue's, or a snapshot of its project.
-func (d *Driver) image(ctx context.Context, spec region.ServerSpec) (*region.Image, error) {
+func (d *hostDriver) image(ctx context.Context, spec region.ServerSpec) (*region.Image, error) {
 	if img, ok := d.opts.Catalog.Image(spec.ImageID); ok {
 		return img, nil
 	}
@@ -490,7 +501,7 @@ func (d *Driver) image(ctx context.Context, spec region.ServerSpec) (*region.Ima
 // recoverSnapshot cleans after one image whose maker is gone: the server's overlay merged back
 // (when merge), and the image, if still CREATING, marked FAILED without its partial copy. It
 // returns 1 when it marked the image failed.
-func (d *Driver) recoverSnapshot(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool, rec *snapshotRecord, merge bool) (int, error) {
+func (d *hostDriver) recoverSnapshot(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool, rec *snapshotRecord, merge bool) (int, error) {
 	if merge {
 		if err := d.mergeBack(ctx, conn, pool, rec.Server); err != nil {
 			d.log.Warn("merge the overlay of a snapshot cut short", "server", rec.Server, "err", err)
@@ -513,7 +524,7 @@ func (d *Driver) recoverSnapshot(ctx context.Context, conn *golibvirt.Libvirt, p
 // whose server's snapshot lease is free, the server's overlay is merged back, and an image
 // still CREATING is marked FAILED and its partial copy deleted. It returns how many images it
 // marked failed.
-func (d *Driver) recoverSnapshots(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool) (int, error) {
+func (d *hostDriver) recoverSnapshots(ctx context.Context, conn *golibvirt.Libvirt, pool golibvirt.StoragePool) (int, error) {
 	recs, err := d.snapshotRecords(ctx)
 	if err != nil {
 		return 0, err
@@ -521,6 +532,9 @@ func (d *Driver) recoverSnapshots(ctx context.Context, conn *golibvirt.Libvirt, 
 	failed := 0
 	merged := map[string]bool{}
 	for _, rec := range recs {
+		if !d.owns(rec) {
+			continue // another host's pool
+		}
 		// Held while it cleans, so that a snapshot of the server begun meanwhile is refused
 		// rather than merged away under its copy.
 		lock, token := snapshotLockKey(d.opts.Region.ID, rec.Server), "recover-"+uuid.NewString()

@@ -15,8 +15,8 @@ import (
 
 // ensurePool returns the region's storage pool, defining, building and starting it as a
 // directory pool when it is missing or inactive.
-func (d *Driver) ensurePool(conn *golibvirt.Libvirt) (golibvirt.StoragePool, error) {
-	settings := d.opts.Region.Libvirt
+func (d *hostDriver) ensurePool(conn *golibvirt.Libvirt) (golibvirt.StoragePool, error) {
+	settings := d.cfg
 	pool, err := conn.StoragePoolLookupByName(settings.Pool)
 	if isCode(err, golibvirt.ErrNoStoragePool) {
 		def := libvirtxml.StoragePool{Type: "dir", Name: settings.Pool, Target: &libvirtxml.StoragePoolTarget{Path: settings.PoolPath}}
@@ -68,7 +68,7 @@ func diskFormat(f io.ReaderAt) (string, error) {
 
 // upload makes a volume holding exactly the reader's bytes. A volume left half-written by a
 // failed upload is deleted, so that it is never taken for a whole one.
-func (d *Driver) upload(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, name, format string, r io.Reader, size uint64) (golibvirt.StorageVol, error) {
+func (d *hostDriver) upload(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, name, format string, r io.Reader, size uint64) (golibvirt.StorageVol, error) {
 	def := libvirtxml.StorageVolume{
 		Name: name, Capacity: &libvirtxml.StorageVolumeSize{Value: size, Unit: "bytes"},
 		Target: &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "raw"}},
@@ -114,7 +114,7 @@ func describe(conn *golibvirt.Libvirt, vol golibvirt.StorageVol) (volume, error)
 
 // overlay makes the server's disk: a qcow2 overlay of the base volume, as large as the
 // flavor's disk, so the base is shared and never written.
-func (d *Driver) overlay(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, name string, base volume, sizeBytes uint64) (volume, error) {
+func (d *hostDriver) overlay(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, name string, base volume, sizeBytes uint64) (volume, error) {
 	def := libvirtxml.StorageVolume{
 		Name:     name,
 		Capacity: &libvirtxml.StorageVolumeSize{Value: sizeBytes, Unit: "bytes"},
@@ -163,7 +163,7 @@ const orphanAge = 10 * time.Minute
 
 // collectVolumes deletes the volumes of servers whose domain does not exist: what a process
 // killed in the middle of a create left behind. It returns how many it deleted.
-func (d *Driver) collectVolumes(conn *golibvirt.Libvirt, pool golibvirt.StoragePool) (int, error) {
+func (d *hostDriver) collectVolumes(conn *golibvirt.Libvirt, pool golibvirt.StoragePool) (int, error) {
 	// Snapshots' overlays are made outside the pool: it learns of them first.
 	if err := conn.StoragePoolRefresh(pool, 0); err != nil {
 		return 0, fmt.Errorf("refresh the pool: %w", err)

@@ -1,9 +1,7 @@
 package libvirt
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"sync"
 
@@ -17,8 +15,9 @@ type indexed struct {
 	id    string
 	scope region.Scope
 	tags  map[string]string
-	// mac and network find the server's address reservation once its domain is gone.
-	mac, network string
+	// mac and network find the server's address reservation once its domain is gone; ip is
+	// the address, which no other host of the region may hand out.
+	mac, network, ip string
 }
 
 // index finds servers by tag without asking the host about every domain.
@@ -109,6 +108,13 @@ func (x *index) find(scope region.Scope, tag, value string) []string {
 	return ids
 }
 
+// tagged reports whether a server of any scope carries the tag with the value.
+func (x *index) tagged(tag, value string) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return len(x.byTag[tag+"="+value]) > 0
+}
+
 // all returns every indexed server.
 func (x *index) all() []indexed {
 	x.mu.RLock()
@@ -122,7 +128,7 @@ func (x *index) all() []indexed {
 
 // lifecycle keeps the index current from one of the host's events and passes it on to
 // watchers as a server event. Domains without computeql's metadata are not servers.
-func (d *Driver) lifecycle(conn *golibvirt.Libvirt, ev golibvirt.DomainEventLifecycleMsg) {
+func (d *hostDriver) lifecycle(conn *golibvirt.Libvirt, ev golibvirt.DomainEventLifecycleMsg) {
 	id := uuidString(ev.Dom.UUID)
 	kind := region.ServerUpdated
 	var s indexed
@@ -160,7 +166,7 @@ func (d *Driver) lifecycle(conn *golibvirt.Libvirt, ev golibvirt.DomainEventLife
 // release frees what a server whose domain is gone still holds: its volumes and its address
 // reservation. A delete of ours freed them already; a domain undefined behind our back (or
 // while we were away) did not, and its address would otherwise never be handed out again.
-func (d *Driver) release(conn *golibvirt.Libvirt, s indexed) {
+func (d *hostDriver) release(conn *golibvirt.Libvirt, s indexed) {
 	d.mu.RLock()
 	pool := d.pool
 	d.mu.RUnlock()
@@ -214,34 +220,6 @@ func (b *broadcaster) unsubscribe(ch chan region.Event) {
 	if _, ok := b.subs[ch]; ok {
 		delete(b.subs, ch)
 		close(ch)
-	}
-}
-
-// Watch implements region.Client. The host keeps no history of its events, so a cursor cannot
-// be replayed: a watch that resumes (after is not "") first reports every server as updated,
-// which makes its watcher look at each of them again, and then follows new events.
-func (d *Driver) Watch(ctx context.Context, after string, fn func(region.Event) error) error {
-	ch := d.watches.subscribe()
-	defer d.watches.unsubscribe(ch)
-	if after != "" {
-		for _, s := range d.index.all() {
-			if err := fn(region.Event{Cursor: after, Kind: region.ServerUpdated, ServerID: s.id, Scope: s.scope, Tags: s.tags}); err != nil {
-				return err
-			}
-		}
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev, ok := <-ch:
-			if !ok {
-				return fmt.Errorf("watch: fell more than %d events behind: %w", watchBuffer, region.ErrUnavailable)
-			}
-			if err := fn(ev); err != nil {
-				return err
-			}
-		}
 	}
 }
 
