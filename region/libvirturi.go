@@ -10,22 +10,43 @@ import (
 
 // LibvirtURI is a libvirt connection URI as a libvirt region dials it.
 type LibvirtURI struct {
-	// Network and Address are what to dial: "unix" and a socket path, or "tcp" and host:port.
+	// Network and Address are what to dial: "unix" and a socket path, "tcp" and host:port,
+	// or "ssh" and the SSH server's host:port, through which SSH's socket is reached.
 	Network, Address string
 	// Name is the URI the libvirt daemon is asked to open once connected, e.g. qemu:///system.
 	Name string
+	// SSH is how a qemu+ssh URI reaches the daemon; zero for the others.
+	SSH LibvirtSSH
 }
 
-// Defaults of libvirt's own clients: the system daemon's socket and its plain TCP port.
+// LibvirtSSH is the SSH side of a qemu+ssh URI, with the parameters libvirt's own clients
+// take. The daemon's socket is reached through the SSH connection (a stream-local forward,
+// which OpenSSH's sshd allows by default), so the host needs no netcat and no shell.
+type LibvirtSSH struct {
+	// User logs in; "" is the user the process runs as, as libvirt's clients have it.
+	User string
+	// Socket is the daemon's socket on the host.
+	Socket string
+	// KeyFile is the private key to log in with (keyfile=); "" tries ~/.ssh/id_ed25519,
+	// id_ecdsa and id_rsa.
+	KeyFile string
+	// KnownHosts holds the host's key (known_hosts=); "" is ~/.ssh/known_hosts. A host whose
+	// key it does not hold is refused.
+	KnownHosts string
+}
+
+// Defaults of libvirt's own clients: the system daemon's socket, its plain TCP port and SSH's.
 const (
 	libvirtSocket  = "/var/run/libvirt/libvirt-sock"
 	libvirtTCPPort = "16509"
+	sshPort        = "22"
 )
 
 // ParseLibvirtURI reads the URIs a libvirt region supports: qemu:///system and
 // qemu+unix:///system (the local system daemon, optionally ?socket=/path/to/libvirt-sock), and
-// qemu+tcp://host[:port]/system. The session daemon (qemu:///session) is refused, since it
-// cannot make the NAT networks instances need; so is ssh, which this driver does not speak.
+// qemu+tcp://host[:port]/system, and qemu+ssh://[user@]host[:port]/system (see LibvirtSSH). The
+// session daemon (qemu:///session) is refused, since it cannot make the NAT networks instances
+// need.
 func ParseLibvirtURI(s string) (LibvirtURI, error) {
 	if s == "" {
 		return LibvirtURI{}, errors.New("uri is missing")
@@ -54,6 +75,8 @@ func ParseLibvirtURI(s string) (LibvirtURI, error) {
 			return LibvirtURI{}, fmt.Errorf("uri %q: socket %q is not an absolute path", s, socket)
 		}
 		return LibvirtURI{Network: "unix", Address: socket, Name: name}, nil
+	case "qemu+ssh":
+		return parseSSH(s, u)
 	case "qemu+tcp":
 		if u.Hostname() == "" {
 			return LibvirtURI{}, fmt.Errorf("uri %q: qemu+tcp needs a host", s)
@@ -67,5 +90,42 @@ func ParseLibvirtURI(s string) (LibvirtURI, error) {
 		}
 		return LibvirtURI{Network: "tcp", Address: net.JoinHostPort(u.Hostname(), port), Name: name}, nil
 	}
-	return LibvirtURI{}, fmt.Errorf("uri %q: scheme %q is not supported (want qemu, qemu+unix or qemu+tcp)", s, u.Scheme)
+	return LibvirtURI{}, fmt.Errorf("uri %q: scheme %q is not supported (want qemu, qemu+unix, qemu+tcp or qemu+ssh)", s, u.Scheme)
+}
+
+// parseSSH reads a qemu+ssh URI: qemu+ssh://[user@]host[:port]/system with the parameters
+// socket, keyfile and known_hosts, each an absolute path.
+func parseSSH(s string, u *url.URL) (LibvirtURI, error) {
+	if u.Hostname() == "" {
+		return LibvirtURI{}, fmt.Errorf("uri %q: qemu+ssh needs a host", s)
+	}
+	if _, set := u.User.Password(); set {
+		return LibvirtURI{}, fmt.Errorf("uri %q: a password does not belong in the catalogue; log in with a key (keyfile=)", s)
+	}
+	ssh := LibvirtSSH{User: u.User.Username(), Socket: libvirtSocket}
+	for k, v := range u.Query() {
+		if len(v) != 1 {
+			return LibvirtURI{}, fmt.Errorf("uri %q: parameter %s given %d times", s, k, len(v))
+		}
+		var field *string
+		switch k {
+		case "socket":
+			field = &ssh.Socket
+		case "keyfile":
+			field = &ssh.KeyFile
+		case "known_hosts":
+			field = &ssh.KnownHosts
+		default:
+			return LibvirtURI{}, fmt.Errorf("uri %q: parameter %s is not supported over ssh (want socket, keyfile or known_hosts)", s, k)
+		}
+		if !filepath.IsAbs(v[0]) {
+			return LibvirtURI{}, fmt.Errorf("uri %q: %s %q is not an absolute path", s, k, v[0])
+		}
+		*field = v[0]
+	}
+	port := u.Port()
+	if port == "" {
+		port = sshPort
+	}
+	return LibvirtURI{Network: "ssh", Address: net.JoinHostPort(u.Hostname(), port), Name: "qemu:///system", SSH: ssh}, nil
 }

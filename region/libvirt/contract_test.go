@@ -53,6 +53,8 @@ type more struct {
 	buildTimeout    string
 	// hosts, when given, are the region's hosts (rack1, rack2, …) instead of the one host.
 	hosts []*virttest.Host
+	// uri, when given, reaches the one host instead of its own URI.
+	uri string
 }
 
 func labCatalog(t testing.TB, host *virttest.Host, kernel, initrd string, add ...more) *region.Catalog {
@@ -83,7 +85,7 @@ func labCatalog(t testing.TB, host *virttest.Host, kernel, initrd string, add ..
     {"id": "huge", "name": "huge", "cpus": 1, "memoryGiB": 4096, "diskGB": 1, "architecture": "x86_64", "regions": ["lab"]}%s],
   "images": [{"id": "busybox", "name": "busybox", "architecture": "x86_64", "sizeGiB": 1, "virtualization": "virtualized",
     "state": "ready", "regions": ["lab"], "kernel": %q, "initrd": %q, "cmdline": "console=ttyS0"}%s]
-}`, hostsJSON(host, m.hosts), m.buildTimeout, strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub))), extra(m.flavors),
+}`, hostsJSON(host, m.uri, m.hosts), m.buildTimeout, strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub))), extra(m.flavors),
 		kernel, initrd, extra(m.images))
 	cat, err := region.Parse([]byte(doc))
 	if err != nil {
@@ -92,11 +94,14 @@ func labCatalog(t testing.TB, host *virttest.Host, kernel, initrd string, add ..
 	return cat
 }
 
-// hostsJSON is the libvirt settings that name the region's hosts: host by uri, or hosts as
-// rack1, rack2, …, each with its pool in its own directory.
-func hostsJSON(host *virttest.Host, hosts []*virttest.Host) string {
+// hostsJSON is the libvirt settings that name the region's hosts: host by uri (its own, or
+// the one given), or hosts as rack1, rack2, …, each with its pool in its own directory.
+func hostsJSON(host *virttest.Host, uri string, hosts []*virttest.Host) string {
 	if len(hosts) == 0 {
-		return fmt.Sprintf(`"uri": %q, "poolPath": %q`, host.URI, filepath.Join(host.Dir, "pool"))
+		if uri == "" {
+			uri = host.URI
+		}
+		return fmt.Sprintf(`"uri": %q, "poolPath": %q`, uri, filepath.Join(host.Dir, "pool"))
 	}
 	list := make([]string, len(hosts))
 	for i, h := range hosts {

@@ -197,6 +197,9 @@ func (d *hostDriver) Run(ctx context.Context) error {
 // session is one connection's life.
 func (d *hostDriver) session(parent context.Context) error {
 	cut := &dial.CutDialer{Network: d.uri.Network, Address: d.uri.Address, Timeout: heartbeat}
+	if d.uri.Network == "ssh" {
+		cut.Network, cut.Through = "tcp", sshThrough(d.uri.SSH, d.uri.Address, heartbeat)
+	}
 	// go-libvirt's calls carry no deadline, and a host that accepts the connection without
 	// answering (a libvirtd still starting, or hung) would hold the connecting calls below for
 	// ever; cutting the connection fails them all. The heartbeat takes over once connected.

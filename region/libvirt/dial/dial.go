@@ -16,6 +16,10 @@ import (
 type CutDialer struct {
 	Network, Address string
 	Timeout          time.Duration
+	// Through, when set, reaches the host through the connection dialled (e.g. logs in over
+	// SSH and opens the daemon's socket there) and returns what to talk to it on. Cut still
+	// closes the connection dialled, which ends what runs through it.
+	Through func(net.Conn) (net.Conn, error)
 
 	mu     sync.Mutex
 	conn   net.Conn
@@ -35,7 +39,18 @@ func (d *CutDialer) Dial() (net.Conn, error) {
 		return nil, errors.New("the connection was cut before it was made")
 	}
 	d.conn = c
-	return c, nil
+	if d.Through == nil {
+		return c, nil
+	}
+	// The connection is held while Through talks on it, so that a Cut fails it too.
+	d.mu.Unlock()
+	through, err := d.Through(c)
+	d.mu.Lock()
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return through, nil
 }
 
 // Cut closes the connection, now or as soon as it is made.
