@@ -311,7 +311,7 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	if err != nil {
 		return err
 	}
-	drivers, err := newRegionDrivers(cat, rdb, role, sim.Options{Catalog: cat, BuildDelay: c.buildDelay, Faults: faults, Logger: log}, log)
+	drivers, err := newRegionDrivers(cat, rdb, role, sim.Options{Catalog: cat, BuildDelay: c.buildDelay, Faults: faults, Logger: log}, log, reg)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/computeql/computeql/region"
@@ -25,7 +26,7 @@ type regionDrivers struct {
 // for as long as the process runs. Every role but api drives
 // the simulator's clock; several clocks are safe, and the region keeps moving as long as any
 // process runs.
-func newRegionDrivers(cat *region.Catalog, rdb redis.UniversalClient, role string, simOpts sim.Options, log *slog.Logger) (*regionDrivers, error) {
+func newRegionDrivers(cat *region.Catalog, rdb redis.UniversalClient, role string, simOpts sim.Options, log *slog.Logger, reg prometheus.Registerer) (*regionDrivers, error) {
 	d := &regionDrivers{}
 	var routes []region.Route
 	var simulator *sim.Sim
@@ -53,6 +54,9 @@ func newRegionDrivers(cat *region.Catalog, rdb redis.UniversalClient, role strin
 				return nil, err
 			}
 			d.runs = append(d.runs, drv.Run)
+			if err := drv.Register(reg); err != nil {
+				return nil, err
+			}
 			routes = append(routes, region.Route{Region: r.ID, Driver: region.DriverLibvirt + ":" + r.ID, Client: drv})
 		default:
 			return nil, fmt.Errorf("region %q: driver %q is not built into this process", r.ID, r.Driver)

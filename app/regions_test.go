@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/computeql/computeql/redistest"
 	"github.com/computeql/computeql/region"
 	"github.com/computeql/computeql/region/sim"
@@ -89,9 +91,32 @@ func TestRegionDriversByRole(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.role, func(t *testing.T) {
 			rdb := srv.Client(t)
-			d, err := newRegionDrivers(cat, rdb, tt.role, sim.Options{Catalog: cat, Logger: log}, log)
+			reg := prometheus.NewRegistry()
+			d, err := newRegionDrivers(cat, rdb, tt.role, sim.Options{Catalog: cat, Logger: log}, log, reg)
 			if err != nil {
 				t.Fatal(err)
+			}
+			// A process with a libvirt driver says whether it reaches each host: this one's
+			// host does not exist.
+			families, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var connected []string
+			for _, f := range families {
+				for _, m := range f.GetMetric() {
+					if f.GetName() == "computeql_libvirt_host_connected" {
+						connected = append(connected, fmt.Sprintf("%v=%v", m.GetLabel(), m.GetGauge().GetValue()))
+					}
+				}
+			}
+			wantConnected := 0
+			if slices.Contains(tt.wantRuns, libvirtRun) {
+				wantConnected = 1
+			}
+			if len(connected) != wantConnected || wantConnected == 1 && !strings.Contains(connected[0], `value:"default"`) ||
+				wantConnected == 1 && !strings.HasSuffix(connected[0], "=0") {
+				t.Errorf("computeql_libvirt_host_connected: %v, want %d series, for host default, at 0", connected, wantConnected)
 			}
 			var runs []string
 			for _, run := range d.runs {

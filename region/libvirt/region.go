@@ -13,6 +13,7 @@ import (
 	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/computeql/computeql/region"
 )
@@ -106,6 +107,28 @@ func (d *Driver) Connected() bool {
 		}
 	}
 	return true
+}
+
+// Register adds the gauge computeql_libvirt_host_connected{region, host} to reg: 1 while this
+// process is connected to the host, 0 while it cannot reach it. Hosts come from the catalogue,
+// so the series are bounded by it.
+func (d *Driver) Register(reg prometheus.Registerer) error {
+	for _, h := range d.hosts {
+		gauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "computeql_libvirt_host_connected",
+			Help:        "Whether this process is connected to the libvirt host (1) or cannot reach it (0).",
+			ConstLabels: prometheus.Labels{"region": d.opts.Region.ID, "host": h.cfg.Name},
+		}, func() float64 {
+			if h.Connected() {
+				return 1
+			}
+			return 0
+		})
+		if err := reg.Register(gauge); err != nil {
+			return fmt.Errorf("libvirt: region %s host %s: %w", d.opts.Region.ID, h.cfg.Name, err)
+		}
+	}
+	return nil
 }
 
 // several reports whether the region has more than one host: a region of one has nothing to
