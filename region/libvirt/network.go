@@ -140,14 +140,7 @@ func release(conn *golibvirt.Libvirt, netName, mac string) error {
 	if netName == "" || mac == "" {
 		return nil
 	}
-	net, err := conn.NetworkLookupByName(netName)
-	if isCode(err, golibvirt.ErrNoNetwork) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	hosts, err := reservations(conn, net)
+	net, hosts, err := reservationsOf(conn, netName)
 	if err != nil {
 		return err
 	}
@@ -173,6 +166,20 @@ func affect(conn *golibvirt.Libvirt, net golibvirt.Network) golibvirt.NetworkUpd
 		return golibvirt.NetworkUpdateAffectConfig
 	}
 	return golibvirt.NetworkUpdateAffectLive | golibvirt.NetworkUpdateAffectConfig
+}
+
+// reservationsOf returns the network named and its DHCP reservations: none when the host has
+// no such network.
+func reservationsOf(conn *golibvirt.Libvirt, netName string) (golibvirt.Network, []libvirtxml.NetworkDHCPHost, error) {
+	net, err := conn.NetworkLookupByName(netName)
+	if isCode(err, golibvirt.ErrNoNetwork) {
+		return net, nil, nil
+	}
+	if err != nil {
+		return net, nil, err
+	}
+	hosts, err := reservations(conn, net)
+	return net, hosts, err
 }
 
 func reservations(conn *golibvirt.Libvirt, net golibvirt.Network) ([]libvirtxml.NetworkDHCPHost, error) {

@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	golibvirt "github.com/digitalocean/go-libvirt"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/computeql/computeql/region"
@@ -329,96 +328,66 @@ func (d *Driver) DeleteServer(ctx context.Context, id string) error {
 	return h.removeInstance(ctx, known.tags[region.InstanceTag])
 }
 
+// routed makes a call about a server on the host that holds it.
+func routed[T any](d *Driver, op, id string, call func(*hostDriver) (T, error)) (T, error) {
+	h, err := d.hostOf(op, id)
+	if err != nil {
+		var none T
+		return none, err
+	}
+	return call(h)
+}
+
 // GetServer implements region.Client.
 func (d *Driver) GetServer(ctx context.Context, id string) (region.Server, error) {
-	h, err := d.hostOf("get server", id)
-	if err != nil {
-		return region.Server{}, err
-	}
-	return h.GetServer(ctx, id)
+	return routed(d, "get server", id, func(h *hostDriver) (region.Server, error) { return h.GetServer(ctx, id) })
 }
 
 // UpdateNetworking implements region.Client.
 func (d *Driver) UpdateNetworking(ctx context.Context, id string, n region.ServerNetworking) (region.Server, error) {
-	h, err := d.hostOf("update networking", id)
-	if err != nil {
-		return region.Server{}, err
-	}
-	return h.UpdateNetworking(ctx, id, n)
+	return routed(d, "update networking", id, func(h *hostDriver) (region.Server, error) { return h.UpdateNetworking(ctx, id, n) })
 }
 
 // StartServer implements region.Client.
 func (d *Driver) StartServer(ctx context.Context, id string) (region.Server, error) {
-	h, err := d.hostOf("start server", id)
-	if err != nil {
-		return region.Server{}, err
-	}
-	return h.StartServer(ctx, id)
+	return routed(d, "start server", id, func(h *hostDriver) (region.Server, error) { return h.StartServer(ctx, id) })
 }
 
 // StopServer implements region.Client.
 func (d *Driver) StopServer(ctx context.Context, id string) (region.Server, error) {
-	h, err := d.hostOf("stop server", id)
-	if err != nil {
-		return region.Server{}, err
-	}
-	return h.StopServer(ctx, id)
+	return routed(d, "stop server", id, func(h *hostDriver) (region.Server, error) { return h.StopServer(ctx, id) })
 }
 
 // RebootServer implements region.Client.
 func (d *Driver) RebootServer(ctx context.Context, id string, hard bool) (region.Server, error) {
-	h, err := d.hostOf("reboot server", id)
-	if err != nil {
-		return region.Server{}, err
-	}
-	return h.RebootServer(ctx, id, hard)
+	return routed(d, "reboot server", id, func(h *hostDriver) (region.Server, error) { return h.RebootServer(ctx, id, hard) })
 }
 
 // ResizeServer implements region.Client: the server stays on its host, which must have room
 // for the new flavor.
 func (d *Driver) ResizeServer(ctx context.Context, id, flavorID string) (region.Server, error) {
-	h, err := d.hostOf("resize server", id)
-	if err != nil {
-		return region.Server{}, err
-	}
-	return h.ResizeServer(ctx, id, flavorID)
+	return routed(d, "resize server", id, func(h *hostDriver) (region.Server, error) { return h.ResizeServer(ctx, id, flavorID) })
 }
 
 // ConsoleOutput implements region.Client.
 func (d *Driver) ConsoleOutput(ctx context.Context, id string, tailBytes int) (region.ConsoleOutput, error) {
-	h, err := d.hostOf("console output", id)
-	if err != nil {
-		return region.ConsoleOutput{}, err
-	}
-	return h.ConsoleOutput(ctx, id, tailBytes)
+	return routed(d, "console output", id, func(h *hostDriver) (region.ConsoleOutput, error) { return h.ConsoleOutput(ctx, id, tailBytes) })
 }
 
 // OpenConsole implements region.Client.
 func (d *Driver) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser, error) {
-	h, err := d.hostOf("open console", id)
-	if err != nil {
-		return nil, err
-	}
-	return h.OpenConsole(ctx, id)
+	return routed(d, "open console", id, func(h *hostDriver) (io.ReadWriteCloser, error) { return h.OpenConsole(ctx, id) })
 }
 
 // SSHKey implements region.Client.
 func (d *Driver) SSHKey(ctx context.Context, id string) (region.SSHKey, error) {
-	h, err := d.hostOf("ssh key", id)
-	if err != nil {
-		return region.SSHKey{}, err
-	}
-	return h.SSHKey(ctx, id)
+	return routed(d, "ssh key", id, func(h *hostDriver) (region.SSHKey, error) { return h.SSHKey(ctx, id) })
 }
 
 // Snapshot implements region.Client: the image's volume is in the pool of the server's host,
 // where servers made from it then go.
 func (d *Driver) Snapshot(ctx context.Context, id string, req region.ImageRequest) (region.Image, error) {
-	h, err := d.hostOf("snapshot", id)
-	if err != nil {
-		return region.Image{}, err
-	}
-	return h.Snapshot(ctx, id, req)
+	return routed(d, "snapshot", id, func(h *hostDriver) (region.Image, error) { return h.Snapshot(ctx, id, req) })
 }
 
 // Images implements region.Client: the region's records of its images, which every host
@@ -563,14 +532,7 @@ func (d *hostDriver) holdsAddress(network, ip, mac string) bool {
 		}
 		return false
 	}
-	net, err := conn.NetworkLookupByName(network)
-	if isCode(err, golibvirt.ErrNoNetwork) {
-		return false
-	}
-	if err != nil {
-		return true
-	}
-	hosts, err := reservations(conn, net)
+	_, hosts, err := reservationsOf(conn, network)
 	if err != nil {
 		return true
 	}
