@@ -146,13 +146,16 @@ var redisServer *redistest.Server
 
 func TestMain(m *testing.M) { redistest.Main(m, &redisServer) }
 
-// TestLibvirtContract runs the region contract against real QEMU guests on a private libvirtd.
-// Its servers boot busybox with a disk beside it (busybox-disk), so that they have a disk to
-// snapshot.
+// TestLibvirtContract runs the region contract against real QEMU guests on a region of two
+// private libvirtd hosts, so that every call is routed to the host that holds its server, the
+// watch merges both hosts' events, and a snapshot's servers go to its host. Its servers boot
+// busybox with a disk beside it (busybox-disk), so that they have a disk to snapshot. A region
+// of one host is the same code with nothing to place or route; the other tests here run on
+// one.
 func TestLibvirtContract(t *testing.T) {
 	kernel, initrd := busybox(t)
-	host := virttest.Start(t, virttest.Options{})
-	cat := labCatalog(t, host, kernel, initrd, more{images: []string{diskImage(t, kernel, initrd)}})
+	racks := []*virttest.Host{virttest.Start(t, virttest.Options{}), virttest.Start(t, virttest.Options{})}
+	cat := labCatalog(t, racks[0], kernel, initrd, more{hosts: racks, images: []string{diskImage(t, kernel, initrd)}})
 	d := startDriver(t, cat)
 	regiontest.Run(t, regiontest.Harness{Client: d, Catalog: cat, Timeout: 2 * time.Minute, ResizeFlavor: "tiny2",
 		Spec: func(name string) region.ServerSpec {
