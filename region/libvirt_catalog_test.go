@@ -99,6 +99,10 @@ func TestLibvirtParseRefuses(t *testing.T) {
 			eu + `libvirt: hosts[1] "rack1": duplicate host name`},
 		{"host uri twice", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.URI, l.Hosts = "", twoHosts(); l.Hosts[1].URI = l.Hosts[0].URI }),
 			eu + `libvirt: hosts[1] "rack2": uri "qemu+tcp://rack1/system" names a host listed before`},
+		{"host uri twice, once with its default port", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) {
+			l.URI, l.Hosts = "", twoHosts()
+			l.Hosts[1].URI = "qemu+tcp://rack1:16509/system"
+		}), eu + `libvirt: hosts[1] "rack2": uri "qemu+tcp://rack1:16509/system" names a host listed before`},
 		{"host without a uri", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.URI, l.Hosts = "", twoHosts(); l.Hosts[1].URI = "" }),
 			eu + `libvirt: hosts[1] "rack2": uri is missing`},
 		{"host with a relative poolPath", libvirtRegion(func(_ *Catalog, l *LibvirtRegion) { l.URI, l.Hosts = "", twoHosts(); l.Hosts[0].PoolPath = "pool" }),

@@ -413,13 +413,14 @@ func validateLibvirtHosts(p *problems, e string, l *LibvirtRegion) {
 			p.add(e, "%sduplicate host name", where)
 		}
 		names[h.Name] = true
-		if _, err := ParseLibvirtURI(h.URI); err != nil {
+		// Two spellings of one daemon (a default port given or not) are the same host.
+		if u, err := ParseLibvirtURI(h.URI); err != nil {
 			p.add(e, "%s%v", where, err)
-		}
-		if uris[h.URI] {
+		} else if daemon := u.Network + " " + u.Address + " " + u.SSH.Socket; uris[daemon] {
 			p.add(e, "%suri %q names a host listed before", where, h.URI)
+		} else {
+			uris[daemon] = true
 		}
-		uris[h.URI] = true
 		if len(l.Hosts) > 0 && l.Hosts[i].PoolPath != "" && !filepath.IsAbs(h.PoolPath) {
 			p.add(e, "%spoolPath %q is not an absolute path", where, h.PoolPath)
 		}

@@ -1,8 +1,12 @@
 package virttest
 
 import (
+	"crypto"
+	"crypto/ecdsa"
 	"crypto/ed25519"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -49,8 +53,12 @@ func (h *Host) SSH(tb testing.TB) SSH {
 		tb.Skip(msg)
 	}
 	dir := tb.TempDir()
-	hostKey, hostPub := writeKey(tb, filepath.Join(dir, "host_key"))
-	clientKey, clientPub := writeKey(tb, filepath.Join(dir, "client_key"))
+	// Host keys of every kind, as a real host has, and only the ed25519 one known to the
+	// client: the client must ask for the kind it knows.
+	hostKey, hostPub := writeKey(tb, filepath.Join(dir, "host_ed25519"), newEd25519(tb))
+	ecdsaKey, _ := writeKey(tb, filepath.Join(dir, "host_ecdsa"), newECDSA(tb))
+	rsaKey, _ := writeKey(tb, filepath.Join(dir, "host_rsa"), newRSA(tb))
+	clientKey, clientPub := writeKey(tb, filepath.Join(dir, "client_key"), newEd25519(tb))
 	writeFile(tb, filepath.Join(dir, "authorized_keys"), string(ssh.MarshalAuthorizedKey(clientPub)))
 	// sshd wants its privilege separation directory; Debian's package makes it only at boot.
 	if err := os.MkdirAll("/run/sshd", 0o755); err != nil {
@@ -63,7 +71,7 @@ func (h *Host) SSH(tb testing.TB) SSH {
 	address := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	writeFile(tb, filepath.Join(dir, "known_hosts"), "[127.0.0.1]:"+strconv.Itoa(port)+" "+string(ssh.MarshalAuthorizedKey(hostPub)))
 	config := strings.Join([]string{
-		"Port " + strconv.Itoa(port), "ListenAddress 127.0.0.1", "HostKey " + hostKey,
+		"Port " + strconv.Itoa(port), "ListenAddress 127.0.0.1", "HostKey " + ecdsaKey, "HostKey " + rsaKey, "HostKey " + hostKey,
 		"AuthorizedKeysFile " + filepath.Join(dir, "authorized_keys"), "PidFile " + filepath.Join(dir, "sshd.pid"),
 		"StrictModes no", "PermitRootLogin prohibit-password", "PasswordAuthentication no",
 		"KbdInteractiveAuthentication no", "UsePAM no", "AllowStreamLocalForwarding yes",
@@ -100,14 +108,10 @@ func (h *Host) SSH(tb testing.TB) SSH {
 	}
 }
 
-// writeKey writes a new ed25519 private key in OpenSSH's form, readable by its owner alone, and
-// returns its path and public key.
-func writeKey(tb testing.TB, path string) (string, ssh.PublicKey) {
+// writeKey writes a private key in OpenSSH's form, readable by its owner alone, and returns its
+// path and public key.
+func writeKey(tb testing.TB, path string, priv crypto.Signer) (string, ssh.PublicKey) {
 	tb.Helper()
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	block, err := ssh.MarshalPrivateKey(priv, "")
 	if err != nil {
 		tb.Fatal(err)
@@ -115,11 +119,35 @@ func writeKey(tb testing.TB, path string) (string, ssh.PublicKey) {
 	if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
 		tb.Fatal(err)
 	}
-	sshPub, err := ssh.NewPublicKey(pub)
+	pub, err := ssh.NewPublicKey(priv.Public())
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return path, sshPub
+	return path, pub
+}
+
+func newEd25519(tb testing.TB) crypto.Signer {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return priv
+}
+
+func newECDSA(tb testing.TB) crypto.Signer {
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return priv
+}
+
+func newRSA(tb testing.TB) crypto.Signer {
+	priv, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return priv
 }
 
 func writeFile(tb testing.TB, path, content string) {

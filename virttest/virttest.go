@@ -292,6 +292,21 @@ func (h *Host) StopDaemon() error {
 	return nil
 }
 
+// Freeze stops libvirtd's process (SIGSTOP) without closing anything: its clients stay
+// connected to a daemon that answers nothing, as to a host that hangs. Thaw (SIGCONT) lets it
+// go on.
+func (h *Host) Freeze() error { return h.signal(syscall.SIGSTOP) }
+
+// Thaw lets a frozen libvirtd go on.
+func (h *Host) Thaw() error { return h.signal(syscall.SIGCONT) }
+
+func (h *Host) signal(sig syscall.Signal) error {
+	if h.cmd == nil || h.hasExited() {
+		return errors.New("virttest: libvirtd is not running")
+	}
+	return h.cmd.Process.Signal(sig)
+}
+
 // StartDaemon starts libvirtd again after StopDaemon, with the same state, configuration and
 // socket, and waits until it answers; it finds the guests that kept running.
 func (h *Host) StartDaemon(ctx context.Context) error {
@@ -416,6 +431,7 @@ func (h *Host) close() error {
 	deadline := time.Now().Add(h.opts.StopTimeout)
 	var errs []error
 	if h.cmd != nil && !h.hasExited() {
+		_ = h.cmd.Process.Signal(syscall.SIGCONT) // a test that failed while it was frozen
 		if h.ready {
 			if err := h.destroyAll(time.Until(deadline)); err != nil {
 				errs = append(errs, err)

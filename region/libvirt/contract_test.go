@@ -126,8 +126,15 @@ func startDriver(t testing.TB, cat *region.Catalog) *libvirt.Driver {
 
 // runDriver is startDriver on a Redis client as it is.
 func runDriver(t testing.TB, cat *region.Catalog, rdb redis.UniversalClient) *libvirt.Driver {
+	return runDriverWith(t, cat, rdb, func(*libvirt.Options) {})
+}
+
+// runDriverWith is runDriver with options edited.
+func runDriverWith(t testing.TB, cat *region.Catalog, rdb redis.UniversalClient, edit func(*libvirt.Options)) *libvirt.Driver {
 	lab, _ := cat.Region("lab")
-	d, err := libvirt.New(libvirt.Options{Region: *lab, Catalog: cat, Redis: rdb, Logger: slog.New(slog.DiscardHandler)})
+	opts := libvirt.Options{Region: *lab, Catalog: cat, Redis: rdb, Logger: slog.New(slog.DiscardHandler)}
+	edit(&opts)
+	d, err := libvirt.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

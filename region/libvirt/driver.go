@@ -92,9 +92,9 @@ type hostDriver struct {
 	// instancesKey is the host's set of instances (hostInstancesKey); "" in a region of one
 	// host.
 	instancesKey string
-	// addressTaken reports whether another host of the region holds an address of a network;
-	// nil in a region of one host.
-	addressTaken func(network, ip, mac string) bool
+	// elsewhere returns the addresses the region's other hosts hold in a network (by its name
+	// on the hosts), each with its MAC; nil in a region of one host.
+	elsewhere func(network string) map[string]string
 	// imports serialises this process's image imports, apart from reservations: an import can
 	// take minutes.
 	imports sync.Mutex
@@ -138,9 +138,18 @@ func newHost(opts Options, cfg region.LibvirtHost, keyHost string, watches *broa
 // errUnreachable is every call's answer while the host cannot be reached.
 func (d *hostDriver) errUnreachable(op string) error {
 	if d.keyHost != "" {
-		return fmt.Errorf("%s: libvirt %w", op, region.HostUnreachable{Region: d.opts.Region.ID, Host: d.cfg.Name})
+		return fmt.Errorf("%s: libvirt %w", op, d.unreachable())
 	}
 	return fmt.Errorf("%s: libvirt host of region %s: %w", op, d.opts.Region.ID, region.ErrUnreachable)
+}
+
+// unreachable is the error of the host not answering: HostUnreachable, naming it, in a region
+// that names its hosts.
+func (d *hostDriver) unreachable() error {
+	if d.keyHost != "" {
+		return region.HostUnreachable{Region: d.opts.Region.ID, Host: d.cfg.Name}
+	}
+	return region.ErrUnreachable
 }
 
 // host returns the connection, or ErrUnavailable while there is none.
@@ -169,7 +178,7 @@ func (d *hostDriver) fault(op string, err error) error {
 	if errors.As(err, &lerr) {
 		return fmt.Errorf("%s: %w", op, err)
 	}
-	return fmt.Errorf("%s: %v: %w", op, err, region.ErrUnreachable)
+	return fmt.Errorf("%s: %v: %w", op, err, d.unreachable())
 }
 
 // Run keeps the driver connected to its host until ctx ends: it dials, prepares the storage
@@ -284,6 +293,9 @@ func (d *hostDriver) session(parent context.Context) error {
 	if err := d.recordInstances(ctx, all); err != nil {
 		return fmt.Errorf("record the host's instances: %w", err)
 	}
+	if _, err := d.forgetInstances(ctx); err != nil {
+		return fmt.Errorf("forget instances the host no longer holds: %w", err)
+	}
 	jobCtx, stopJobs := context.WithCancel(ctx)
 	jobs = &jobGroup{ctx: jobCtx}
 	d.mu.Lock()
@@ -310,8 +322,31 @@ func (d *hostDriver) session(parent context.Context) error {
 	defer tick.Stop()
 	collect := time.NewTicker(orphanAge / 2)
 	defer collect.Stop()
-	beat := time.NewTicker(heartbeat)
-	defer beat.Stop()
+	// The heartbeat runs beside the loop: a host that stops answering while the loop waits on
+	// it (an event's lookup, a collection pass) is cut all the same, which fails that call and
+	// every other one waiting on the host, here or in the region's other hosts' placements.
+	beatCtx, stopBeat := context.WithCancel(ctx)
+	var beating sync.WaitGroup
+	defer func() {
+		stopBeat()
+		beating.Wait()
+	}()
+	beating.Go(func() {
+		beat := time.NewTicker(heartbeat)
+		defer beat.Stop()
+		for {
+			select {
+			case <-beatCtx.Done():
+				return
+			case <-beat.C:
+				if err := alive(conn); err != nil {
+					d.log.WarnContext(beatCtx, "libvirt host stopped answering; cutting the connection", "err", err)
+					cut.Cut()
+					return
+				}
+			}
+		}
+	})
 	for {
 		select {
 		case <-ctx.Done():
@@ -333,11 +368,6 @@ func (d *hostDriver) session(parent context.Context) error {
 		case <-tick.C:
 			d.forceStops(ctx, conn)
 			d.watchBuilds(conn)
-		case <-beat.C:
-			if err := alive(conn); err != nil {
-				cut.Cut() // fails every call still waiting on the host
-				return err
-			}
 		case <-collect.C:
 			n, err := d.collectVolumes(conn, pool)
 			if err != nil {
@@ -352,6 +382,13 @@ func (d *hostDriver) session(parent context.Context) error {
 			}
 			if n > 0 {
 				d.log.WarnContext(ctx, "orphaned DHCP reservations released", "count", n)
+			}
+			n, err = d.forgetInstances(ctx)
+			if err != nil {
+				d.log.WarnContext(ctx, "forget instances the host no longer holds", "err", err)
+			}
+			if n > 0 {
+				d.log.InfoContext(ctx, "instances the host no longer holds forgotten", "count", n)
 			}
 			n, err = d.collectFilters(conn)
 			if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,13 +20,19 @@ import (
 // naming the region and the flavor; while a host's daemon is stopped, its servers' instances
 // are ErrUnreachable naming it — also to a process that never reached it — and nothing is
 // taken to be gone; once it is back they are found as they were; and an instance whose server
-// was deleted is no longer one the host may hold.
+// was deleted is no longer one the host may hold. A host that hangs is cut, and creates go on
+// on the other.
 func TestLibvirtHosts(t *testing.T) {
 	kernel, initrd := busybox(t)
 	racks := []*virttest.Host{virttest.Start(t, virttest.Options{}), virttest.Start(t, virttest.Options{})}
 	cat := labCatalog(t, racks[0], kernel, initrd, more{hosts: racks})
 	rdb := redisServer.Client(t)
-	d := runDriver(t, cat, rdb)
+	// The driver's clock, which the test moves on past the time during which a delete leaves
+	// an instance recorded on its host (another process may be making a server of it).
+	var skew atomic.Int64
+	d := runDriverWith(t, cat, rdb, func(o *libvirt.Options) {
+		o.Now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	})
 	ctx := context.Background()
 
 	a, err := d.CreateServer(ctx, labSpec("a"))
@@ -40,18 +47,23 @@ func TestLibvirtHosts(t *testing.T) {
 		_ = d.DeleteServer(context.Background(), a.ID)
 		_ = d.DeleteServer(context.Background(), b.ID)
 	})
+	holds := func(rack int, id string) bool {
+		t.Helper()
+		l, err := racks[rack].Connect()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = l.Disconnect() }()
+		_, err = l.DomainLookupByName("computeql-" + id)
+		return err == nil
+	}
 	rackOf := func(id string) int {
 		t.Helper()
 		at := -1
-		for i, h := range racks {
-			l, err := h.Connect()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := l.DomainLookupByName("computeql-" + id); err == nil {
+		for i := range racks {
+			if holds(i, id) {
 				at = i
 			}
-			_ = l.Disconnect()
 		}
 		return at
 	}
@@ -139,6 +151,38 @@ func TestLibvirtHosts(t *testing.T) {
 		}, "the server on the host that came back is found RUNNING")
 	}
 
+	// A host that hangs (its daemon frozen, the connection open) is cut by the heartbeat: a
+	// create meanwhile goes to the other host, and the instance of the hung host's server says
+	// its host cannot be reached.
+	stayRack, stayName := racks[ra], "rack"+string(rune('1'+ra))
+	if err := stayRack.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := d.CreateServer(ctx, labSpec("c"))
+	if err != nil {
+		t.Fatalf("create while a host hangs: %v", err)
+	}
+	t.Cleanup(func() { _ = d.DeleteServer(context.Background(), c.ID) })
+	if !holds(rb, c.ID) {
+		t.Errorf("a server made while rack%d hangs is not on rack%d", ra+1, rb+1)
+	}
+	eventually.Holds(t, 30*time.Second, func() bool {
+		var host region.HostUnreachable
+		_, err := find(d, stays)
+		return errors.As(err, &host) && host.Host == stayName
+	}, "the instance on the hung host is unreachable, naming %s", stayName)
+	if err := stayRack.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	eventually.Holds(t, 30*time.Second, func() bool {
+		got, err := find(d, stays)
+		return err == nil && len(got) == 1 && got[0].State == region.ServerRunning
+	}, "the server on the host that hung is found RUNNING once it answers again")
+	if err := d.DeleteServer(ctx, c.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	skew.Store(int64(time.Minute))
 	if err := d.DeleteServer(ctx, away.ID); err != nil {
 		t.Fatal(err)
 	}

@@ -29,10 +29,8 @@ func imageReadyKey(regionID, host, volume string) string {
 	return poolKey(regionID, host) + "imported:" + volume
 }
 
-// hostInstancesKey is the set of the instances (the values of their region.InstanceTag) that
-// may have a server on a host: added to before a server is made there, removed from once the
-// host has none left. While the host cannot be reached, it is what says that an instance's
-// server may be there, so that nothing is made again elsewhere.
+// hostInstancesKey is a host's record of the instances that may have a server on it, in a
+// region of several hosts (instances.go).
 func hostInstancesKey(regionID, host string) string {
 	return "libvirt:{" + regionID + "}:host-instances:" + host
 }

@@ -103,6 +103,11 @@ func (d *hostDriver) reserve(conn *golibvirt.Libvirt, net golibvirt.Network, n *
 	if err != nil {
 		return "", err
 	}
+	if d.elsewhere != nil {
+		for ip := range d.elsewhere(net.Name) {
+			used[ip] = true
+		}
+	}
 	last := lastAddress(n.Prefix)
 	conflicts := 0
 	for ip := gateway(n.Prefix).Next(); ip.Less(last); ip = ip.Next() {
@@ -117,13 +122,16 @@ func (d *hostDriver) reserve(conn *golibvirt.Libvirt, net golibvirt.Network, n *
 			return "", err
 		}
 		err = conn.NetworkUpdateCompat(net, golibvirt.NetworkUpdateCommandAddLast, golibvirt.NetworkSectionIPDhcpHost, -1, doc, affect(conn, net))
-		if err == nil && d.addressTaken != nil && d.addressTaken(net.Name, ip.String(), mac) {
-			// Another host of the region has it. Looked at only once ours is made: of two
-			// hosts reserving an address at once, at least one sees the other's and moves on.
-			if err := release(conn, net.Name, mac); err != nil {
-				return "", fmt.Errorf("give back %s in network %s: %w", ip, net.Name, err)
+		if err == nil && d.elsewhere != nil {
+			// Another host of the region may have taken it since it was read: looked at again
+			// once ours is made, so that of two hosts reserving it at once at least one sees
+			// the other's and moves on.
+			if other, taken := d.elsewhere(net.Name)[ip.String()]; taken && !strings.EqualFold(other, mac) {
+				if err := release(conn, net.Name, mac); err != nil {
+					return "", fmt.Errorf("give back %s in network %s: %w", ip, net.Name, err)
+				}
+				continue
 			}
-			continue
 		}
 		if err == nil {
 			return ip.String(), nil

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -82,7 +81,7 @@ func New(opts Options) (*Driver, error) {
 	if len(d.hosts) > 1 {
 		for _, h := range d.hosts {
 			h.instancesKey = hostInstancesKey(r.ID, h.cfg.Name)
-			h.addressTaken = d.takenElsewhere(h)
+			h.elsewhere = d.addressesElsewhere(h)
 		}
 	}
 	return d, nil
@@ -228,11 +227,20 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 	}
 	defer placed()
 	// Recorded before the host is asked, so that a host that goes away while it makes the
-	// server is known to hold it.
-	if err := h.addInstance(ctx, spec.Tags[region.InstanceTag]); err != nil {
+	// server is known to hold it, and again once it has: a delete of another server of the
+	// instance meanwhile, which did not see this one, may have removed it.
+	instanceID := spec.Tags[region.InstanceTag]
+	if err := h.addInstance(ctx, instanceID); err != nil {
 		return region.Server{}, fmt.Errorf("create server: %w", err)
 	}
-	return h.create(ctx, spec, r)
+	srv, err := h.create(ctx, spec, r)
+	if err != nil {
+		return srv, err
+	}
+	if err := h.addInstance(ctx, instanceID); err != nil {
+		return region.Server{}, fmt.Errorf("create server: %w", err)
+	}
+	return srv, nil
 }
 
 // place chooses the host for a server of the flavor (only pinned, when not nil) and admits
@@ -269,17 +277,19 @@ func (d *Driver) place(flavor *region.Flavor, pinned *hostDriver) (h *hostDriver
 			return nil, nil, fmt.Errorf("create server: %w", err)
 		}
 	}
-	if !d.anyConnected(pinned) {
-		return nil, nil, fmt.Errorf("create server: no host of region %s that could hold it can be reached: %w", d.opts.Region.ID, region.ErrUnreachable)
+	if pinned != nil && !pinned.Connected() {
+		return nil, nil, pinned.errUnreachable("create server from a snapshot in its pool")
+	}
+	if pinned == nil && !d.anyConnected() {
+		return nil, nil, fmt.Errorf("create server: no host of region %s can be reached: %w", d.opts.Region.ID, region.ErrUnreachable)
 	}
 	return nil, nil, fmt.Errorf("no host of region %s has room for flavor %s: %w", d.opts.Region.ID, flavor.ID, region.ErrNoCapacity)
 }
 
-// anyConnected reports whether a host that may take a server (only pinned, when not nil) is
-// connected.
-func (d *Driver) anyConnected(pinned *hostDriver) bool {
+// anyConnected reports whether a host of the region is connected.
+func (d *Driver) anyConnected() bool {
 	for _, h := range d.hosts {
-		if (pinned == nil || h == pinned) && h.Connected() {
+		if h.Connected() {
 			return true
 		}
 	}
@@ -321,11 +331,11 @@ func (d *Driver) DeleteServer(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	known, _ := h.index.get(id)
+	instanceID := h.instanceOf(id)
 	if err := h.DeleteServer(ctx, id); err != nil {
 		return err
 	}
-	return h.removeInstance(ctx, known.tags[region.InstanceTag])
+	return h.removeInstance(ctx, instanceID, h.opts.Now().Add(-recentlyAdded))
 }
 
 // routed makes a call about a server on the host that holds it.
@@ -449,99 +459,37 @@ func (d *Driver) Watch(ctx context.Context, after string, fn func(region.Event) 
 	}
 }
 
-// takenElsewhere reports whether a host of the region other than self holds an address of a
-// network (by the network's name on the hosts) for another MAC: an address is the region's,
-// not a host's, so no two servers of a network share one whichever hosts they are on.
-func (d *Driver) takenElsewhere(self *hostDriver) func(network, ip, mac string) bool {
-	return func(network, ip, mac string) bool {
+// addressesElsewhere returns the addresses the hosts of the region other than self hold in a
+// network, with their MACs: an address is the region's, not a host's, so no two servers of a
+// network share one whichever hosts they are on.
+func (d *Driver) addressesElsewhere(self *hostDriver) func(network string) map[string]string {
+	return func(network string) map[string]string {
+		held := map[string]string{}
 		for _, h := range d.hosts {
-			if h != self && h.holdsAddress(network, ip, mac) {
-				return true
+			if h != self {
+				h.addresses(network, held)
 			}
 		}
-		return false
+		return held
 	}
 }
 
-// The hosts' sets of instances (hostInstancesKey), kept only in a region of several hosts.
-
-// addInstance records that the host may hold a server of the instance.
-func (d *hostDriver) addInstance(ctx context.Context, instanceID string) error {
-	if d.instancesKey == "" || instanceID == "" {
-		return nil
-	}
-	if err := d.opts.Redis.SAdd(ctx, d.instancesKey, instanceID).Err(); err != nil {
-		return fmt.Errorf("record the host of instance %s: %v: %w", instanceID, err, region.ErrUnavailable)
-	}
-	return nil
-}
-
-// removeInstance records that the host holds no server of the instance, unless it still does.
-func (d *hostDriver) removeInstance(ctx context.Context, instanceID string) error {
-	if d.instancesKey == "" || instanceID == "" || d.index.tagged(region.InstanceTag, instanceID) {
-		return nil
-	}
-	if err := d.opts.Redis.SRem(ctx, d.instancesKey, instanceID).Err(); err != nil {
-		return fmt.Errorf("forget the host of instance %s: %v: %w", instanceID, err, region.ErrUnavailable)
-	}
-	return nil
-}
-
-// mayHold reports whether the host, which cannot be reached, may hold a server with the tag:
-// this process last saw one there, or the host's set of instances has it. Only the instance
-// tag is recorded, so for any other tag the host may.
-func (d *hostDriver) mayHold(ctx context.Context, tag, value string) (bool, error) {
-	if tag != region.InstanceTag || d.index.tagged(tag, value) {
-		return true, nil
-	}
-	in, err := d.opts.Redis.SIsMember(ctx, d.instancesKey, value).Result()
-	if err != nil {
-		return false, fmt.Errorf("the hosts of instance %s: %v: %w", value, err, region.ErrUnavailable)
-	}
-	return in, nil
-}
-
-// recordInstances adds the instances of the servers the host holds to its set, as it connects:
-// the host is the truth, and servers made before the region had several hosts are recorded too.
-func (d *hostDriver) recordInstances(ctx context.Context, servers []indexed) error {
-	if d.instancesKey == "" {
-		return nil
-	}
-	var ids []any
-	for _, s := range servers {
-		if id := s.tags[region.InstanceTag]; id != "" {
-			ids = append(ids, id)
-		}
-	}
-	if len(ids) == 0 {
-		return nil
-	}
-	return d.opts.Redis.SAdd(ctx, d.instancesKey, ids...).Err()
-}
-
-// holdsAddress reports whether the host holds the address in the network for a MAC other than
-// mac: by its reservations while connected, else by the servers this process last saw there.
-// A host that fails to answer is taken to hold it, so that the address is not handed out twice.
-func (d *hostDriver) holdsAddress(network, ip, mac string) bool {
-	conn, err := d.host("")
-	if err != nil {
-		for _, s := range d.index.all() {
-			if s.network == network && s.ip == ip && s.mac != mac {
-				return true
+// addresses adds the addresses the host holds in the network to held: its reservations while
+// it answers, else those of the servers this process last saw there.
+func (d *hostDriver) addresses(network string, held map[string]string) {
+	if conn, err := d.host(""); err == nil {
+		if _, hosts, err := reservationsOf(conn, network); err == nil {
+			for _, h := range hosts {
+				held[h.IP] = h.MAC
 			}
-		}
-		return false
-	}
-	_, hosts, err := reservationsOf(conn, network)
-	if err != nil {
-		return true
-	}
-	for _, h := range hosts {
-		if h.IP == ip && !strings.EqualFold(h.MAC, mac) {
-			return true
+			return
 		}
 	}
-	return false
+	for _, s := range d.index.all() {
+		if s.network == network && s.ip != "" {
+			held[s.ip] = s.mac
+		}
+	}
 }
 
 // room is how much memory the host has free beside what it holds and what this process is

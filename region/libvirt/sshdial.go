@@ -1,12 +1,15 @@
 package libvirt
 
 import (
+	"crypto/ed25519"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/user"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"golang.org/x/crypto/ssh"
@@ -25,6 +28,7 @@ func sshThrough(cfg region.LibvirtSSH, address string, timeout time.Duration) fu
 		if err != nil {
 			return nil, err
 		}
+		config.HostKeyAlgorithms = knownAlgorithms(config.HostKeyCallback, address, c.RemoteAddr())
 		// The handshake has no deadline of its own: a server that accepts and says nothing
 		// would hold it for ever.
 		if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
@@ -95,4 +99,39 @@ func sshConfig(cfg region.LibvirtSSH, timeout time.Duration) (*ssh.ClientConfig,
 		return nil, fmt.Errorf("ssh: known hosts: %w", err)
 	}
 	return &ssh.ClientConfig{User: name, Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)}, HostKeyCallback: hostKey, Timeout: timeout}, nil
+}
+
+// probeKey is a key no known hosts file holds, shown to a known-hosts check to learn which keys
+// it holds for a host.
+var probeKey = sync.OnceValue(func() ssh.PublicKey {
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		panic(err) // crypto/rand does not fail on supported platforms
+	}
+	key, err := ssh.NewPublicKey(pub)
+	if err != nil {
+		panic(err)
+	}
+	return key
+})
+
+// knownAlgorithms are the algorithms of the keys known hosts holds for the host, for the host
+// to show one of them: a host has keys of several kinds, and shown a kind known hosts does
+// not hold for it, the check would refuse the host as if its key had changed. Nil when known
+// hosts holds none (the check then refuses it as unknown).
+func knownAlgorithms(check ssh.HostKeyCallback, address string, remote net.Addr) []string {
+	var known *knownhosts.KeyError
+	if !errors.As(check(address, remote, probeKey()), &known) {
+		return nil
+	}
+	var algorithms []string
+	for _, k := range known.Want {
+		switch t := k.Key.Type(); t {
+		case ssh.KeyAlgoRSA:
+			algorithms = append(algorithms, ssh.KeyAlgoRSASHA512, ssh.KeyAlgoRSASHA256, ssh.KeyAlgoRSA)
+		default:
+			algorithms = append(algorithms, t)
+		}
+	}
+	return algorithms
 }

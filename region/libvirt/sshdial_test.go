@@ -35,7 +35,7 @@ func TestLibvirtSSHLogin(t *testing.T) {
 	}{
 		{"known host, accepted key", func(*region.LibvirtSSH) {}, ""},
 		{"unknown host key", func(s *region.LibvirtSSH) { s.KnownHosts = empty }, "knownhosts: key is unknown"},
-		{"key the host does not accept", func(s *region.LibvirtSSH) { s.KeyFile = filepath.Join(filepath.Dir(through.KeyFile), "host_key") },
+		{"key the host does not accept", func(s *region.LibvirtSSH) { s.KeyFile = filepath.Join(filepath.Dir(through.KeyFile), "host_ed25519") },
 			"unable to authenticate"},
 		{"no such socket on the host", func(s *region.LibvirtSSH) { s.Socket = "/nonexistent/libvirt-sock" }, "open the daemon's socket"},
 	} {

@@ -46,6 +46,10 @@ func (d *CutDialer) Dial() (net.Conn, error) {
 	d.mu.Unlock()
 	through, err := d.Through(c)
 	d.mu.Lock()
+	if err == nil && d.closed {
+		through.Close()
+		err = errors.New("the connection was cut while it was made")
+	}
 	if err != nil {
 		c.Close()
 		return nil, err
