@@ -168,25 +168,27 @@ func retryAfter(ctx context.Context, resp *gophercloud.ErrUnexpectedResponseCode
 	}
 }
 
+// statusError keeps the HTTP status of a classified error of the cloud, for the callers that
+// must tell a conflict from another refusal; it reads as the error it wraps.
+type statusError struct {
+	status int
+	err    error
+}
+
+func (e *statusError) Error() string { return e.err.Error() }
+func (e *statusError) Unwrap() error { return e.err }
+
+// isConflict reports whether the cloud answered 409: the server is busy with something else.
+func isConflict(err error) bool {
+	var se *statusError
+	return errors.As(err, &se) && se.status == http.StatusConflict
+}
+
 // fault classifies an error of the cloud as the region's errors, keeping the cloud's message.
 func fault(what string, err error) error {
 	var code gophercloud.ErrUnexpectedResponseCode
 	if errors.As(err, &code) {
-		msg := cloudMessage(code.Body)
-		if msg == "" {
-			msg = http.StatusText(code.Actual)
-		}
-		switch {
-		case code.Actual == http.StatusNotFound:
-			return fmt.Errorf("openstack: %s: %s: %w", what, msg, errNotFound)
-		case code.Actual >= 500 || code.Actual == http.StatusTooManyRequests:
-			return fmt.Errorf("openstack: %s: %d %s: %w", what, code.Actual, msg, region.ErrUnavailable)
-		case quota(code.Body):
-			return fmt.Errorf("openstack: %s: %s: %w", what, msg, region.ErrNoCapacity)
-		case code.Actual == http.StatusUnauthorized:
-			return fmt.Errorf("openstack: %s: the cloud refused computeql's credentials: %s: %w", what, msg, region.ErrUnavailable)
-		}
-		return fmt.Errorf("openstack: %s: %s: %w", what, msg, region.ErrRefused)
+		return &statusError{status: code.Actual, err: classify(what, code)}
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("openstack: %s: %w: %w", what, err, region.ErrUnavailable)
@@ -197,6 +199,25 @@ func fault(what string, err error) error {
 		return fmt.Errorf("openstack: %s: %w: %w", what, err, region.ErrUnreachable)
 	}
 	return fmt.Errorf("openstack: %s: %w: %w", what, err, region.ErrUnavailable)
+}
+
+// classify is the region's error of an answer of the cloud that is not a success.
+func classify(what string, code gophercloud.ErrUnexpectedResponseCode) error {
+	msg := cloudMessage(code.Body)
+	if msg == "" {
+		msg = http.StatusText(code.Actual)
+	}
+	switch {
+	case code.Actual == http.StatusNotFound:
+		return fmt.Errorf("openstack: %s: %s: %w", what, msg, errNotFound)
+	case code.Actual >= 500 || code.Actual == http.StatusTooManyRequests:
+		return fmt.Errorf("openstack: %s: %d %s: %w", what, code.Actual, msg, region.ErrUnavailable)
+	case quota(code.Body):
+		return fmt.Errorf("openstack: %s: %s: %w", what, msg, region.ErrNoCapacity)
+	case code.Actual == http.StatusUnauthorized:
+		return fmt.Errorf("openstack: %s: the cloud refused computeql's credentials: %s: %w", what, msg, region.ErrUnavailable)
+	}
+	return fmt.Errorf("openstack: %s: %s: %w", what, msg, region.ErrRefused)
 }
 
 // errNotFound is a 404 of the cloud, which each caller turns into what is missing.

@@ -388,14 +388,36 @@ func (d *Driver) UpdateNetworking(ctx context.Context, id string, n region.Serve
 	}
 	// The record last, once the cloud enforces it; it also moves the server's updated time,
 	// which is how the watch learns of the change.
-	err = d.call(ctx, "record the networking of server "+id, func(ctx context.Context, c *clients) error {
-		_, err := servers.UpdateMetadata(ctx, c.compute, id, servers.MetadataOpts(encodeNetworking(n))).Extract()
-		return err
-	})
-	if err != nil {
-		return region.Server{}, notFoundAs(err, region.ErrServerNotFound)
+	if err := d.recordNetworking(ctx, id, n); err != nil {
+		return region.Server{}, err
 	}
 	return d.GetServer(ctx, id)
+}
+
+// recordNetworking writes the networking into the server's metadata. Nova takes no metadata
+// while the server is building or in the middle of a task (409): the write is tried again
+// until the request timeout, then the caller is told to retry (ErrUnavailable), the cloud
+// enforcing the new networking already.
+func (d *Driver) recordNetworking(ctx context.Context, id string, n region.ServerNetworking) error {
+	ctx, cancel := context.WithTimeout(ctx, d.requestTimeout)
+	defer cancel()
+	tick := time.NewTicker(resizePoll)
+	defer tick.Stop()
+	for {
+		err := d.call(ctx, "record the networking of server "+id, func(ctx context.Context, c *clients) error {
+			_, err := servers.UpdateMetadata(ctx, c.compute, id, servers.MetadataOpts(encodeNetworking(n))).Extract()
+			return err
+		})
+		if err == nil || !isConflict(err) {
+			return notFoundAs(err, region.ErrServerNotFound)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("openstack: server %s is busy, its networking is enforced but not yet recorded (%s): %w",
+				id, region.Reason(err, region.ErrRefused), region.ErrUnavailable)
+		case <-tick.C:
+		}
+	}
 }
 
 func (d *Driver) DeleteServer(ctx context.Context, id string) error {
