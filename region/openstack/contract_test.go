@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/flavors"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/quotasets"
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/security/groups"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/security/rules"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
@@ -148,7 +150,44 @@ func TestOpenStackDriver(t *testing.T) {
 		})
 	})
 	t.Run("security groups", func(t *testing.T) { l.securityGroups(t, d) })
+	t.Run("servers of the region only", func(t *testing.T) { l.regionOnly(t, d) })
 	t.Run("quota", func(t *testing.T) { l.quota(t, d) })
+}
+
+// regionOnly: Servers lists the region's servers with their spec, and neither it nor GetServer
+// knows a server of the cloud project that computeql did not make.
+func (l *lab) regionOnly(t *testing.T, d *ostack.Driver) {
+	sp := spec("listed")
+	srv, err := d.CreateServer(t.Context(), sp)
+	if err != nil {
+		t.Fatalf("CreateServer: %v", err)
+	}
+	t.Cleanup(func() { d.DeleteServer(context.Background(), srv.ID) })
+	other, err := servers.Create(t.Context(), l.compute, servers.CreateOpts{
+		Name: "made-by-hand", FlavorRef: l.cloud.FlavorID, ImageRef: l.cloud.ImageID, Networks: []servers.Network{{UUID: l.cloud.NetworkID}},
+	}, nil).Extract()
+	if err != nil {
+		t.Fatalf("create a server by hand: %v", err)
+	}
+	t.Cleanup(func() { servers.Delete(context.Background(), l.compute, other.ID) })
+
+	all, err := d.Servers(t.Context())
+	if err != nil {
+		t.Fatalf("Servers: %v", err)
+	}
+	i := slices.IndexFunc(all, func(s region.Server) bool { return s.ID == srv.ID })
+	if i < 0 {
+		t.Fatalf("Servers lists %d servers, without %s", len(all), srv.ID)
+	}
+	if got := all[i]; got.Scope != sp.Scope || got.Name != sp.Name || got.FlavorID != sp.FlavorID || !maps.Equal(got.Tags, sp.Tags) {
+		t.Errorf("Servers lists %+v, want the spec %+v", got.ServerSpec, sp)
+	}
+	if slices.ContainsFunc(all, func(s region.Server) bool { return s.ID == other.ID }) {
+		t.Errorf("Servers lists %s, which computeql did not make", other.ID)
+	}
+	if _, err := d.GetServer(t.Context(), other.ID); !errors.Is(err, region.ErrServerNotFound) {
+		t.Errorf("GetServer of a server computeql did not make: %v, want ErrServerNotFound", err)
+	}
 }
 
 // securityGroups: a server's port has the cloud's groups its catalogue groups name and a group
