@@ -345,7 +345,8 @@ func (d *Driver) FindServers(ctx context.Context, scope region.Scope, tag, value
 	return out, nil
 }
 
-// Servers lists every server of the region, for audits and the collection of orphans.
+// Servers lists every server of the region, for audits and the collection of orphans; without
+// their addresses and MACs, which would cost a call of Neutron per server.
 func (d *Driver) Servers(ctx context.Context) ([]region.Server, error) {
 	var out []region.Server
 	err := d.call(ctx, "list servers", func(ctx context.Context, c *clients) error {

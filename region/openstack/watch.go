@@ -78,12 +78,13 @@ func (w *watcher) poll(ctx context.Context, fn func(region.Event) error) error {
 	})
 	for i := range list {
 		s := &list[i]
+		// Every server listed moves the cursor, the region's or not, so that the servers of
+		// other regions of the cloud project are not listed again and again.
 		ev, ok := w.event(s, since)
-		if !ok {
-			continue
-		}
-		if err := fn(ev); err != nil {
-			return err
+		if ok {
+			if err := fn(ev); err != nil {
+				return err
+			}
 		}
 		if s.Updated.After(w.cursor) {
 			w.cursor = s.Updated
