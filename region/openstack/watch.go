@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -32,7 +33,7 @@ func (d *Driver) Watch(ctx context.Context, after string, fn func(region.Event) 
 			return fmt.Errorf("openstack: watch cursor %q is not a time such as %s: %w", after, cursorLayout, region.ErrRefused)
 		}
 	}
-	w := &watcher{d: d, cursor: cursor, seen: map[string]time.Time{}, created: map[string]time.Time{}}
+	w := newWatcher(d, cursor)
 	tick := time.NewTicker(d.pollInterval)
 	defer tick.Stop()
 	for {
@@ -55,6 +56,14 @@ type watcher struct {
 	seen map[string]time.Time
 	// created are the servers reported created, by their creation time, within the overlap.
 	created map[string]time.Time
+	// building are the servers last listed BUILD, with the event that reported them. Nova
+	// deletes a server that has not reached a compute cell yet without moving its updated time,
+	// so its deletion never shows in changes-since: each poll reads these servers one by one.
+	building map[string]region.Event
+}
+
+func newWatcher(d *Driver, cursor time.Time) *watcher {
+	return &watcher{d: d, cursor: cursor, seen: map[string]time.Time{}, created: map[string]time.Time{}, building: map[string]region.Event{}}
 }
 
 // poll reports the changes since the last; only fn's error ends the watch.
@@ -90,6 +99,9 @@ func (w *watcher) poll(ctx context.Context, fn func(region.Event) error) error {
 			w.cursor = s.Updated
 		}
 	}
+	if err := w.checkBuilding(ctx, fn); err != nil {
+		return err
+	}
 	for k, t := range w.seen {
 		if t.Before(since) {
 			delete(w.seen, k)
@@ -109,17 +121,22 @@ func (w *watcher) event(s *changed, since time.Time) (region.Event, bool) {
 	if !ok || scope.RegionID != w.d.opts.Region.ID {
 		return region.Event{}, false
 	}
-	key := fingerprint(s)
-	if _, dup := w.seen[key]; dup {
-		return region.Event{}, false
-	}
-	w.seen[key] = s.Updated
 	tags := map[string]string{region.InstanceTag: value}
 	// A deleted server has lost its metadata; the description still says whose it was.
 	if len(s.Metadata) > 0 {
 		tags = decodeSpec(s.Metadata).Tags
 	}
 	ev := region.Event{Cursor: s.Updated.UTC().Format(cursorLayout), Kind: region.ServerUpdated, ServerID: s.ID, Scope: scope, Tags: tags}
+	if s.Status == "BUILD" {
+		w.building[s.ID] = ev
+	} else {
+		delete(w.building, s.ID)
+	}
+	key := fingerprint(s)
+	if _, dup := w.seen[key]; dup {
+		return region.Event{}, false
+	}
+	w.seen[key] = s.Updated
 	_, reported := w.created[s.ID]
 	switch {
 	case s.Status == "DELETED" || s.Status == "SOFT_DELETED":
@@ -129,6 +146,33 @@ func (w *watcher) event(s *changed, since time.Time) (region.Event, bool) {
 		w.created[s.ID] = s.Created
 	}
 	return ev, true
+}
+
+// checkBuilding reads the servers last listed BUILD, and reports those gone deleted; one that
+// cannot be read now is read again at the next poll.
+func (w *watcher) checkBuilding(ctx context.Context, fn func(region.Event) error) error {
+	for id, ev := range w.building {
+		var s *servers.Server
+		err := w.d.call(ctx, "read building server "+id, func(ctx context.Context, c *clients) error {
+			var err error
+			s, err = servers.Get(ctx, c.compute, id).Extract()
+			return err
+		})
+		switch {
+		case errors.Is(err, errNotFound) || err == nil && (s.Status == "DELETED" || s.Status == "SOFT_DELETED"):
+			delete(w.building, id)
+			ev.Kind, ev.Cursor = region.ServerDeleted, w.cursor.UTC().Format(cursorLayout)
+			if err := fn(ev); err != nil {
+				return err
+			}
+		case err != nil:
+			w.d.log.Warn("openstack: watch: read a building server", "server", id, "err", err)
+		case s.Status != "BUILD":
+			// Built: the listing reports it, having moved its updated time.
+			delete(w.building, id)
+		}
+	}
+	return nil
 }
 
 // fingerprint tells a change of a server from another. Nova's updated time has whole

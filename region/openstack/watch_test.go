@@ -20,7 +20,7 @@ func TestWatchEvents(t *testing.T) {
 	}
 	scope := region.Scope{OrganizationID: "acme", ProjectID: "web", RegionID: "os", NetworkID: "os-web"}
 	d := &Driver{opts: Options{Region: region.Region{ID: "os"}}}
-	w := &watcher{d: d, seen: map[string]time.Time{}, created: map[string]time.Time{}}
+	w := newWatcher(d, time.Time{})
 	since := t0.Add(-watchOverlap)
 
 	for i, step := range []struct {
@@ -38,6 +38,11 @@ func TestWatchEvents(t *testing.T) {
 		{"deleted: Nova has forgotten its metadata", at("DELETED", "", t0, t0.Add(2*time.Second), nil), region.ServerDeleted},
 	} {
 		ev, ok := w.event(&step.s, since)
+		// A server listed BUILD is read at every poll until it is listed otherwise, since Nova
+		// may delete it without listing the deletion.
+		if _, tracked := w.building["s1"]; tracked != (step.s.Status == "BUILD") {
+			t.Errorf("step %d (%s): tracked as building: %t", i, step.name, tracked)
+		}
 		if step.want == "" {
 			if ok {
 				t.Errorf("step %d (%s): reported %+v, want nothing", i, step.name, ev)
@@ -61,7 +66,7 @@ func TestWatchEvents(t *testing.T) {
 	}
 
 	// A watch resumed from a cursor well after a server's creation reports it updated.
-	later := &watcher{d: d, seen: map[string]time.Time{}, created: map[string]time.Time{}}
+	later := newWatcher(d, time.Time{})
 	s := at("SHUTOFF", "", t0, t0.Add(time.Minute), md)
 	if ev, ok := later.event(&s, t0.Add(time.Minute-watchOverlap)); !ok || ev.Kind != region.ServerUpdated {
 		t.Errorf("a server made long before the watch: %+v (%t), want it updated", ev, ok)
