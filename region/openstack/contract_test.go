@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -151,7 +152,107 @@ func TestOpenStackDriver(t *testing.T) {
 	})
 	t.Run("security groups", func(t *testing.T) { l.securityGroups(t, d) })
 	t.Run("servers of the region only", func(t *testing.T) { l.regionOnly(t, d) })
+	t.Run("user data and SSH keys", func(t *testing.T) { l.userData(t, d) })
+	t.Run("deleted while it builds", func(t *testing.T) { deletedWhileBuilding(t, d) })
 	t.Run("quota", func(t *testing.T) { l.quota(t, d) })
+}
+
+// deletedWhileBuilding: a server deleted as soon as the watch has seen it, which is mostly
+// while it builds and before it reaches a compute cell (when Nova deletes it without moving its
+// updated time, so that changes-since never lists the deletion), is reported deleted all the
+// same.
+func deletedWhileBuilding(t *testing.T, d *ostack.Driver) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var id atomic.Value
+	id.Store("")
+	kinds := make(chan region.EventKind, 64)
+	ended := make(chan error, 1)
+	go func() {
+		ended <- d.Watch(ctx, "", func(ev region.Event) error {
+			if ev.ServerID == id.Load() {
+				select {
+				case kinds <- ev.Kind:
+				case <-ctx.Done():
+				}
+			}
+			return nil
+		})
+	}()
+	srv, err := d.CreateServer(t.Context(), spec("short-lived"))
+	if err != nil {
+		t.Fatalf("CreateServer: %v", err)
+	}
+	id.Store(srv.ID)
+	await := func(what string, want func(region.EventKind) bool) {
+		t.Helper()
+		deadline := time.After(time.Minute)
+		for {
+			select {
+			case k := <-kinds:
+				if want(k) {
+					return
+				}
+			case err := <-ended:
+				t.Fatalf("the watch ended with %v before it reported server %s %s", err, srv.ID, what)
+			case <-deadline:
+				t.Fatalf("the watch did not report server %s %s within a minute", srv.ID, what)
+			}
+		}
+	}
+	await("at all", func(region.EventKind) bool { return true })
+	if err := d.DeleteServer(t.Context(), srv.ID); err != nil {
+		t.Fatalf("DeleteServer: %v", err)
+	}
+	await("deleted", func(k region.EventKind) bool { return k == region.ServerDeleted })
+	cancel()
+	if err := <-ended; err != nil {
+		t.Errorf("Watch after its context ended: %v, want nil", err)
+	}
+}
+
+// userData: a server's user data reaches Nova as it is, and comes back with its SSH keys from
+// every read, however long, in the spec it was made with.
+func (l *lab) userData(t *testing.T, d *ostack.Driver) {
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ssh.NewPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := spec("user-data")
+	sp.UserData = []byte("#cloud-config\nruncmd: [[sh, -c, 'echo " + strings.Repeat("x", 400) + "']]\n")
+	sp.SSHPublicKeys = []string{strings.TrimSpace(string(ssh.MarshalAuthorizedKey(key))) + " " + strings.Repeat("c", 300)}
+	created, err := d.CreateServer(t.Context(), sp)
+	if err != nil {
+		t.Fatalf("CreateServer: %v", err)
+	}
+	t.Cleanup(func() { d.DeleteServer(context.Background(), created.ID) })
+	got, err := d.GetServer(t.Context(), created.ID)
+	if err != nil {
+		t.Fatalf("GetServer: %v", err)
+	}
+	found, err := d.FindServers(t.Context(), sp.Scope, region.InstanceTag, sp.Tags[region.InstanceTag])
+	if err != nil || len(found) != 1 {
+		t.Fatalf("FindServers: %v (%v), want the server", found, err)
+	}
+	for what, srv := range map[string]region.Server{"CreateServer": created, "GetServer": got, "FindServers": found[0]} {
+		if string(srv.UserData) != string(sp.UserData) || !slices.Equal(srv.SSHPublicKeys, sp.SSHPublicKeys) {
+			t.Errorf("%s gave user data %q and SSH keys %q, want %q and %q", what, srv.UserData, srv.SSHPublicKeys, sp.UserData, sp.SSHPublicKeys)
+		}
+	}
+	// Nova was given the user data, which the admin the tests run as may read.
+	admin := *l.compute
+	admin.Microversion = "2.3"
+	s, err := servers.Get(t.Context(), &admin, created.ID).Extract()
+	if err != nil || s.Userdata == nil {
+		t.Fatalf("read the server as an admin: %v", err)
+	}
+	if b, err := base64.StdEncoding.DecodeString(*s.Userdata); err != nil || string(b) != string(sp.UserData) {
+		t.Errorf("Nova has user data %q (%v), want %q", b, err, sp.UserData)
+	}
 }
 
 // regionOnly: Servers lists the region's servers with their spec, and neither it nor GetServer

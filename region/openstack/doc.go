@@ -24,8 +24,10 @@
 //     tag>": Nova forgets a server's metadata and tags once it is deleted but still lists its
 //     description, so that a deletion reported by the watch says whose server it was.
 //
-// User data is read back from Nova's extended attributes, which its default policy shows to
-// admins only.
+// User data goes to Nova as it is; it and the spec's SSH keys are read back from Redis, where
+// the driver keeps them (as JSON, under a reference the metadata compute:large holds) before
+// the server is made: Nova shows user data to admins only, by its default policy, and an SSH
+// key is longer than a metadata value may be. DeleteServer deletes them with the server.
 //
 // # Networking
 //
@@ -46,7 +48,9 @@
 // for the changes since a few seconds before the cursor, since a change committed late may
 // carry an earlier time than one already seen, and reports each (server, updated time) once
 // per watch; a watch resumed at a cursor may report again what came just before it, which
-// the contract allows.
+// the contract allows. One deletion escapes changes-since: Nova deletes a server that has not
+// reached a compute cell yet without moving its updated time. So the servers last listed
+// BUILD are read one by one at each poll, and one gone is reported deleted.
 //
 // # Faults
 //

@@ -23,6 +23,7 @@ const (
 	metaAllowed        = "compute:allowed-sources"
 	metaPort           = "compute:port"
 	metaAllowGroup     = "compute:allow-group"
+	metaLarge          = "compute:large"
 	metaTagPrefix      = "compute:tag:"
 )
 

@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"strings"
 
+	"github.com/google/uuid"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/keypairs"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/crypto/ssh"
@@ -49,6 +51,66 @@ func (d *Driver) projectKey(ctx context.Context, org, project string) (string, e
 		return "", fmt.Errorf("openstack: read the SSH key of %s/%s: %w: %w", org, project, err, region.ErrUnavailable)
 	}
 	return pemKey, nil
+}
+
+// largeKey holds the user data and SSH keys of a server (largeFields as JSON), under the
+// reference its metadata compute:large holds.
+func largeKey(regionID, ref string) string {
+	return "openstack:{" + regionID + "}:large:" + ref
+}
+
+// largeFields are what a server is made with that Nova cannot give back: user data (which its
+// default policy shows to admins only) and SSH keys (longer than a metadata value may be).
+type largeFields struct {
+	UserData      []byte   `json:"userData,omitempty"`
+	SSHPublicKeys []string `json:"sshPublicKeys,omitempty"`
+}
+
+// keepLargeFields keeps the spec's large fields, before its server is made, and returns their
+// reference; "" when there are none.
+func (d *Driver) keepLargeFields(ctx context.Context, spec region.ServerSpec) (string, error) {
+	if len(spec.UserData) == 0 && len(spec.SSHPublicKeys) == 0 {
+		return "", nil
+	}
+	b, err := json.Marshal(largeFields{UserData: spec.UserData, SSHPublicKeys: spec.SSHPublicKeys})
+	if err != nil {
+		return "", fmt.Errorf("openstack: encode user data: %w", err)
+	}
+	ref := uuid.NewString()
+	if err := d.opts.Redis.Set(ctx, largeKey(d.opts.Region.ID, ref), b, 0).Err(); err != nil {
+		return "", fmt.Errorf("openstack: keep user data: %w: %w", err, region.ErrUnavailable)
+	}
+	return ref, nil
+}
+
+// largeFields reads back what keepLargeFields kept; nothing when ref is "".
+func (d *Driver) largeFields(ctx context.Context, ref string) (largeFields, error) {
+	var l largeFields
+	if ref == "" {
+		return l, nil
+	}
+	b, err := d.opts.Redis.Get(ctx, largeKey(d.opts.Region.ID, ref)).Bytes()
+	switch {
+	case errors.Is(err, redis.Nil):
+		// Deleted with its server a moment ago.
+		return l, nil
+	case err != nil:
+		return l, fmt.Errorf("openstack: read user data: %w: %w", err, region.ErrUnavailable)
+	}
+	if err := json.Unmarshal(b, &l); err != nil {
+		return l, fmt.Errorf("openstack: user data %s in Redis: %w", ref, err)
+	}
+	return l, nil
+}
+
+// dropLargeFields deletes what a create that failed kept.
+func (d *Driver) dropLargeFields(ctx context.Context, ref string) {
+	if ref == "" {
+		return
+	}
+	if err := d.opts.Redis.Del(ctx, largeKey(d.opts.Region.ID, ref)).Err(); err != nil {
+		d.log.Warn("openstack: left behind", "what", "user data", "ref", ref, "err", err)
+	}
 }
 
 // keyPairName is the Nova key pair of a project of the region.

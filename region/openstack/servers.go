@@ -2,7 +2,6 @@ package openstack
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -119,6 +118,13 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 		}
 	}
 	value := spec.Tags[region.InstanceTag]
+	ref, err := d.keepLargeFields(ctx, spec)
+	if err != nil {
+		return region.Server{}, err
+	}
+	if ref != "" {
+		md[metaLarge] = ref
+	}
 	var (
 		group *groups.SecGroup
 		port  *ports.Port
@@ -129,11 +135,13 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 		return err
 	})
 	if err != nil {
+		d.dropLargeFields(context.WithoutCancel(ctx), ref)
 		return region.Server{}, err
 	}
 	// What the create made before it failed is removed, so a refused create leaves nothing.
 	undo := func() {
 		ctx := context.WithoutCancel(ctx)
+		d.dropLargeFields(ctx, ref)
 		if port != nil {
 			d.deleteQuietly(ctx, "port", port.ID, func(ctx context.Context, c *clients) error {
 				return ports.Delete(ctx, c.network, port.ID).ExtractErr()
@@ -170,8 +178,12 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 		made, err = servers.Create(ctx, c.compute, opts, nil).Extract()
 		return err
 	})
-	if err != nil {
+	// A create the cloud may have carried out nonetheless (no answer, a 5xx) keeps the port:
+	// a server without it would have no network, and one left over costs only an address.
+	if err != nil && !errors.Is(err, region.ErrUnavailable) {
 		undo()
+	}
+	if err != nil {
 		return region.Server{}, notFoundAs(err, region.ErrRefused)
 	}
 	srv, err := d.GetServer(ctx, made.ID)
@@ -269,9 +281,13 @@ func (d *Driver) GetServer(ctx context.Context, id string) (region.Server, error
 	return d.withPort(ctx, s)
 }
 
-// withPort is the server with its port's address and MAC; a port gone already (the server is
-// on its way out) leaves them empty.
+// withPort is the server with its port's address and MAC (a port gone already, the server on
+// its way out, leaves them empty) and the user data and SSH keys it was made with.
 func (d *Driver) withPort(ctx context.Context, s *servers.Server) (region.Server, error) {
+	large, err := d.largeFields(ctx, s.Metadata[metaLarge])
+	if err != nil {
+		return region.Server{}, err
+	}
 	var p *ports.Port
 	if id := s.Metadata[metaPort]; id != "" {
 		err := d.call(ctx, "read port "+id, func(ctx context.Context, c *clients) error {
@@ -283,18 +299,15 @@ func (d *Driver) withPort(ctx context.Context, s *servers.Server) (region.Server
 			return region.Server{}, err
 		}
 	}
-	return toServer(s, p), nil
+	srv := toServer(s, p)
+	srv.UserData, srv.SSHPublicKeys = large.UserData, large.SSHPublicKeys
+	return srv, nil
 }
 
 // toServer is the region's view of a Nova server and its port.
 func toServer(s *servers.Server, p *ports.Port) region.Server {
 	spec := decodeSpec(s.Metadata)
 	spec.Name = s.Name
-	if s.Userdata != nil {
-		if b, err := base64.StdEncoding.DecodeString(*s.Userdata); err == nil && len(b) > 0 {
-			spec.UserData = b
-		}
-	}
 	state, msg := serverState(s.Status, s.TaskState, int(s.PowerState), s.Fault.Message)
 	srv := region.Server{ID: s.ID, ServerSpec: spec, State: state, Health: health(state), Message: msg, CreatedAt: s.Created.UTC()}
 	if p != nil {
@@ -450,6 +463,11 @@ func (d *Driver) DeleteServer(ctx context.Context, id string) error {
 		})
 		if err != nil && !errors.Is(err, errNotFound) {
 			return err
+		}
+	}
+	if ref := s.Metadata[metaLarge]; ref != "" {
+		if err := d.opts.Redis.Del(ctx, largeKey(d.opts.Region.ID, ref)).Err(); err != nil {
+			return fmt.Errorf("openstack: delete the user data of server %s: %w: %w", id, err, region.ErrUnavailable)
 		}
 	}
 	return nil
