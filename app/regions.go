@@ -10,6 +10,7 @@ import (
 
 	"github.com/computeql/computeql/region"
 	"github.com/computeql/computeql/region/libvirt"
+	"github.com/computeql/computeql/region/openstack"
 	"github.com/computeql/computeql/region/sim"
 )
 
@@ -22,8 +23,9 @@ type regionDrivers struct {
 }
 
 // newRegionDrivers builds the driver of each catalogue region: one simulator serves every
-// simulated region, and each libvirt region has a driver of its own, connected to its host
-// for as long as the process runs. Every role but api drives
+// simulated region, each libvirt region has a driver of its own, connected to its host
+// for as long as the process runs, and each OpenStack region one of the cloud clouds.yaml
+// names. Every role but api drives
 // the simulator's clock; several clocks are safe, and the region keeps moving as long as any
 // process runs.
 func newRegionDrivers(cat *region.Catalog, rdb redis.UniversalClient, role string, simOpts sim.Options, log *slog.Logger, reg prometheus.Registerer) (*regionDrivers, error) {
@@ -58,6 +60,17 @@ func newRegionDrivers(cat *region.Catalog, rdb redis.UniversalClient, role strin
 				return nil, err
 			}
 			routes = append(routes, region.Route{Region: r.ID, Driver: region.DriverLibvirt + ":" + r.ID, Client: drv})
+		case region.DriverOpenStack:
+			// Like a libvirt region's: the API and workers call the cloud, the region role does
+			// not. The driver has nothing to run: it connects on first use, and each watch polls.
+			if role == "region" {
+				continue
+			}
+			drv, err := openstack.New(openstack.Options{Region: r, Catalog: cat, Redis: rdb, Logger: log})
+			if err != nil {
+				return nil, err
+			}
+			routes = append(routes, region.Route{Region: r.ID, Driver: region.DriverOpenStack + ":" + r.ID, Client: drv})
 		default:
 			return nil, fmt.Errorf("region %q: driver %q is not built into this process", r.ID, r.Driver)
 		}

@@ -215,6 +215,8 @@ osapi_compute_listen_port = {{.Ports.Nova}}
 osapi_compute_workers = 1
 vif_plugging_timeout = 0
 vif_plugging_is_fatal = false
+# One fake compute: a resize has nowhere to go but the host the server is on.
+allow_resize_to_same_host = true
 
 [api]
 auth_strategy = keystone

@@ -46,17 +46,22 @@ const (
 	DriverSim = "sim"
 	// DriverLibvirt is libvirt hosts running QEMU: servers are virtual machines.
 	DriverLibvirt = "libvirt"
+	// DriverOpenStack is an OpenStack cloud: servers are Nova servers.
+	DriverOpenStack = "openstack"
 )
 
 // Region is a location that offers flavors and images and holds networks.
 type Region struct {
 	ID   string `json:"id"`
 	Name string `json:"name"`
-	// Driver names what serves the region's servers: DriverSim or DriverLibvirt. Defaults to
-	// DriverSim.
+	// Driver names what serves the region's servers: DriverSim, DriverLibvirt or
+	// DriverOpenStack. Defaults to DriverSim.
 	Driver string `json:"driver,omitempty"`
 	// Libvirt configures a DriverLibvirt region; it is required there and refused elsewhere.
 	Libvirt *LibvirtRegion `json:"libvirt,omitempty"`
+	// OpenStack configures a DriverOpenStack region; it is required there and refused
+	// elsewhere.
+	OpenStack *OpenStackRegion `json:"openstack,omitempty"`
 }
 
 // LibvirtRegion is where and how a libvirt region runs its virtual machines.
@@ -120,6 +125,28 @@ func (l *LibvirtRegion) HostList() []LibvirtHost {
 	return out
 }
 
+// OpenStackRegion is the OpenStack cloud that serves a region. It names the cloud only: the
+// credentials are in a clouds.yaml, found where OpenStack's own tools look for it
+// ($OS_CLIENT_CONFIG_FILE, ./clouds.yaml, ~/.config/openstack/clouds.yaml,
+// /etc/openstack/clouds.yaml), so that no secret is ever in the catalogue.
+type OpenStackRegion struct {
+	// Cloud is the cloud's name in clouds.yaml.
+	Cloud string `json:"cloud"`
+	// RequestTimeout bounds each call to the cloud's APIs, as a Go duration. Defaults to 30s.
+	RequestTimeout string `json:"requestTimeout,omitempty"`
+	// PollInterval is how often a watch asks Nova for the servers changed since its cursor, as
+	// a Go duration. Defaults to 2s.
+	PollInterval string `json:"pollInterval,omitempty"`
+}
+
+// OpenStackRef names the cloud's own object behind a catalogue entry of an OpenStack region:
+// a Nova flavor, a Glance image, a Neutron network or a Neutron security group. Without it
+// the entry's catalogue id is taken as the cloud's id.
+type OpenStackRef struct {
+	// ID is the cloud's id of the object.
+	ID string `json:"id"`
+}
+
 // Libvirt acceleration modes.
 const (
 	AccelAuto = "auto"
@@ -128,8 +155,11 @@ const (
 )
 
 // OffersPublicIPs reports whether servers of the region can have a public IP address. A
-// libvirt region has no pool of public addresses to hand out.
-func (r *Region) OffersPublicIPs() bool { return r.Driver != DriverLibvirt }
+// libvirt region has no pool of public addresses to hand out, and the OpenStack driver does
+// not manage floating IPs.
+func (r *Region) OffersPublicIPs() bool {
+	return r.Driver != DriverLibvirt && r.Driver != DriverOpenStack
+}
 
 // RunsFlavor says why the region cannot run servers of the flavor, or "" when it can: a
 // libvirt region runs virtual machines on its hosts, with neither GPUs nor bare metal.
@@ -171,6 +201,8 @@ type Network struct {
 	Region         string `json:"region"`
 	// Prefix is the IPv4 prefix private addresses come from.
 	Prefix netip.Prefix `json:"prefix"`
+	// OpenStack names the Neutron network in an OpenStack region; its subnet must be Prefix.
+	OpenStack *OpenStackRef `json:"openstack,omitempty"`
 }
 
 // SecurityGroup sits on one network.
@@ -183,6 +215,9 @@ type SecurityGroup struct {
 	// anything while none of its groups has an egress rule, and only what those rules allow
 	// once one does.
 	Rules []SecurityGroupRule `json:"rules,omitempty"`
+	// OpenStack names the Neutron security group that holds the rules in an OpenStack
+	// region: the cloud enforces that group's rules, which the cloud's operator keeps.
+	OpenStack *OpenStackRef `json:"openstack,omitempty"`
 }
 
 // SecurityGroupRule lets one kind of traffic through.
@@ -247,6 +282,9 @@ type Flavor struct {
 	GPU          *GPU         `json:"gpu,omitempty"`
 	// Regions lists the regions that offer the flavor.
 	Regions []string `json:"regions"`
+	// OpenStack names the Nova flavor in OpenStack regions. Each Nova flavor should be named
+	// by one catalogue flavor only: a server's flavor is read back from Nova's.
+	OpenStack *OpenStackRef `json:"openstack,omitempty"`
 }
 
 // OperatingSystem describes what an image boots.
@@ -282,6 +320,8 @@ type Image struct {
 	Kernel  string `json:"kernel,omitempty"`
 	Initrd  string `json:"initrd,omitempty"`
 	Cmdline string `json:"cmdline,omitempty"`
+	// OpenStack names the Glance image in OpenStack regions.
+	OpenStack *OpenStackRef `json:"openstack,omitempty"`
 }
 
 // DiskGiB is the size of a flavor's disk of diskGB (10^9 bytes) in whole GiB (2^30 bytes),

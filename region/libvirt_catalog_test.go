@@ -76,8 +76,8 @@ func TestLibvirtParseRefuses(t *testing.T) {
 		modify func(*Catalog)
 		want   string // the whole error: one fault, one message
 	}{
-		{"unknown driver", func(c *Catalog) { c.Regions[0].Driver = "xen" }, eu + `unknown driver "xen" (want sim or libvirt)`},
-		{"driver in upper case", func(c *Catalog) { c.Regions[0].Driver = "LIBVIRT" }, eu + `unknown driver "LIBVIRT" (want sim or libvirt)`},
+		{"unknown driver", func(c *Catalog) { c.Regions[0].Driver = "xen" }, eu + `unknown driver "xen" (want sim, libvirt or openstack)`},
+		{"driver in upper case", func(c *Catalog) { c.Regions[0].Driver = "LIBVIRT" }, eu + `unknown driver "LIBVIRT" (want sim, libvirt or openstack)`},
 		{"libvirt without settings", func(c *Catalog) {
 			c.Regions[0].Driver = DriverLibvirt
 			c.Images[0].File = "/srv/images/i1.qcow2"

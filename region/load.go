@@ -215,6 +215,7 @@ func (c *Catalog) applyDefaults() {
 				l.BuildTimeout = "10m"
 			}
 		}
+		openStackDefaults(r.OpenStack)
 	}
 	for i := range c.Organizations {
 		o := &c.Organizations[i]
@@ -296,6 +297,9 @@ func (c *Catalog) validate() error {
 		for j := range sg.Rules {
 			validateRule(&p, fmt.Sprintf("%s rules[%d]", entry("securityGroups", i, sg.ID), j), &sg.Rules[j])
 		}
+		if n, ok := c.Network(sg.NetworkID); ok {
+			c.checkOpenStackRef(&p, entry("securityGroups", i, sg.ID), sg.OpenStack, n.Region)
+		}
 	}
 	for i := range c.SSHCertificateAuthorities {
 		ca := &c.SSHCertificateAuthorities[i]
@@ -352,6 +356,13 @@ var volumeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 func validateRegion(p *problems, i int, r *Region) {
 	e := entry("regions", i, r.ID)
+	if r.Driver == DriverOpenStack {
+		validateOpenStackRegion(p, e, r)
+		return
+	}
+	if r.OpenStack != nil {
+		p.add(e, "openstack settings given, but the driver is %q", r.Driver)
+	}
 	switch r.Driver {
 	case DriverSim:
 		if r.Libvirt != nil {
@@ -382,7 +393,7 @@ func validateRegion(p *problems, i int, r *Region) {
 			p.add(e, "libvirt: buildTimeout %q is not a positive duration such as 10m", l.BuildTimeout)
 		}
 	default:
-		p.add(e, "unknown driver %q (want sim or libvirt)", r.Driver)
+		p.add(e, "unknown driver %q (want sim, libvirt or openstack)", r.Driver)
 	}
 }
 
@@ -427,6 +438,58 @@ func validateLibvirtHosts(p *problems, e string, l *LibvirtRegion) {
 	}
 }
 
+func openStackDefaults(o *OpenStackRegion) {
+	if o == nil {
+		return
+	}
+	if o.RequestTimeout == "" {
+		o.RequestTimeout = "30s"
+	}
+	if o.PollInterval == "" {
+		o.PollInterval = "2s"
+	}
+}
+
+// cloudName is what a clouds.yaml key can be without quoting surprises.
+var cloudName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+func validateOpenStackRegion(p *problems, e string, r *Region) {
+	if r.Libvirt != nil {
+		p.add(e, "libvirt settings given, but the driver is %q", r.Driver)
+	}
+	o := r.OpenStack
+	if o == nil {
+		p.add(e, `driver "openstack" needs "openstack": {"cloud": ...}, the cloud's name in clouds.yaml`)
+		return
+	}
+	if !cloudName.MatchString(o.Cloud) {
+		p.add(e, "openstack: cloud %q is not a clouds.yaml cloud name (letters, digits, '.', '_' and '-')", o.Cloud)
+	}
+	if d, err := time.ParseDuration(o.RequestTimeout); err != nil || d <= 0 {
+		p.add(e, "openstack: requestTimeout %q is not a positive duration such as 30s", o.RequestTimeout)
+	}
+	if d, err := time.ParseDuration(o.PollInterval); err != nil || d <= 0 {
+		p.add(e, "openstack: pollInterval %q is not a positive duration such as 2s", o.PollInterval)
+	}
+}
+
+// checkOpenStackRef checks the cloud id an entry names, and that it names one only for an
+// OpenStack region.
+func (c *Catalog) checkOpenStackRef(p *problems, e string, ref *OpenStackRef, regions ...string) {
+	if ref == nil {
+		return
+	}
+	if ref.ID == "" {
+		p.add(e, "openstack: id is empty")
+	}
+	for _, id := range regions {
+		if r, ok := c.Region(id); ok && r.Driver == DriverOpenStack {
+			return
+		}
+	}
+	p.add(e, "openstack settings given, but no OpenStack region offers it")
+}
+
 func (c *Catalog) validateOrganization(p *problems, i int) {
 	o := &c.Organizations[i]
 	e := entry("organizations", i, o.ID)
@@ -465,6 +528,7 @@ func (c *Catalog) validateNetwork(p *problems, i int) {
 	if _, ok := c.regionIdx[n.Region]; !ok {
 		p.add(e, "unknown region %q", n.Region)
 	}
+	c.checkOpenStackRef(p, e, n.OpenStack, n.Region)
 	switch pf := n.Prefix; {
 	case !pf.IsValid():
 		p.add(e, "prefix is missing or invalid")
@@ -520,6 +584,7 @@ func (c *Catalog) validateFlavor(p *problems, i int) {
 		}
 	}
 	c.checkRegions(p, e, f.Regions)
+	c.checkOpenStackRef(p, e, f.OpenStack, f.Regions...)
 }
 
 func (c *Catalog) validateImage(p *problems, i int) {
@@ -540,6 +605,7 @@ func (c *Catalog) validateImage(p *problems, i int) {
 		p.add(e, "unknown state %q (want pending, creating, ready or failed)", im.State)
 	}
 	c.checkRegions(p, e, im.Regions)
+	c.checkOpenStackRef(p, e, im.OpenStack, im.Regions...)
 	c.checkBoot(p, e, im)
 }
 

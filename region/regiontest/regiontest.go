@@ -40,6 +40,10 @@ type Capabilities struct {
 	// PublicIPs: a server can have a public IP address, from its create or from
 	// UpdateNetworking.
 	PublicIPs bool
+	// NoConsole: the driver offers no interactive console, and refuses OpenConsole of any
+	// server it has. It is the one part offered unless said otherwise, since every driver
+	// before the OpenStack one had it.
+	NoConsole bool
 }
 
 // Harness is a driver under test.
@@ -608,6 +612,13 @@ func (s *suite) unknownServer(t *testing.T) {
 func (s *suite) console(t *testing.T) {
 	id := s.running(t, "contract-console").ID
 	c, err := s.c.OpenConsole(t.Context(), id)
+	if s.h.Capabilities.NoConsole {
+		if err == nil {
+			c.Close()
+		}
+		wantRefused(t, "OpenConsole of a running server in a driver without a console", err)
+		return
+	}
 	if err != nil {
 		t.Fatalf("OpenConsole: %v", err)
 	}

@@ -1,0 +1,458 @@
+package openstack_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack"
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/flavors"
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/quotasets"
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/security/groups"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/security/rules"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/computeql/computeql/eventually"
+	"github.com/computeql/computeql/openstacktest"
+	"github.com/computeql/computeql/redistest"
+	"github.com/computeql/computeql/region"
+	ostack "github.com/computeql/computeql/region/openstack"
+	"github.com/computeql/computeql/region/regiontest"
+)
+
+var redisServer *redistest.Server
+
+func TestMain(m *testing.M) { redistest.Main(m, &redisServer) }
+
+// lab is a control plane with what the driver's tests need beside the seed: a second, larger
+// flavor to resize to, and a security group of the cloud's that lets SSH in.
+type lab struct {
+	cloud            *openstacktest.Cloud
+	compute, network *gophercloud.ServiceClient
+	bigFlavorID      string
+	sshGroupID       string
+}
+
+func startLab(t *testing.T) *lab {
+	t.Helper()
+	c := openstacktest.Start(t)
+	pc, eo, err := c.Client(t.Context())
+	if err != nil {
+		t.Fatalf("authenticate through clouds.yaml: %v", err)
+	}
+	compute, err := openstack.NewComputeV2(pc, eo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	network, err := openstack.NewNetworkV2(pc, eo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disk := 2
+	big, err := flavors.Create(t.Context(), compute, flavors.CreateOpts{Name: "computeql.small", VCPUs: 2, RAM: 128, Disk: &disk}).Extract()
+	if err != nil {
+		t.Fatalf("create a flavor to resize to: %v", err)
+	}
+	ssh, err := groups.Create(t.Context(), network, groups.CreateOpts{Name: "computeql-test-ssh"}).Extract()
+	if err != nil {
+		t.Fatalf("create a security group: %v", err)
+	}
+	_, err = rules.Create(t.Context(), network, rules.CreateOpts{Direction: rules.DirIngress, EtherType: rules.EtherType4, SecGroupID: ssh.ID,
+		Protocol: rules.ProtocolTCP, PortRangeMin: 22, PortRangeMax: 22}).Extract()
+	if err != nil {
+		t.Fatalf("create a security group rule: %v", err)
+	}
+	return &lab{cloud: c, compute: compute, network: network, bigFlavorID: big.ID, sshGroupID: ssh.ID}
+}
+
+// catalog is an OpenStack region "os" of the lab's cloud: acme/web's network is the seeded
+// one, flavor tiny the seeded flavor and small the larger one, image cirros the seeded image.
+func (l *lab) catalog(t *testing.T) *region.Catalog {
+	t.Helper()
+	caPub, _, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sshPub, err := ssh.NewPublicKey(caPub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := l.cloud
+	doc := fmt.Sprintf(`{
+  "regions": [{"id": "os", "name": "OpenStack", "driver": "openstack",
+    "openstack": {"cloud": %q, "pollInterval": "250ms"}}],
+  "organizations": [{"id": "acme", "name": "Acme", "projects": [{"id": "web", "name": "Web"}]}],
+  "networks": [{"id": "os-web", "name": "web", "organizationId": "acme", "projectId": "web", "region": "os",
+    "prefix": "192.0.2.0/24", "openstack": {"id": %q}}],
+  "securityGroups": [{"id": "os-ssh", "name": "ssh", "networkId": "os-web",
+    "rules": [{"direction": "ingress", "protocol": "tcp", "portMin": 22, "portMax": 22}], "openstack": {"id": %q}}],
+  "sshCertificateAuthorities": [{"id": "ca-web", "name": "web CA", "organizationId": "acme", "projectId": "web", "publicKey": %q}],
+  "flavors": [{"id": "tiny", "name": "tiny", "cpus": 1, "memoryGiB": 1, "diskGB": 1, "architecture": "x86_64", "regions": ["os"],
+      "openstack": {"id": %q}},
+    {"id": "small", "name": "small", "cpus": 2, "memoryGiB": 1, "diskGB": 2, "architecture": "x86_64", "regions": ["os"],
+      "openstack": {"id": %q}}],
+  "images": [{"id": "cirros", "name": "cirros", "architecture": "x86_64", "sizeGiB": 1, "virtualization": "virtualized",
+    "state": "ready", "regions": ["os"], "openstack": {"id": %q}}]
+}`, openstacktest.CloudName, c.NetworkID, l.sshGroupID, strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub))), c.FlavorID, l.bigFlavorID, c.ImageID)
+	cat, err := region.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cat
+}
+
+// driver is a driver of region "os" of the catalogue, on the test's Redis.
+func (l *lab) driver(t *testing.T, cat *region.Catalog) *ostack.Driver {
+	t.Helper()
+	r, _ := cat.Region("os")
+	d, err := ostack.New(ostack.Options{Region: *r, Catalog: cat, Redis: redisServer.Client(t), CloudsFile: l.cloud.CloudsYAML,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+var specs atomic.Int64
+
+// spec is a tiny cirros server of acme/web on the network, with an instance tag of its own.
+func spec(name string) region.ServerSpec {
+	return region.ServerSpec{
+		Scope: region.Scope{OrganizationID: "acme", ProjectID: "web", RegionID: "os", NetworkID: "os-web"},
+		Name:  name, FlavorID: "tiny", ImageID: "cirros",
+		Tags: map[string]string{region.InstanceTag: fmt.Sprintf("i-%d-%d", time.Now().UnixNano(), specs.Add(1)), "made/by": "contract"},
+	}
+}
+
+// TestOpenStackDriver brings a control plane up once and runs the region contract against Nova
+// (with its fake virt driver), Neutron and Glance, then what the contract does not say of this
+// driver: its security groups and quota.
+func TestOpenStackDriver(t *testing.T) {
+	l := startLab(t)
+	cat := l.catalog(t)
+	d := l.driver(t, cat)
+	t.Run("contract", func(t *testing.T) {
+		regiontest.Run(t, regiontest.Harness{
+			Client: d, Catalog: cat, Spec: spec, ResizeFlavor: "small", Timeout: time.Minute,
+			Capabilities: regiontest.Capabilities{NoConsole: true},
+		})
+	})
+	t.Run("security groups", func(t *testing.T) { l.securityGroups(t, d) })
+	t.Run("servers of the region only", func(t *testing.T) { l.regionOnly(t, d) })
+	t.Run("user data and SSH keys", func(t *testing.T) { l.userData(t, d) })
+	t.Run("deleted while it builds", func(t *testing.T) { deletedWhileBuilding(t, d) })
+	t.Run("quota", func(t *testing.T) { l.quota(t, d) })
+}
+
+// deletedWhileBuilding: a server deleted as soon as the watch has seen it, which is mostly
+// while it builds and before it reaches a compute cell (when Nova deletes it without moving its
+// updated time, so that changes-since never lists the deletion), is reported deleted all the
+// same.
+func deletedWhileBuilding(t *testing.T, d *ostack.Driver) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var id atomic.Value
+	id.Store("")
+	kinds := make(chan region.EventKind, 64)
+	ended := make(chan error, 1)
+	go func() {
+		ended <- d.Watch(ctx, "", func(ev region.Event) error {
+			if ev.ServerID == id.Load() {
+				select {
+				case kinds <- ev.Kind:
+				case <-ctx.Done():
+				}
+			}
+			return nil
+		})
+	}()
+	srv, err := d.CreateServer(t.Context(), spec("short-lived"))
+	if err != nil {
+		t.Fatalf("CreateServer: %v", err)
+	}
+	id.Store(srv.ID)
+	await := func(what string, want func(region.EventKind) bool) {
+		t.Helper()
+		deadline := time.After(time.Minute)
+		for {
+			select {
+			case k := <-kinds:
+				if want(k) {
+					return
+				}
+			case err := <-ended:
+				t.Fatalf("the watch ended with %v before it reported server %s %s", err, srv.ID, what)
+			case <-deadline:
+				t.Fatalf("the watch did not report server %s %s within a minute", srv.ID, what)
+			}
+		}
+	}
+	await("at all", func(region.EventKind) bool { return true })
+	if err := d.DeleteServer(t.Context(), srv.ID); err != nil {
+		t.Fatalf("DeleteServer: %v", err)
+	}
+	await("deleted", func(k region.EventKind) bool { return k == region.ServerDeleted })
+	cancel()
+	if err := <-ended; err != nil {
+		t.Errorf("Watch after its context ended: %v, want nil", err)
+	}
+}
+
+// userData: a server's user data reaches Nova as it is, and comes back with its SSH keys from
+// every read, however long, in the spec it was made with.
+func (l *lab) userData(t *testing.T, d *ostack.Driver) {
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ssh.NewPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := spec("user-data")
+	sp.UserData = []byte("#cloud-config\nruncmd: [[sh, -c, 'echo " + strings.Repeat("x", 400) + "']]\n")
+	sp.SSHPublicKeys = []string{strings.TrimSpace(string(ssh.MarshalAuthorizedKey(key))) + " " + strings.Repeat("c", 300)}
+	created, err := d.CreateServer(t.Context(), sp)
+	if err != nil {
+		t.Fatalf("CreateServer: %v", err)
+	}
+	t.Cleanup(func() { d.DeleteServer(context.Background(), created.ID) })
+	got, err := d.GetServer(t.Context(), created.ID)
+	if err != nil {
+		t.Fatalf("GetServer: %v", err)
+	}
+	found, err := d.FindServers(t.Context(), sp.Scope, region.InstanceTag, sp.Tags[region.InstanceTag])
+	if err != nil || len(found) != 1 {
+		t.Fatalf("FindServers: %v (%v), want the server", found, err)
+	}
+	for what, srv := range map[string]region.Server{"CreateServer": created, "GetServer": got, "FindServers": found[0]} {
+		if string(srv.UserData) != string(sp.UserData) || !slices.Equal(srv.SSHPublicKeys, sp.SSHPublicKeys) {
+			t.Errorf("%s gave user data %q and SSH keys %q, want %q and %q", what, srv.UserData, srv.SSHPublicKeys, sp.UserData, sp.SSHPublicKeys)
+		}
+	}
+	// Nova was given the user data, which the admin the tests run as may read.
+	admin := *l.compute
+	admin.Microversion = "2.3"
+	s, err := servers.Get(t.Context(), &admin, created.ID).Extract()
+	if err != nil || s.Userdata == nil {
+		t.Fatalf("read the server as an admin: %v", err)
+	}
+	if b, err := base64.StdEncoding.DecodeString(*s.Userdata); err != nil || string(b) != string(sp.UserData) {
+		t.Errorf("Nova has user data %q (%v), want %q", b, err, sp.UserData)
+	}
+}
+
+// regionOnly: Servers lists the region's servers with their spec, and neither it nor GetServer
+// knows a server of the cloud project that computeql did not make.
+func (l *lab) regionOnly(t *testing.T, d *ostack.Driver) {
+	sp := spec("listed")
+	srv, err := d.CreateServer(t.Context(), sp)
+	if err != nil {
+		t.Fatalf("CreateServer: %v", err)
+	}
+	t.Cleanup(func() { d.DeleteServer(context.Background(), srv.ID) })
+	other, err := servers.Create(t.Context(), l.compute, servers.CreateOpts{
+		Name: "made-by-hand", FlavorRef: l.cloud.FlavorID, ImageRef: l.cloud.ImageID, Networks: []servers.Network{{UUID: l.cloud.NetworkID}},
+	}, nil).Extract()
+	if err != nil {
+		t.Fatalf("create a server by hand: %v", err)
+	}
+	t.Cleanup(func() { servers.Delete(context.Background(), l.compute, other.ID) })
+
+	all, err := d.Servers(t.Context())
+	if err != nil {
+		t.Fatalf("Servers: %v", err)
+	}
+	i := slices.IndexFunc(all, func(s region.Server) bool { return s.ID == srv.ID })
+	if i < 0 {
+		t.Fatalf("Servers lists %d servers, without %s", len(all), srv.ID)
+	}
+	if got := all[i]; got.Scope != sp.Scope || got.Name != sp.Name || got.FlavorID != sp.FlavorID || !maps.Equal(got.Tags, sp.Tags) {
+		t.Errorf("Servers lists %+v, want the spec %+v", got.ServerSpec, sp)
+	}
+	if slices.ContainsFunc(all, func(s region.Server) bool { return s.ID == other.ID }) {
+		t.Errorf("Servers lists %s, which computeql did not make", other.ID)
+	}
+	if _, err := d.GetServer(t.Context(), other.ID); !errors.Is(err, region.ErrServerNotFound) {
+		t.Errorf("GetServer of a server computeql did not make: %v, want ErrServerNotFound", err)
+	}
+}
+
+// securityGroups: a server's port has the cloud's groups its catalogue groups name and a group
+// of its own whose ingress rules are its allowed source addresses; UpdateNetworking changes
+// both in place; DeleteServer takes the port and the group with the server.
+func (l *lab) securityGroups(t *testing.T, d *ostack.Driver) {
+	sp := spec("groups")
+	sp.Networking = region.ServerNetworking{SecurityGroupIDs: []string{"os-ssh"}, AllowedSourceAddresses: []string{"203.0.113.0/24"}}
+	value := sp.Tags[region.InstanceTag]
+	srv, err := d.CreateServer(t.Context(), sp)
+	if err != nil {
+		t.Fatalf("CreateServer: %v", err)
+	}
+	t.Cleanup(func() { d.DeleteServer(context.Background(), srv.ID) })
+	port := l.port(t, value)
+	allow := l.enforced(t, port, l.sshGroupID)
+	if got := l.allowed(t, allow); !slices.Equal(got, []string{"203.0.113.0/24"}) {
+		t.Errorf("the server's own group lets in %v, want 203.0.113.0/24", got)
+	}
+
+	n := region.ServerNetworking{AllowedSourceAddresses: []string{"192.0.2.128/25", "198.51.100.0/24"}}
+	got, err := d.UpdateNetworking(t.Context(), srv.ID, n)
+	if err != nil {
+		t.Fatalf("UpdateNetworking: %v", err)
+	}
+	if got.Networking.SecurityGroupIDs != nil || !slices.Equal(got.Networking.AllowedSourceAddresses, n.AllowedSourceAddresses) {
+		t.Errorf("UpdateNetworking returned networking %+v, want %+v", got.Networking, n)
+	}
+	port = l.port(t, value)
+	if again := l.enforced(t, port); again != allow {
+		t.Errorf("after the update the port's own group is %s, want it kept: %s", again, allow)
+	}
+	if got := l.allowed(t, allow); !slices.Equal(got, n.AllowedSourceAddresses) {
+		t.Errorf("after the update the server's own group lets in %v, want %v", got, n.AllowedSourceAddresses)
+	}
+
+	for name, bad := range map[string]region.ServerNetworking{
+		"an unknown group":           {SecurityGroupIDs: []string{"no-such-group"}},
+		"a public IP":                {PublicIP: true},
+		"a prefix with its host set": {AllowedSourceAddresses: []string{"10.1.2.3/8"}},
+		"an IPv6 prefix":             {AllowedSourceAddresses: []string{"2001:db8::/32"}},
+	} {
+		if _, err := d.UpdateNetworking(t.Context(), srv.ID, bad); !errors.Is(err, region.ErrRefused) {
+			t.Errorf("UpdateNetworking to %s: %v, want ErrRefused", name, err)
+		}
+	}
+	if got := l.allowed(t, allow); !slices.Equal(got, n.AllowedSourceAddresses) {
+		t.Errorf("after the refused updates the server's own group lets in %v, want %v", got, n.AllowedSourceAddresses)
+	}
+
+	if err := d.DeleteServer(t.Context(), srv.ID); err != nil {
+		t.Fatalf("DeleteServer: %v", err)
+	}
+	if left := l.leftBehind(t, value); left != "" {
+		t.Errorf("DeleteServer left %s behind", left)
+	}
+}
+
+// port is the port the driver made for the server of the instance tag's value.
+func (l *lab) port(t *testing.T, value string) ports.Port {
+	t.Helper()
+	pages, err := ports.List(l.network, ports.ListOpts{Name: "computeql-" + value}).AllPages(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := ports.ExtractPorts(pages)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("ports of %s: %v (%v), want one", value, list, err)
+	}
+	return list[0]
+}
+
+// enforced checks that the port has exactly the cloud's groups and one more, which it returns:
+// the server's own.
+func (l *lab) enforced(t *testing.T, port ports.Port, cloudGroups ...string) string {
+	t.Helper()
+	var own []string
+	for _, g := range port.SecurityGroups {
+		if !slices.Contains(cloudGroups, g) {
+			own = append(own, g)
+		}
+	}
+	for _, g := range cloudGroups {
+		if !slices.Contains(port.SecurityGroups, g) {
+			t.Errorf("port %s has groups %v, without %s", port.ID, port.SecurityGroups, g)
+		}
+	}
+	if len(own) != 1 {
+		t.Fatalf("port %s has groups %v: want %v and one of the server's own", port.ID, port.SecurityGroups, cloudGroups)
+	}
+	return own[0]
+}
+
+// allowed is the sorted source prefixes a group's ingress rules let in.
+func (l *lab) allowed(t *testing.T, group string) []string {
+	t.Helper()
+	pages, err := rules.List(l.network, rules.ListOpts{SecGroupID: group, Direction: string(rules.DirIngress)}).AllPages(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := rules.ExtractRules(pages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, r := range list {
+		out = append(out, r.RemoteIPPrefix)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// leftBehind names what the driver made in Neutron for the instance tag's value and is still
+// there, or "".
+func (l *lab) leftBehind(t *testing.T, value string) string {
+	t.Helper()
+	var left []string
+	pages, err := ports.List(l.network, ports.ListOpts{Name: "computeql-" + value}).AllPages(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list, _ := ports.ExtractPorts(pages); len(list) > 0 {
+		left = append(left, fmt.Sprintf("%d ports", len(list)))
+	}
+	pages, err = groups.List(l.network, groups.ListOpts{Name: "computeql-allow-" + value}).AllPages(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list, _ := groups.ExtractGroups(pages); len(list) > 0 {
+		left = append(left, fmt.Sprintf("%d security groups", len(list)))
+	}
+	return strings.Join(left, " and ")
+}
+
+// quota: a create beyond the project's quota of servers is ErrNoCapacity with Nova's words,
+// and leaves nothing behind.
+func (l *lab) quota(t *testing.T, d *ostack.Driver) {
+	// The quota is what the project uses once the servers deleted before are gone (they count
+	// until then): none, so that the next server is one too many.
+	eventually.Holds(t, time.Minute, func() bool {
+		usage, err := quotasets.GetDetail(t.Context(), l.compute, l.cloud.ProjectID).Extract()
+		if err != nil {
+			t.Fatalf("read the project's quota: %v", err)
+		}
+		return usage.Instances.InUse+usage.Instances.Reserved == 0
+	}, "the project's servers are all gone")
+	zero, unlimited := 0, -1
+	if _, err := quotasets.Update(t.Context(), l.compute, l.cloud.ProjectID, quotasets.UpdateOpts{Instances: &zero}).Extract(); err != nil {
+		t.Fatalf("set the project's quota of servers to 0: %v", err)
+	}
+	t.Cleanup(func() {
+		if _, err := quotasets.Update(context.Background(), l.compute, l.cloud.ProjectID, quotasets.UpdateOpts{Instances: &unlimited}).Extract(); err != nil {
+			t.Errorf("lift the project's quota of servers: %v", err)
+		}
+	})
+	sp := spec("over-quota")
+	_, err := d.CreateServer(t.Context(), sp)
+	if !errors.Is(err, region.ErrNoCapacity) || !strings.Contains(err.Error(), "Quota exceeded") {
+		t.Fatalf("CreateServer beyond the quota: %v, want ErrNoCapacity with Nova's words", err)
+	}
+	if found, err := d.FindServers(t.Context(), sp.Scope, region.InstanceTag, sp.Tags[region.InstanceTag]); err != nil || len(found) != 0 {
+		t.Errorf("FindServers after the refused create: %v (%v), want none", found, err)
+	}
+	if left := l.leftBehind(t, sp.Tags[region.InstanceTag]); left != "" {
+		t.Errorf("the refused create left %s behind", left)
+	}
+}

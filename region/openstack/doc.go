@@ -1,0 +1,69 @@
+// Package openstack is a region driver for an OpenStack cloud: servers are Nova servers, each
+// with a Neutron port the driver makes for it on the network the catalogue names, and Glance
+// holds the images they boot. The driver talks to the cloud through gophercloud with the
+// credentials of a cloud in clouds.yaml, found where OpenStack's own tools look for it; one
+// cloud project serves the whole region, and computeql's organizations and projects are told
+// apart by what the driver writes on each server.
+//
+// # What a server carries
+//
+// Nova refuses '/' and ',' in tags (at most 50 tags of at most 60 characters) and metadata
+// keys outside [a-zA-Z0-9-_:. ], so the spec is written like this:
+//
+//   - the reserved tag region.InstanceTag ("compute/instance-id") is the Nova tag
+//     "instance-id=<value>", which FindServers looks servers up by (GET /servers?tags=…);
+//   - the scope is the metadata compute:org, compute:project, compute:region and
+//     compute:network, the instance tag is also compute:instance-id, and the catalogue's
+//     flavor, image and SSH certificate authority are compute:flavor, compute:image and
+//     compute:ssh-ca;
+//   - the networking is compute:security-groups and compute:allowed-sources (catalogue ids
+//     and CIDRs, comma-separated), enforced by Neutron (below);
+//   - every other tag is compute:tag:<key>, the key's bytes outside [a-zA-Z0-9-_] written as
+//     '.' and two hex digits ("made/by" is compute:tag:made.2Fby);
+//   - the server's description is "computeql <org>/<project>/<region>/<network> <instance
+//     tag>": Nova forgets a server's metadata and tags once it is deleted but still lists its
+//     description, so that a deletion reported by the watch says whose server it was.
+//
+// User data goes to Nova as it is; it and the spec's SSH keys are read back from Redis, where
+// the driver keeps them (as JSON, under a reference the metadata compute:large holds) before
+// the server is made: Nova shows user data to admins only, by its default policy, and an SSH
+// key is longer than a metadata value may be. DeleteServer deletes them with the server.
+//
+// # Networking
+//
+// The driver makes the server's Neutron port itself, before the server, with the cloud's
+// security groups that the catalogue's groups name, and one more group of the server's own
+// (computeql-allow-…) whose ingress rules are the allowed source addresses (any protocol,
+// any port). UpdateNetworking changes the port's groups and that group's rules in place, then
+// the metadata. DeleteServer deletes the server, then its port and its group. Public IPs are
+// not offered: the driver manages no floating IPs, and refuses them.
+//
+// # Watch
+//
+// The watch polls Nova's server list with changes-since rather than consuming Nova's versioned
+// notifications from RabbitMQ: it needs no access to the cloud's message bus (which clouds
+// rarely give their tenants), and a cursor that is one of Nova's own timestamps resumes after
+// any reconnect or restart without a queue to keep. Nova's list includes deleted servers, and
+// every change of a server (its states, its metadata) moves its updated time. Each poll asks
+// for the changes since a few seconds before the cursor, since a change committed late may
+// carry an earlier time than one already seen, and reports each (server, updated time) once
+// per watch; a watch resumed at a cursor may report again what came just before it, which
+// the contract allows. One deletion escapes changes-since: Nova deletes a server that has not
+// reached a compute cell yet without moving its updated time. So the servers last listed
+// BUILD are read one by one at each poll, and one gone is reported deleted.
+//
+// # Faults
+//
+// No connection to the cloud is region.ErrUnreachable; a 5xx or a 429 that outlasted its
+// retries is region.ErrUnavailable; a quota exceeded (or a network out of addresses) is
+// region.ErrNoCapacity and any other 4xx region.ErrRefused, each with the cloud's own
+// message. A 429 is retried after the Retry-After the cloud asked for.
+//
+// # Not offered
+//
+// Snapshots and the interactive console are refused (region.ErrRefused): the cloud's serial
+// console is a websocket of nova-serialproxy, which a cloud need not run, and snapshots are
+// left for later. The project key pair is a Nova key pair whose private key computeql keeps
+// in Redis; SSH certificate authorities and extra SSH keys are recorded but not delivered to
+// the guest.
+package openstack
