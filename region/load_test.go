@@ -35,6 +35,22 @@ func base() *Catalog {
 	}
 }
 
+// refusedExactly checks that the base catalogue, modified, is refused with exactly the error
+// want, and no catalogue.
+func refusedExactly(t *testing.T, modify func(*Catalog), want string) {
+	t.Helper()
+	c, err := parseModified(t, modify)
+	if err == nil {
+		t.Fatalf("accepted; want %q", want)
+	}
+	if c != nil {
+		t.Errorf("returned a catalogue along with the error")
+	}
+	if err.Error() != want {
+		t.Errorf("error:\n%v\nwant exactly\n%s", err, want)
+	}
+}
+
 func parseModified(t *testing.T, modify func(*Catalog)) (*Catalog, error) {
 	t.Helper()
 	c := base()
