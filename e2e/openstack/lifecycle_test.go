@@ -28,9 +28,13 @@ const (
 // A snapshot is refused: the driver makes none, since Nova's fake driver never uploads an
 // image, so no snapshot could be tested against this control plane. snapshotInstance answers
 // UNPROCESSABLE on the instance, with the region's reason, and Nova records no createImage.
+//
+// First, on the same control plane (a second would cost another minute), computeql catalog
+// import describes the cloud (checkCatalogImport).
 func TestOpenStackLifecycle(t *testing.T) {
 	cloud := openstacktest.Start(t)
 	os := connect(t, cloud)
+	step(t, "catalog import describes the cloud", func(t *testing.T) { checkCatalogImport(t, cloud, os) })
 	d := deploy(t, cloud, writeCatalog(t, cloud))
 	f := d.follow(t)
 	clock := newStopwatch(t)
