@@ -109,6 +109,15 @@ type userError struct {
 // returns the new instance's id.
 func (d *deployment) create(ctx context.Context, t testing.TB, name string) string {
 	t.Helper()
+	id, err := d.tryCreate(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// tryCreate is create answering its failure, for goroutines other than the test's.
+func (d *deployment) tryCreate(ctx context.Context, name string) (string, error) {
 	in := map[string]any{"organizationId": org, "projectId": project, "networkId": networkID,
 		"name": name, "flavorId": flavorID, "imageId": imageID}
 	var data struct {
@@ -121,12 +130,12 @@ func (d *deployment) create(ctx context.Context, t testing.TB, name string) stri
 	}
 	if err := d.client.Do(ctx, `mutation($in: CreateInstanceInput!) { createInstance(input: $in) {
 		instance { id } userErrors { field code message } } }`, map[string]any{"in": in}, &data); err != nil {
-		t.Fatalf("createInstance %s: %v", name, err)
+		return "", fmt.Errorf("createInstance %s: %w", name, err)
 	}
 	if p := data.CreateInstance; p.Instance == nil || len(p.UserErrors) > 0 {
-		t.Fatalf("createInstance %s: instance %v, userErrors %+v", name, p.Instance, p.UserErrors)
+		return "", fmt.Errorf("createInstance %s: instance %v, userErrors %+v", name, p.Instance, p.UserErrors)
 	}
-	return data.CreateInstance.Instance.ID
+	return data.CreateInstance.Instance.ID, nil
 }
 
 // verb runs a mutation that takes {id, ...} and answers userErrors (stopInstance,
