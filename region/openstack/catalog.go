@@ -45,7 +45,7 @@ type DescribeOptions struct {
 	RequestTimeout time.Duration
 }
 
-// Describe lists what the cloud's project can use — public flavors, the images it sees, the
+// Describe lists what the cloud's project can use — public flavors, public images and its own, the
 // networks it owns or shares with their IPv4 subnets, its security groups — as the catalogue
 // entries of one OpenStack region, each naming the cloud's object by its "openstack"
 // reference, for an operator to complete and edit: every network (and so every security
@@ -183,7 +183,9 @@ func (s *describer) flavors(ctx context.Context, cat *region.Catalog) error {
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
-// images are the Glance images the project sees; an active one is ready, any other pending.
+// images are the Glance images public to all and the project's own; an active one is ready,
+// any other pending. An image another project shares with it is left out: an admin's list
+// cannot tell it from one shared with someone else.
 func (s *describer) images(ctx context.Context, cat *region.Catalog) error {
 	var list []images.Image
 	err := s.d.call(ctx, "list images", func(ctx context.Context, c *clients) error {
@@ -201,6 +203,10 @@ func (s *describer) images(ctx context.Context, cat *region.Catalog) error {
 		return err
 	}
 	for _, im := range list {
+		// An admin's list holds every project's images: those of other projects are theirs.
+		if im.Owner != s.projectID && im.Visibility != images.ImageVisibilityPublic && im.Visibility != images.ImageVisibilityCommunity {
+			continue
+		}
 		arch := region.ArchitectureX86_64
 		if a, ok := im.Properties["architecture"].(string); ok && a != "" {
 			switch region.Architecture(a) {
