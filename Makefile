@@ -4,7 +4,7 @@ PKGS := ./...
 # Where make images writes the guest images the libvirt tests boot (ignored by git).
 IMAGES_DIR ?= $(CURDIR)/images
 
-.PHONY: run test clients images virt-test openstack-test bench-virt bench-publish cluster-test chaos vet fmt-check generate generate-check bench gobench bench-compile bench-queue fuzz lint
+.PHONY: run test clients images virt-test openstack-test bench-virt bench-openstack bench-publish cluster-test chaos vet fmt-check generate generate-check bench gobench bench-compile bench-queue fuzz lint
 
 ## run: the whole system in one process with an embedded in-memory Redis and demo data.
 run:
@@ -58,9 +58,11 @@ virt-test: images
 ## fail rather than skip when the packages are missing. make test runs it once, here, when they
 ## are installed (under CI always: .ci/run installs them): its run of all packages leaves these
 ## tests out. With the harness's own test, the OpenStack region driver's contract
-## (region/openstack); -p 1, since each package brings up a control plane of its own.
+## (region/openstack) and the end-to-end suite of e2e/openstack (the built binary's api and
+## worker processes in front of the control plane, driven through GraphQL); -p 1, since each
+## package brings up a control plane of its own.
 openstack-test:
-	COMPUTEQL_REQUIRE_OPENSTACK=1 $(GO) test -race -count=1 -p 1 -timeout 15m -run '^TestOpenStack' ./openstacktest/ ./region/openstack/
+	COMPUTEQL_REQUIRE_OPENSTACK=1 $(GO) test -race -count=1 -p 1 -timeout 15m -run '^TestOpenStack' ./openstacktest/ ./region/openstack/ ./e2e/openstack/
 
 ## cluster-test: the end-to-end suite of e2e/deployment (separate api and worker processes of the
 ## built binary) on a 3-master Redis Cluster it starts on loopback ports with redis-server
@@ -117,15 +119,25 @@ bench-queue:
 ## bench: the load tool at its default sizes (under 3 minutes): the whole system, started with a
 ## real redis-server, against the machine's limits; writes bench-results/latest.{json,md}
 ## (ignored by git; make bench-publish updates the committed docs/bench instead). Then, when
-## libvirtd and QEMU are installed, its libvirt phase: bench-virt.
+## libvirtd and QEMU are installed, its libvirt phase: bench-virt; when the OpenStack packages
+## are, its OpenStack phase: bench-openstack.
 bench:
 	$(GO) run . bench
 	@if command -v libvirtd >/dev/null && command -v qemu-system-x86_64 >/dev/null; then $(MAKE) bench-virt; \
 		else echo "no libvirtd or qemu-system-x86_64: the libvirt phase (bench-virt) not run"; fi
+	@if command -v nova-api >/dev/null; then $(MAKE) bench-openstack; \
+		else echo "no OpenStack packages: the OpenStack phase (bench-openstack) not run (openstacktest/README.md)"; fi
 
 ## bench-publish: make bench's load tool, writing the committed report docs/bench/latest.*.
 bench-publish:
 	$(GO) run . bench --out docs/bench
+
+## bench-openstack: seconds from createInstance to RUNNING through computeql (the built
+## binary's api and worker) in front of a real OpenStack control plane (openstacktest), for 1
+## and 8 instances at once, beside the seconds Nova alone takes to make the same servers
+## ACTIVE (docs/performance.md).
+bench-openstack:
+	COMPUTEQL_BENCH_OPENSTACK=1 COMPUTEQL_REQUIRE_OPENSTACK=1 $(GO) test -run='^$$' -bench=OpenStackCreate -benchtime=3x -timeout 20m ./e2e/openstack/
 
 ## bench-virt: seconds from creating a real guest to RUNNING and to its answering HTTP, for 1
 ## and 4 at once, on a private libvirtd, beside the simulator's figure (docs/libvirt.md).

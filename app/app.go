@@ -7,6 +7,7 @@
 //	computeql worker  reconcile instances, with the simulated region's clock (needs --redis)
 //	computeql region  the simulated region's clock alone (needs --redis)
 //	computeql token   mint a signed token
+//	computeql catalog import --cloud NAME   print an OpenStack cloud's catalogue entries
 //	computeql bench   measure the whole system against the machine's limits (see package bench)
 //
 // Every flag can also be set as an environment variable COMPUTEQL_<FLAG>, e.g. COMPUTEQL_REDIS.
@@ -155,6 +156,8 @@ Commands:
   worker    a worker: reconciles instances against their regions
   region    the drivers of the regions that need a process of their own
   token     mint a bearer token signed with --token-secret
+  catalog   catalog import --cloud NAME: an OpenStack cloud's flavors, images, networks and
+            security groups as catalogue entries to complete
   bench     the load tool: the whole system against the machine's limits
   version   print the version and the source revision
   help      print this, or a command's flags: computeql help COMMAND
@@ -186,6 +189,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return serve(ctx, role, args, out)
 	case "token":
 		return mintToken(args, out)
+	case "catalog":
+		return catalogCommand(ctx, args, out)
 	case "bench":
 		return bench.Main(ctx, args, out)
 	case "version":
@@ -198,7 +203,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 		return run(ctx, []string{args[0], "-h"}, out)
 	default:
-		return fmt.Errorf("unknown command %q (want all, api, worker, region, token, bench, version or help)", role)
+		return fmt.Errorf("unknown command %q (want all, api, worker, region, token, catalog, bench, version or help)", role)
 	}
 }
 
