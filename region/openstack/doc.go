@@ -17,7 +17,8 @@
 //     flavor, image and SSH certificate authority are compute:flavor, compute:image and
 //     compute:ssh-ca;
 //   - the networking is compute:security-groups and compute:allowed-sources (catalogue ids
-//     and CIDRs, comma-separated), enforced by Neutron (below);
+//     and CIDRs, comma-separated) and compute:public-ip ("true" or empty), enforced by
+//     Neutron (below);
 //   - every other tag is compute:tag:<key>, the key's bytes outside [a-zA-Z0-9-_] written as
 //     '.' and two hex digits ("made/by" is compute:tag:made.2Fby);
 //   - the server's description is "computeql <org>/<project>/<region>/<network> <instance
@@ -35,8 +36,15 @@
 // security groups that the catalogue's groups name, and one more group of the server's own
 // (computeql-allow-…) whose ingress rules are the allowed source addresses (any protocol,
 // any port). UpdateNetworking changes the port's groups and that group's rules in place, then
-// the metadata. DeleteServer deletes the server, then its port and its group. Public IPs are
-// not offered: the driver manages no floating IPs, and refuses them.
+// the metadata. DeleteServer deletes the server, then its port and its group.
+//
+// A public IP is a Neutron floating IP of the external network the region names
+// (externalNetwork, by id or name, looked up once), on the server's port. It is made with the
+// port, before the server, so that a floating-IP quota or a pool run out refuses the create
+// (region.ErrNoCapacity) with nothing left behind. UpdateNetworking adds or releases it;
+// DeleteServer releases it before the port, since Neutron would only disassociate it. The
+// address is read from Neutron, not from Nova's cached addresses, which learn of it late.
+// A region that names no external network refuses public IPs.
 //
 // # Watch
 //
