@@ -158,7 +158,7 @@ func TestOpenStackDriver(t *testing.T) {
 	t.Run("no external network", func(t *testing.T) { l.noExternalNetwork(t, l.driver(t, l.catalog(t, ""))) })
 	t.Run("floating IP quota", func(t *testing.T) { l.floatingIPQuota(t, d) })
 	t.Run("servers of the region only", func(t *testing.T) { l.regionOnly(t, d) })
-	t.Run("user data and SSH keys", func(t *testing.T) { l.userData(t, d) })
+	t.Run("user data and SSH keys", func(t *testing.T) { l.userData(t, d, cat) })
 	t.Run("deleted while it builds", func(t *testing.T) { deletedWhileBuilding(t, d) })
 	t.Run("quota", func(t *testing.T) { l.quota(t, d) })
 }
@@ -217,9 +217,11 @@ func deletedWhileBuilding(t *testing.T, d *ostack.Driver) {
 	}
 }
 
-// userData: a server's user data reaches Nova as it is, and comes back with its SSH keys from
-// every read, however long, in the spec it was made with.
-func (l *lab) userData(t *testing.T, d *ostack.Driver) {
+// userData: a server's user data comes back with its SSH keys from every read, however long, in
+// the spec it was made with; Nova is given the user data as it is when the spec has neither
+// extra SSH keys nor a certificate authority, else a multipart whose parts are the user data,
+// unchanged, and a cloud-config with the keys and the authority's key.
+func (l *lab) userData(t *testing.T, d *ostack.Driver, cat *region.Catalog) {
 	pub, _, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -249,16 +251,51 @@ func (l *lab) userData(t *testing.T, d *ostack.Driver) {
 			t.Errorf("%s gave user data %q and SSH keys %q, want %q and %q", what, srv.UserData, srv.SSHPublicKeys, sp.UserData, sp.SSHPublicKeys)
 		}
 	}
-	// Nova was given the user data, which the admin the tests run as may read.
+	user, keys, caKeys := ostack.GuestParts(t, l.novaUserData(t, created.ID))
+	if string(user) != string(sp.UserData) || !slices.Equal(keys, sp.SSHPublicKeys) || caKeys != "" {
+		t.Errorf("Nova has user data %q, keys %q and CA keys %q; want %q, %q and none", user, keys, caKeys, sp.UserData, sp.SSHPublicKeys)
+	}
+
+	plain := spec("plain-user-data")
+	plain.UserData = []byte("#!/bin/sh\necho plain\n")
+	plainSrv, err := d.CreateServer(t.Context(), plain)
+	if err != nil {
+		t.Fatalf("CreateServer: %v", err)
+	}
+	t.Cleanup(func() { d.DeleteServer(context.Background(), plainSrv.ID) })
+	if b := l.novaUserData(t, plainSrv.ID); string(b) != string(plain.UserData) {
+		t.Errorf("without SSH keys or a CA Nova has user data %q, want %q as it is", b, plain.UserData)
+	}
+
+	withCA := spec("ca-user-data")
+	withCA.SSHCertificateAuthorityID = "ca-web"
+	caSrv, err := d.CreateServer(t.Context(), withCA)
+	if err != nil {
+		t.Fatalf("CreateServer: %v", err)
+	}
+	t.Cleanup(func() { d.DeleteServer(context.Background(), caSrv.ID) })
+	ca, _ := cat.SSHCertificateAuthority("ca-web")
+	user, keys, caKeys = ostack.GuestParts(t, l.novaUserData(t, caSrv.ID))
+	if user != nil || keys != nil || caKeys != ca.PublicKey+"\n" {
+		t.Errorf("with a CA only Nova has user data %q, keys %q and CA keys %q; want only the CA's key %q", user, keys, caKeys, ca.PublicKey)
+	}
+}
+
+// novaUserData is the user data Nova was given for a server, which the admin the tests run as
+// may read.
+func (l *lab) novaUserData(t *testing.T, id string) []byte {
+	t.Helper()
 	admin := *l.compute
 	admin.Microversion = "2.3"
-	s, err := servers.Get(t.Context(), &admin, created.ID).Extract()
+	s, err := servers.Get(t.Context(), &admin, id).Extract()
 	if err != nil || s.Userdata == nil {
-		t.Fatalf("read the server as an admin: %v", err)
+		t.Fatalf("read server %s as an admin: %v", id, err)
 	}
-	if b, err := base64.StdEncoding.DecodeString(*s.Userdata); err != nil || string(b) != string(sp.UserData) {
-		t.Errorf("Nova has user data %q (%v), want %q", b, err, sp.UserData)
+	b, err := base64.StdEncoding.DecodeString(*s.Userdata)
+	if err != nil {
+		t.Fatalf("Nova's user data of server %s: %v", id, err)
 	}
+	return b
 }
 
 // regionOnly: Servers lists the region's servers with their spec, and neither it nor GetServer

@@ -25,7 +25,14 @@
 //     tag>": Nova forgets a server's metadata and tags once it is deleted but still lists its
 //     description, so that a deletion reported by the watch says whose server it was.
 //
-// User data goes to Nova as it is; it and the spec's SSH keys are read back from Redis, where
+// User data goes to Nova as it is, unless the spec has extra SSH keys or an SSH certificate
+// authority, which Nova has no way to give a guest (it knows one key pair, the project's):
+// then Nova is given a MIME multipart for cloud-init, the user's data as its first part,
+// unchanged, and a #cloud-config of the driver's with ssh_authorized_keys and, for the
+// authority, write_files of its key and an sshd drop-in trusting it (where a libvirt
+// region's guests have them) and a runcmd that reloads sshd. Its Merge-Type header has
+// cloud-init append to the user's own lists rather than replace them. The user data and the
+// spec's SSH keys are read back from Redis, where
 // the driver keeps them (as JSON, under a reference the metadata compute:large holds) before
 // the server is made: Nova shows user data to admins only, by its default policy, and an SSH
 // key is longer than a metadata value may be. DeleteServer deletes them with the server.
@@ -72,6 +79,5 @@
 // Snapshots and the interactive console are refused (region.ErrRefused): the cloud's serial
 // console is a websocket of nova-serialproxy, which a cloud need not run, and snapshots are
 // left for later. The project key pair is a Nova key pair whose private key computeql keeps
-// in Redis; SSH certificate authorities and extra SSH keys are recorded but not delivered to
-// the guest.
+// in Redis.
 package openstack

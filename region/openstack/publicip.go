@@ -64,14 +64,13 @@ func (d *Driver) floatingIPs(ctx context.Context, portID string) ([]floatingips.
 
 // addFloatingIP gives a port a floating IP of the external network, described as the
 // server's other objects are so that one left over says whose it was.
-func (d *Driver) addFloatingIP(ctx context.Context, portID, desc string) (*floatingips.FloatingIP, error) {
+func (d *Driver) addFloatingIP(ctx context.Context, portID, desc string) error {
 	ext, err := d.externalNetwork(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var fip *floatingips.FloatingIP
 	err = d.call(ctx, "give port "+portID+" a floating IP", func(ctx context.Context, c *clients) error {
-		fip, err = floatingips.Create(ctx, c.network, floatingips.CreateOpts{FloatingNetworkID: ext, PortID: portID, Description: desc}).Extract()
+		_, err := floatingips.Create(ctx, c.network, floatingips.CreateOpts{FloatingNetworkID: ext, PortID: portID, Description: desc}).Extract()
 		return err
 	})
 	if errors.Is(err, errNotFound) {
@@ -80,9 +79,9 @@ func (d *Driver) addFloatingIP(ctx context.Context, portID, desc string) (*float
 		d.extMu.Lock()
 		d.extID = ""
 		d.extMu.Unlock()
-		return nil, fmt.Errorf("%w: %w", err, region.ErrRefused)
+		return fmt.Errorf("%w: %w", err, region.ErrRefused)
 	}
-	return fip, err
+	return err
 }
 
 // releaseFloatingIPs deletes the floating IPs on a port. Neutron only disassociates them when
@@ -113,8 +112,7 @@ func (d *Driver) setFloatingIP(ctx context.Context, portID, desc string, public 
 	if err != nil || len(have) > 0 {
 		return err
 	}
-	_, err = d.addFloatingIP(ctx, portID, desc)
-	return err
+	return d.addFloatingIP(ctx, portID, desc)
 }
 
 // publicIP is the address of the port's floating IP, read from Neutron since Nova's cached

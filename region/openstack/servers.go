@@ -112,6 +112,14 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 	if err != nil {
 		return region.Server{}, err
 	}
+	caKey, err := d.caPublicKey(spec)
+	if err != nil {
+		return region.Server{}, err
+	}
+	userData, err := guestUserData(spec.UserData, caKey, spec.SSHPublicKeys)
+	if err != nil {
+		return region.Server{}, err
+	}
 	keyName := ""
 	if spec.SSHCertificateAuthorityID == "" {
 		if keyName, err = d.ensureKeyPair(ctx, spec.OrganizationID, spec.ProjectID); err != nil {
@@ -174,13 +182,13 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 	// The floating IP before the server, so that a server never runs without the address it
 	// was asked with, and a pool or quota run out refuses the create with nothing left over.
 	if spec.Networking.PublicIP {
-		if _, err := d.addFloatingIP(ctx, port.ID, desc); err != nil {
+		if err := d.addFloatingIP(ctx, port.ID, desc); err != nil {
 			undo()
 			return region.Server{}, err
 		}
 	}
 	var opts servers.CreateOptsBuilder = createOpts{description: desc, CreateOptsBuilder: servers.CreateOpts{
-		Name: spec.Name, FlavorRef: res.flavor, ImageRef: res.image, UserData: spec.UserData,
+		Name: spec.Name, FlavorRef: res.flavor, ImageRef: res.image, UserData: userData,
 		Networks: []servers.Network{{Port: port.ID}}, Metadata: md, Tags: tags,
 	}}
 	if keyName != "" {
