@@ -2,6 +2,7 @@ package openstack
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -30,11 +31,16 @@ const reloadSSHD = "systemctl try-reload-or-restart ssh || systemctl try-reload-
 // ssh_authorized_keys are appended to, and any other key the user set is kept.
 const sshMergeType = "list(append)+dict(recurse_array)+str()"
 
+// novaUserDataMax is the most user data Nova takes: 65535 characters of base64.
+const novaUserDataMax = 65535 / 4 * 3
+
 // guestUserData is the user data Nova is given. Nova's only way to a guest's keys is one key
 // pair, the project's, so the spec's SSH certificate authority (caKey, "" for none) and extra
 // SSH keys reach the guest through cloud-init: the user data becomes a MIME multipart, the
 // user's own part first and unchanged (base64 in transit, so any bytes survive), then a
-// #cloud-config of the driver's. Without either, the user data is sent as it is.
+// #cloud-config of the driver's. Without either, the user data is sent as it is. A multipart
+// too large for Nova (base64 grows the user's part by a third) is sent gzipped, which
+// cloud-init undoes before it reads the parts.
 func guestUserData(userData []byte, caKey string, keys []string) ([]byte, error) {
 	if caKey == "" && len(keys) == 0 {
 		return userData, nil
@@ -92,7 +98,18 @@ func guestUserData(userData []byte, caKey string, keys []string) ([]byte, error)
 	if err := w.Close(); err != nil {
 		return nil, fmt.Errorf("openstack: the guest's user data: %w", err)
 	}
-	return b.Bytes(), nil
+	if b.Len() <= novaUserDataMax {
+		return b.Bytes(), nil
+	}
+	var z bytes.Buffer
+	zw := gzip.NewWriter(&z)
+	if _, err := zw.Write(b.Bytes()); err != nil {
+		return nil, fmt.Errorf("openstack: gzip the guest's user data: %w", err)
+	}
+	if err := zw.Close(); err != nil {
+		return nil, fmt.Errorf("openstack: gzip the guest's user data: %w", err)
+	}
+	return z.Bytes(), nil
 }
 
 // wrap breaks s into lines of n characters, as MIME wants of base64.

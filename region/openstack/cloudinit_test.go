@@ -2,6 +2,8 @@ package openstack
 
 import (
 	"bytes"
+	"compress/gzip"
+	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
 	"io"
@@ -19,10 +21,15 @@ type mimePart struct {
 	body   []byte
 }
 
-// splitMIME parses user data as cloud-init does a MIME multipart, failing the test when it is
-// not one.
+// splitMIME parses user data as cloud-init does a MIME multipart, gzipped or not, failing the
+// test when it is not one.
 func splitMIME(t *testing.T, data []byte) []mimePart {
 	t.Helper()
+	if zr, err := gzip.NewReader(bytes.NewReader(data)); err == nil {
+		if data, err = io.ReadAll(zr); err != nil {
+			t.Fatalf("gunzip the user data: %v", err)
+		}
+	}
 	head, rest, ok := bytes.Cut(data, []byte("\r\n\r\n"))
 	if !ok {
 		t.Fatalf("user data %q has no MIME header", data)
@@ -145,5 +152,35 @@ func TestGuestUserDataKeysOnly(t *testing.T) {
 	c := parseSSHConfig(t, parts[0])
 	if !slices.Equal(c.Keys, keys) || c.WriteFiles != nil || c.RunCmd != nil {
 		t.Errorf("cloud-config %+v, want the keys and nothing of a CA", c)
+	}
+}
+
+// TestGuestUserDataLarge: the largest user data the API takes (32 KiB), random so that it
+// compresses badly, with many keys, still fits Nova's limit, and reaches cloud-init unchanged;
+// a small one is not compressed, so that it stays readable.
+func TestGuestUserDataLarge(t *testing.T) {
+	ud := make([]byte, 32<<10)
+	rand.Read(ud)
+	keys := make([]string, 20)
+	for i := range keys {
+		keys[i] = "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQ" + strings.Repeat("x", 500)
+	}
+	got, err := guestUserData(ud, "", keys)
+	if err != nil {
+		t.Fatalf("guestUserData: %v", err)
+	}
+	if len(got) > novaUserDataMax {
+		t.Errorf("%d bytes of user data, over Nova's %d", len(got), novaUserDataMax)
+	}
+	parts := splitMIME(t, got)
+	if len(parts) != 2 || !bytes.Equal(parts[0].body, ud) || !slices.Equal(parseSSHConfig(t, parts[1]).Keys, keys) {
+		t.Errorf("the gzipped multipart does not hold the user data and the keys as given")
+	}
+	small, err := guestUserData([]byte("#!/bin/sh\n"), "", keys[:1])
+	if err != nil {
+		t.Fatalf("guestUserData: %v", err)
+	}
+	if !bytes.HasPrefix(small, []byte("Content-Type: multipart/mixed")) {
+		t.Errorf("a small multipart was sent as %q, want it as it is", small[:min(len(small), 40)])
 	}
 }

@@ -31,11 +31,12 @@
 // unchanged, and a #cloud-config of the driver's with ssh_authorized_keys and, for the
 // authority, write_files of its key and an sshd drop-in trusting it (where a libvirt
 // region's guests have them) and a runcmd that reloads sshd. Its Merge-Type header has
-// cloud-init append to the user's own lists rather than replace them. The user data and the
-// spec's SSH keys are read back from Redis, where
-// the driver keeps them (as JSON, under a reference the metadata compute:large holds) before
-// the server is made: Nova shows user data to admins only, by its default policy, and an SSH
-// key is longer than a metadata value may be. DeleteServer deletes them with the server.
+// cloud-init append to the user's own lists rather than replace them; a multipart larger
+// than Nova takes is gzipped, which cloud-init undoes. The user data and the spec's SSH keys
+// are read back from Redis, where the driver keeps them (as JSON, under a reference the
+// metadata compute:large holds) before the server is made: Nova shows user data to admins
+// only, by its default policy, and an SSH key is longer than a metadata value may be.
+// DeleteServer deletes them with the server.
 //
 // # Networking
 //
