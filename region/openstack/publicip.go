@@ -119,7 +119,7 @@ func (d *Driver) setFloatingIP(ctx context.Context, portID, desc string, public 
 // addresses of the server learn of it only later, if at all; "" when it has none, or when the
 // region hands out none.
 func (d *Driver) publicIP(ctx context.Context, portID string) (string, error) {
-	if !d.opts.Region.OffersPublicIPs() || portID == "" {
+	if !d.opts.Region.OffersPublicIPs() {
 		return "", nil
 	}
 	list, err := d.floatingIPs(ctx, portID)
