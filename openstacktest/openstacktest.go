@@ -60,6 +60,10 @@ type Cloud struct {
 	// (1 vCPU, 64 MiB, 1 GB disk), a public raw image of a few bytes, and a shared flat
 	// network with an IPv4 subnet.
 	FlavorID, ImageID, NetworkID, SubnetID string
+	// ExternalNetworkID is the seeded external network (router:external, flat, subnet
+	// 198.51.100.0/24), whose floating IPs reach ports of the subnet SubnetID through the
+	// seeded router RouterID.
+	ExternalNetworkID, RouterID string
 	// TransportURL is oslo.messaging's URL of the control plane's RabbitMQ, where Nova
 	// publishes its versioned notifications (topic versioned_notifications).
 	TransportURL string

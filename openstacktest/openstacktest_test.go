@@ -16,6 +16,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/flavors"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
 	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/images"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/floatingips"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
@@ -23,7 +24,8 @@ import (
 
 // TestOpenStackControlPlane brings the control plane up and uses it as the region driver
 // will: through clouds.yaml, it checks the seeded flavor, image and network, boots a server
-// on the fake driver, waits for it to be ACTIVE with an ACTIVE port, and deletes it.
+// on the fake driver, waits for it to be ACTIVE with an ACTIVE port, gives the port a floating
+// IP of the external network and releases it, and deletes the server.
 func TestOpenStackControlPlane(t *testing.T) {
 	c := Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -124,6 +126,18 @@ func TestOpenStackControlPlane(t *testing.T) {
 	}
 	if len(ps) != 1 || ps[0].Status != "ACTIVE" || ps[0].NetworkID != c.NetworkID {
 		t.Fatalf("server's ports: %+v", ps)
+	}
+
+	// The seeded router lets the external network's floating IPs reach the server's port.
+	fip, err := floatingips.Create(ctx, network, floatingips.CreateOpts{FloatingNetworkID: c.ExternalNetworkID, PortID: ps[0].ID}).Extract()
+	if err != nil {
+		t.Fatalf("create a floating IP for the server's port: %v", err)
+	}
+	if !strings.HasPrefix(fip.FloatingIP, "198.51.100.") || fip.RouterID != c.RouterID {
+		t.Errorf("floating IP %s through router %q, want one of 198.51.100.0/24 through %s", fip.FloatingIP, fip.RouterID, c.RouterID)
+	}
+	if err := floatingips.Delete(ctx, network, fip.ID).ExtractErr(); err != nil {
+		t.Fatalf("delete the floating IP: %v", err)
 	}
 
 	if err := servers.Delete(ctx, compute, srv.ID).ExtractErr(); err != nil {

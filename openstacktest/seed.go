@@ -24,6 +24,8 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/users"
 	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/imagedata"
 	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/images"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/external"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/routers"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/provider"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
@@ -192,6 +194,41 @@ func (c *Cloud) seed(ctx context.Context) error {
 		return fmt.Errorf("create subnet: %w", err)
 	}
 	c.SubnetID = sn.ID
+	return c.seedExternal(ctx, network)
+}
+
+// seedExternal creates the external network with its subnet and the router from the seeded
+// subnet to it, without which Neutron gives no floating IP to a port of that subnet.
+func (c *Cloud) seedExternal(ctx context.Context, network *gophercloud.ServiceClient) error {
+	isExternal, up, dhcp := true, true, false
+	nw, err := networks.Create(ctx, network, external.CreateOptsExt{
+		CreateOptsBuilder: provider.CreateOptsExt{
+			CreateOptsBuilder: networks.CreateOpts{Name: "computeql-public", AdminStateUp: &up},
+			// A flat network takes a physical network of its own.
+			Segments: []provider.Segment{{NetworkType: "flat", PhysicalNetwork: "physnet2"}},
+		},
+		External: &isExternal,
+	}).Extract()
+	if err != nil {
+		return fmt.Errorf("create external network: %w", err)
+	}
+	c.ExternalNetworkID = nw.ID
+	// 198.51.100.0/24 is reserved for documentation, as the tenant subnet's range is.
+	if _, err := subnets.Create(ctx, network, subnets.CreateOpts{
+		NetworkID: nw.ID, Name: "computeql-public-subnet", CIDR: "198.51.100.0/24", IPVersion: gophercloud.IPv4, EnableDHCP: &dhcp,
+	}).Extract(); err != nil {
+		return fmt.Errorf("create external subnet: %w", err)
+	}
+	r, err := routers.Create(ctx, network, routers.CreateOpts{
+		Name: "computeql-router", AdminStateUp: &up, GatewayInfo: &routers.GatewayInfo{NetworkID: nw.ID},
+	}).Extract()
+	if err != nil {
+		return fmt.Errorf("create router: %w", err)
+	}
+	c.RouterID = r.ID
+	if _, err := routers.AddInterface(ctx, network, r.ID, routers.AddInterfaceOpts{SubnetID: c.SubnetID}).Extract(); err != nil {
+		return fmt.Errorf("add the tenant subnet to the router: %w", err)
+	}
 	return nil
 }
 

@@ -137,6 +137,10 @@ type OpenStackRegion struct {
 	// PollInterval is how often a watch asks Nova for the servers changed since its cursor, as
 	// a Go duration. Defaults to 2s.
 	PollInterval string `json:"pollInterval,omitempty"`
+	// ExternalNetwork is the id or name of the Neutron external network (router:external)
+	// whose floating IPs are the servers' public IP addresses. Without it the region offers
+	// no public IPs.
+	ExternalNetwork string `json:"externalNetwork,omitempty"`
 }
 
 // OpenStackRef names the cloud's own object behind a catalogue entry of an OpenStack region:
@@ -155,10 +159,16 @@ const (
 )
 
 // OffersPublicIPs reports whether servers of the region can have a public IP address. A
-// libvirt region has no pool of public addresses to hand out, and the OpenStack driver does
-// not manage floating IPs.
+// libvirt region has no pool of public addresses to hand out; an OpenStack region hands out
+// floating IPs of the external network it names, and none when it names none.
 func (r *Region) OffersPublicIPs() bool {
-	return r.Driver != DriverLibvirt && r.Driver != DriverOpenStack
+	switch r.Driver {
+	case DriverLibvirt:
+		return false
+	case DriverOpenStack:
+		return r.OpenStack != nil && r.OpenStack.ExternalNetwork != ""
+	}
+	return true
 }
 
 // RunsFlavor says why the region cannot run servers of the flavor, or "" when it can: a

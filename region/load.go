@@ -13,8 +13,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/computeql/computeql/quota"
 )
@@ -470,6 +472,10 @@ func validateOpenStackRegion(p *problems, e string, r *Region) {
 	}
 	if d, err := time.ParseDuration(o.PollInterval); err != nil || d <= 0 {
 		p.add(e, "openstack: pollInterval %q is not a positive duration such as 2s", o.PollInterval)
+	}
+	// Neutron trims nothing: a name with spaces around it, or a line break, names no network.
+	if x := o.ExternalNetwork; x != strings.TrimSpace(x) || strings.ContainsFunc(x, unicode.IsControl) {
+		p.add(e, "openstack: externalNetwork %q is not a Neutron network id or name", x)
 	}
 }
 

@@ -24,6 +24,8 @@ func TestOpenStackRegionDefaults(t *testing.T) {
 		{"settings given are kept", `{"id": "os", "name": "OS", "driver": "openstack",
 			"openstack": {"cloud": "prod", "requestTimeout": "1m", "pollInterval": "500ms"}}`,
 			OpenStackRegion{Cloud: "prod", RequestTimeout: "1m", PollInterval: "500ms"}},
+		{"an external network", `{"id": "os", "name": "OS", "driver": "openstack", "openstack": {"cloud": "prod", "externalNetwork": "public"}}`,
+			OpenStackRegion{Cloud: "prod", RequestTimeout: "30s", PollInterval: "2s", ExternalNetwork: "public"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Parse([]byte(`{"regions": [` + tc.region + `]}`))
@@ -33,8 +35,8 @@ func TestOpenStackRegionDefaults(t *testing.T) {
 			if got := c.Regions[0].OpenStack; got == nil || *got != tc.want {
 				t.Errorf("openstack settings %s, want %s", dump(got), dump(tc.want))
 			}
-			if c.Regions[0].OffersPublicIPs() {
-				t.Errorf("an OpenStack region offers public IPs, which its driver does not manage")
+			if got, want := c.Regions[0].OffersPublicIPs(), tc.want.ExternalNetwork != ""; got != want {
+				t.Errorf("OffersPublicIPs = %t, want %t: an OpenStack region offers floating IPs of its external network only", got, want)
 			}
 		})
 	}
@@ -62,6 +64,10 @@ func TestOpenStackParseRefuses(t *testing.T) {
 			eu + `openstack: requestTimeout "30" is not a positive duration such as 30s`},
 		{"zero pollInterval", openStackRegion(func(_ *Catalog, o *OpenStackRegion) { o.PollInterval = "0s" }),
 			eu + `openstack: pollInterval "0s" is not a positive duration such as 2s`},
+		{"externalNetwork with a trailing space", openStackRegion(func(_ *Catalog, o *OpenStackRegion) { o.ExternalNetwork = "public " }),
+			eu + `openstack: externalNetwork "public " is not a Neutron network id or name`},
+		{"externalNetwork with a line break", openStackRegion(func(_ *Catalog, o *OpenStackRegion) { o.ExternalNetwork = "pub\nlic" }),
+			eu + `openstack: externalNetwork "pub\nlic" is not a Neutron network id or name`},
 		{"flavor ref without an id", openStackRegion(func(c *Catalog, _ *OpenStackRegion) { c.Flavors[0].OpenStack = &OpenStackRef{} }),
 			`catalog: flavors[0] "f1": openstack: id is empty`},
 		{"image ref in a sim region", func(c *Catalog) { c.Images[0].OpenStack = &OpenStackRef{ID: "glance-id"} },
@@ -82,6 +88,7 @@ func TestOpenStackParseAccepts(t *testing.T) {
 	}{
 		{"openstack region", openStackRegion(nil)},
 		{"cloud name with dots, dashes and underscores", openStackRegion(func(_ *Catalog, o *OpenStackRegion) { o.Cloud = "Prod_1.a-b" })},
+		{"external network named with a space inside", openStackRegion(func(_ *Catalog, o *OpenStackRegion) { o.ExternalNetwork = "public net" })},
 		{"every entry naming its cloud object", openStackRegion(func(c *Catalog, _ *OpenStackRegion) {
 			c.Flavors[0].OpenStack = &OpenStackRef{ID: "m1.small"}
 			c.Images[0].OpenStack = &OpenStackRef{ID: "6a0c0f5e-1b1e-4b0e-9a36-3f0c6f4a7d11"}

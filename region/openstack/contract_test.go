@@ -20,6 +20,8 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/flavors"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/quotasets"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/floatingips"
+	netquotas "github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/quotas"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/security/groups"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/security/rules"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
@@ -79,8 +81,9 @@ func startLab(t *testing.T) *lab {
 }
 
 // catalog is an OpenStack region "os" of the lab's cloud: acme/web's network is the seeded
-// one, flavor tiny the seeded flavor and small the larger one, image cirros the seeded image.
-func (l *lab) catalog(t *testing.T) *region.Catalog {
+// one, flavor tiny the seeded flavor and small the larger one, image cirros the seeded image,
+// and the region's external network the one external names ("" for none).
+func (l *lab) catalog(t *testing.T, external string) *region.Catalog {
 	t.Helper()
 	caPub, _, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
@@ -93,7 +96,7 @@ func (l *lab) catalog(t *testing.T) *region.Catalog {
 	c := l.cloud
 	doc := fmt.Sprintf(`{
   "regions": [{"id": "os", "name": "OpenStack", "driver": "openstack",
-    "openstack": {"cloud": %q, "pollInterval": "250ms"}}],
+    "openstack": {"cloud": %q, "pollInterval": "250ms", "externalNetwork": %q}}],
   "organizations": [{"id": "acme", "name": "Acme", "projects": [{"id": "web", "name": "Web"}]}],
   "networks": [{"id": "os-web", "name": "web", "organizationId": "acme", "projectId": "web", "region": "os",
     "prefix": "192.0.2.0/24", "openstack": {"id": %q}}],
@@ -106,7 +109,7 @@ func (l *lab) catalog(t *testing.T) *region.Catalog {
       "openstack": {"id": %q}}],
   "images": [{"id": "cirros", "name": "cirros", "architecture": "x86_64", "sizeGiB": 1, "virtualization": "virtualized",
     "state": "ready", "regions": ["os"], "openstack": {"id": %q}}]
-}`, openstacktest.CloudName, c.NetworkID, l.sshGroupID, strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub))), c.FlavorID, l.bigFlavorID, c.ImageID)
+}`, openstacktest.CloudName, external, c.NetworkID, l.sshGroupID, strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub))), c.FlavorID, l.bigFlavorID, c.ImageID)
 	cat, err := region.Parse([]byte(doc))
 	if err != nil {
 		t.Fatal(err)
@@ -142,17 +145,20 @@ func spec(name string) region.ServerSpec {
 // driver: its security groups and quota.
 func TestOpenStackDriver(t *testing.T) {
 	l := startLab(t)
-	cat := l.catalog(t)
+	cat := l.catalog(t, l.cloud.ExternalNetworkID)
 	d := l.driver(t, cat)
 	t.Run("contract", func(t *testing.T) {
 		regiontest.Run(t, regiontest.Harness{
 			Client: d, Catalog: cat, Spec: spec, ResizeFlavor: "small", Timeout: time.Minute,
-			Capabilities: regiontest.Capabilities{NoConsole: true},
+			Capabilities: regiontest.Capabilities{NoConsole: true, PublicIPs: true},
 		})
 	})
 	t.Run("security groups", func(t *testing.T) { l.securityGroups(t, d) })
+	t.Run("floating IPs", func(t *testing.T) { l.floatingIPs(t, l.driver(t, l.catalog(t, "computeql-public"))) })
+	t.Run("no external network", func(t *testing.T) { l.noExternalNetwork(t, l.driver(t, l.catalog(t, ""))) })
+	t.Run("floating IP quota", func(t *testing.T) { l.floatingIPQuota(t, d) })
 	t.Run("servers of the region only", func(t *testing.T) { l.regionOnly(t, d) })
-	t.Run("user data and SSH keys", func(t *testing.T) { l.userData(t, d) })
+	t.Run("user data and SSH keys", func(t *testing.T) { l.userData(t, d, cat) })
 	t.Run("deleted while it builds", func(t *testing.T) { deletedWhileBuilding(t, d) })
 	t.Run("quota", func(t *testing.T) { l.quota(t, d) })
 }
@@ -211,9 +217,11 @@ func deletedWhileBuilding(t *testing.T, d *ostack.Driver) {
 	}
 }
 
-// userData: a server's user data reaches Nova as it is, and comes back with its SSH keys from
-// every read, however long, in the spec it was made with.
-func (l *lab) userData(t *testing.T, d *ostack.Driver) {
+// userData: a server's user data comes back with its SSH keys from every read, however long, in
+// the spec it was made with; Nova is given the user data as it is when the spec has neither
+// extra SSH keys nor a certificate authority, else a multipart whose parts are the user data,
+// unchanged, and a cloud-config with the keys and the authority's key.
+func (l *lab) userData(t *testing.T, d *ostack.Driver, cat *region.Catalog) {
 	pub, _, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -243,16 +251,51 @@ func (l *lab) userData(t *testing.T, d *ostack.Driver) {
 			t.Errorf("%s gave user data %q and SSH keys %q, want %q and %q", what, srv.UserData, srv.SSHPublicKeys, sp.UserData, sp.SSHPublicKeys)
 		}
 	}
-	// Nova was given the user data, which the admin the tests run as may read.
+	user, keys, caKeys := ostack.GuestParts(t, l.novaUserData(t, created.ID))
+	if string(user) != string(sp.UserData) || !slices.Equal(keys, sp.SSHPublicKeys) || caKeys != "" {
+		t.Errorf("Nova has user data %q, keys %q and CA keys %q; want %q, %q and none", user, keys, caKeys, sp.UserData, sp.SSHPublicKeys)
+	}
+
+	plain := spec("plain-user-data")
+	plain.UserData = []byte("#!/bin/sh\necho plain\n")
+	plainSrv, err := d.CreateServer(t.Context(), plain)
+	if err != nil {
+		t.Fatalf("CreateServer: %v", err)
+	}
+	t.Cleanup(func() { d.DeleteServer(context.Background(), plainSrv.ID) })
+	if b := l.novaUserData(t, plainSrv.ID); string(b) != string(plain.UserData) {
+		t.Errorf("without SSH keys or a CA Nova has user data %q, want %q as it is", b, plain.UserData)
+	}
+
+	withCA := spec("ca-user-data")
+	withCA.SSHCertificateAuthorityID = "ca-web"
+	caSrv, err := d.CreateServer(t.Context(), withCA)
+	if err != nil {
+		t.Fatalf("CreateServer: %v", err)
+	}
+	t.Cleanup(func() { d.DeleteServer(context.Background(), caSrv.ID) })
+	ca, _ := cat.SSHCertificateAuthority("ca-web")
+	user, keys, caKeys = ostack.GuestParts(t, l.novaUserData(t, caSrv.ID))
+	if user != nil || keys != nil || caKeys != ca.PublicKey+"\n" {
+		t.Errorf("with a CA only Nova has user data %q, keys %q and CA keys %q; want only the CA's key %q", user, keys, caKeys, ca.PublicKey)
+	}
+}
+
+// novaUserData is the user data Nova was given for a server, which the admin the tests run as
+// may read.
+func (l *lab) novaUserData(t *testing.T, id string) []byte {
+	t.Helper()
 	admin := *l.compute
 	admin.Microversion = "2.3"
-	s, err := servers.Get(t.Context(), &admin, created.ID).Extract()
+	s, err := servers.Get(t.Context(), &admin, id).Extract()
 	if err != nil || s.Userdata == nil {
-		t.Fatalf("read the server as an admin: %v", err)
+		t.Fatalf("read server %s as an admin: %v", id, err)
 	}
-	if b, err := base64.StdEncoding.DecodeString(*s.Userdata); err != nil || string(b) != string(sp.UserData) {
-		t.Errorf("Nova has user data %q (%v), want %q", b, err, sp.UserData)
+	b, err := base64.StdEncoding.DecodeString(*s.Userdata)
+	if err != nil {
+		t.Fatalf("Nova's user data of server %s: %v", id, err)
 	}
+	return b
 }
 
 // regionOnly: Servers lists the region's servers with their spec, and neither it nor GetServer
@@ -327,7 +370,6 @@ func (l *lab) securityGroups(t *testing.T, d *ostack.Driver) {
 
 	for name, bad := range map[string]region.ServerNetworking{
 		"an unknown group":           {SecurityGroupIDs: []string{"no-such-group"}},
-		"a public IP":                {PublicIP: true},
 		"a prefix with its host set": {AllowedSourceAddresses: []string{"10.1.2.3/8"}},
 		"an IPv6 prefix":             {AllowedSourceAddresses: []string{"2001:db8::/32"}},
 	} {
@@ -420,6 +462,9 @@ func (l *lab) leftBehind(t *testing.T, value string) string {
 	if list, _ := groups.ExtractGroups(pages); len(list) > 0 {
 		left = append(left, fmt.Sprintf("%d security groups", len(list)))
 	}
+	if list := l.floatingIPsOf(t, value); len(list) > 0 {
+		left = append(left, fmt.Sprintf("%d floating IPs", len(list)))
+	}
 	return strings.Join(left, " and ")
 }
 
@@ -448,6 +493,137 @@ func (l *lab) quota(t *testing.T, d *ostack.Driver) {
 	_, err := d.CreateServer(t.Context(), sp)
 	if !errors.Is(err, region.ErrNoCapacity) || !strings.Contains(err.Error(), "Quota exceeded") {
 		t.Fatalf("CreateServer beyond the quota: %v, want ErrNoCapacity with Nova's words", err)
+	}
+	if found, err := d.FindServers(t.Context(), sp.Scope, region.InstanceTag, sp.Tags[region.InstanceTag]); err != nil || len(found) != 0 {
+		t.Errorf("FindServers after the refused create: %v (%v), want none", found, err)
+	}
+	if left := l.leftBehind(t, sp.Tags[region.InstanceTag]); left != "" {
+		t.Errorf("the refused create left %s behind", left)
+	}
+}
+
+// floatingIPsOf are the floating IPs the driver made for the server of the instance tag's
+// value: their description ends in the value, as the server's does.
+func (l *lab) floatingIPsOf(t *testing.T, value string) []floatingips.FloatingIP {
+	t.Helper()
+	pages, err := floatingips.List(l.network, floatingips.ListOpts{}).AllPages(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := floatingips.ExtractFloatingIPs(pages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []floatingips.FloatingIP
+	for _, f := range all {
+		if strings.HasSuffix(f.Description, " "+value) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// floatingIPs: a server made with a public IP has a floating IP of the external network (named
+// by its name in the catalogue) on its port, which the server shows as its public IP;
+// UpdateNetworking releases it and gives it another; DeleteServer releases it, leaving nothing
+// in Neutron.
+func (l *lab) floatingIPs(t *testing.T, d *ostack.Driver) {
+	sp := spec("floating")
+	sp.Networking.PublicIP = true
+	value := sp.Tags[region.InstanceTag]
+	srv, err := d.CreateServer(t.Context(), sp)
+	if err != nil {
+		t.Fatalf("CreateServer: %v", err)
+	}
+	t.Cleanup(func() { d.DeleteServer(context.Background(), srv.ID) })
+	port := l.port(t, value)
+	fips := l.floatingIPsOf(t, value)
+	if len(fips) != 1 || fips[0].PortID != port.ID || fips[0].FloatingNetworkID != l.cloud.ExternalNetworkID {
+		t.Fatalf("floating IPs of the server: %+v, want one of network %s on port %s", fips, l.cloud.ExternalNetworkID, port.ID)
+	}
+	if srv.PublicIP != fips[0].FloatingIP || !srv.Networking.PublicIP {
+		t.Errorf("CreateServer gave public IP %q (networking says %t), want %s", srv.PublicIP, srv.Networking.PublicIP, fips[0].FloatingIP)
+	}
+	found, err := d.FindServers(t.Context(), sp.Scope, region.InstanceTag, value)
+	if err != nil || len(found) != 1 || found[0].PublicIP != fips[0].FloatingIP {
+		t.Errorf("FindServers: %+v (%v), want the server with public IP %s", found, err, fips[0].FloatingIP)
+	}
+
+	off, err := d.UpdateNetworking(t.Context(), srv.ID, region.ServerNetworking{})
+	if err != nil {
+		t.Fatalf("UpdateNetworking without a public IP: %v", err)
+	}
+	if off.PublicIP != "" || off.Networking.PublicIP {
+		t.Errorf("after turning the public IP off the server has %q (networking says %t)", off.PublicIP, off.Networking.PublicIP)
+	}
+	if left := l.floatingIPsOf(t, value); len(left) != 0 {
+		t.Errorf("after turning the public IP off Neutron still has %+v", left)
+	}
+
+	on, err := d.UpdateNetworking(t.Context(), srv.ID, region.ServerNetworking{PublicIP: true})
+	if err != nil {
+		t.Fatalf("UpdateNetworking with a public IP: %v", err)
+	}
+	again, err := d.UpdateNetworking(t.Context(), srv.ID, region.ServerNetworking{PublicIP: true})
+	if err != nil {
+		t.Fatalf("UpdateNetworking with the public IP it has: %v", err)
+	}
+	fips = l.floatingIPsOf(t, value)
+	if len(fips) != 1 || fips[0].PortID != port.ID || on.PublicIP != fips[0].FloatingIP || again.PublicIP != on.PublicIP {
+		t.Errorf("after turning the public IP on twice: public IPs %q and %q, Neutron has %+v; want one floating IP on port %s, kept",
+			on.PublicIP, again.PublicIP, fips, port.ID)
+	}
+
+	if err := d.DeleteServer(t.Context(), srv.ID); err != nil {
+		t.Fatalf("DeleteServer: %v", err)
+	}
+	if left := l.leftBehind(t, value); left != "" {
+		t.Errorf("DeleteServer left %s behind", left)
+	}
+}
+
+// noExternalNetwork: a region that names no external network refuses public IPs, at the create
+// (leaving nothing behind) and in an update (leaving the server as it was).
+func (l *lab) noExternalNetwork(t *testing.T, d *ostack.Driver) {
+	sp := spec("no-external")
+	sp.Networking.PublicIP = true
+	if _, err := d.CreateServer(t.Context(), sp); !errors.Is(err, region.ErrRefused) {
+		t.Errorf("CreateServer with a public IP: %v, want ErrRefused", err)
+	}
+	if left := l.leftBehind(t, sp.Tags[region.InstanceTag]); left != "" {
+		t.Errorf("the refused create left %s behind", left)
+	}
+	srv, err := d.CreateServer(t.Context(), spec("no-external"))
+	if err != nil {
+		t.Fatalf("CreateServer: %v", err)
+	}
+	t.Cleanup(func() { d.DeleteServer(context.Background(), srv.ID) })
+	if _, err := d.UpdateNetworking(t.Context(), srv.ID, region.ServerNetworking{PublicIP: true}); !errors.Is(err, region.ErrRefused) {
+		t.Errorf("UpdateNetworking to a public IP: %v, want ErrRefused", err)
+	}
+	got, err := d.GetServer(t.Context(), srv.ID)
+	if err != nil || got.PublicIP != "" || got.Networking.PublicIP {
+		t.Errorf("after the refusal: %+v (%v), want no public IP", got, err)
+	}
+}
+
+// floatingIPQuota: a create with a public IP beyond the project's quota of floating IPs is
+// ErrNoCapacity with Neutron's words, and leaves nothing behind.
+func (l *lab) floatingIPQuota(t *testing.T, d *ostack.Driver) {
+	zero, unlimited := 0, -1
+	if _, err := netquotas.Update(t.Context(), l.network, l.cloud.ProjectID, netquotas.UpdateOpts{FloatingIP: &zero}).Extract(); err != nil {
+		t.Fatalf("set the project's quota of floating IPs to 0: %v", err)
+	}
+	t.Cleanup(func() {
+		if _, err := netquotas.Update(context.Background(), l.network, l.cloud.ProjectID, netquotas.UpdateOpts{FloatingIP: &unlimited}).Extract(); err != nil {
+			t.Errorf("lift the project's quota of floating IPs: %v", err)
+		}
+	})
+	sp := spec("floating-over-quota")
+	sp.Networking.PublicIP = true
+	_, err := d.CreateServer(t.Context(), sp)
+	if !errors.Is(err, region.ErrNoCapacity) || !strings.Contains(err.Error(), "floatingip") {
+		t.Fatalf("CreateServer beyond the quota of floating IPs: %v, want ErrNoCapacity with Neutron's words", err)
 	}
 	if found, err := d.FindServers(t.Context(), sp.Scope, region.InstanceTag, sp.Tags[region.InstanceTag]); err != nil || len(found) != 0 {
 		t.Errorf("FindServers after the refused create: %v (%v), want none", found, err)

@@ -17,17 +17,26 @@
 //     flavor, image and SSH certificate authority are compute:flavor, compute:image and
 //     compute:ssh-ca;
 //   - the networking is compute:security-groups and compute:allowed-sources (catalogue ids
-//     and CIDRs, comma-separated), enforced by Neutron (below);
+//     and CIDRs, comma-separated) and compute:public-ip ("true" or empty), enforced by
+//     Neutron (below);
 //   - every other tag is compute:tag:<key>, the key's bytes outside [a-zA-Z0-9-_] written as
 //     '.' and two hex digits ("made/by" is compute:tag:made.2Fby);
 //   - the server's description is "computeql <org>/<project>/<region>/<network> <instance
 //     tag>": Nova forgets a server's metadata and tags once it is deleted but still lists its
 //     description, so that a deletion reported by the watch says whose server it was.
 //
-// User data goes to Nova as it is; it and the spec's SSH keys are read back from Redis, where
-// the driver keeps them (as JSON, under a reference the metadata compute:large holds) before
-// the server is made: Nova shows user data to admins only, by its default policy, and an SSH
-// key is longer than a metadata value may be. DeleteServer deletes them with the server.
+// User data goes to Nova as it is, unless the spec has extra SSH keys or an SSH certificate
+// authority, which Nova has no way to give a guest (it knows one key pair, the project's):
+// then Nova is given a MIME multipart for cloud-init, the user's data as its first part,
+// unchanged, and a #cloud-config of the driver's with ssh_authorized_keys and, for the
+// authority, write_files of its key and an sshd drop-in trusting it (where a libvirt
+// region's guests have them) and a runcmd that reloads sshd. Its Merge-Type header has
+// cloud-init append to the user's own lists rather than replace them; a multipart larger
+// than Nova takes is gzipped, which cloud-init undoes. The user data and the spec's SSH keys
+// are read back from Redis, where the driver keeps them (as JSON, under a reference the
+// metadata compute:large holds) before the server is made: Nova shows user data to admins
+// only, by its default policy, and an SSH key is longer than a metadata value may be.
+// DeleteServer deletes them with the server.
 //
 // # Networking
 //
@@ -35,8 +44,15 @@
 // security groups that the catalogue's groups name, and one more group of the server's own
 // (computeql-allow-…) whose ingress rules are the allowed source addresses (any protocol,
 // any port). UpdateNetworking changes the port's groups and that group's rules in place, then
-// the metadata. DeleteServer deletes the server, then its port and its group. Public IPs are
-// not offered: the driver manages no floating IPs, and refuses them.
+// the metadata. DeleteServer deletes the server, then its port and its group.
+//
+// A public IP is a Neutron floating IP of the external network the region names
+// (externalNetwork, by id or name, looked up once), on the server's port. It is made with the
+// port, before the server, so that a floating-IP quota or a pool run out refuses the create
+// (region.ErrNoCapacity) with nothing left behind. UpdateNetworking adds or releases it;
+// DeleteServer releases it before the port, since Neutron would only disassociate it. The
+// address is read from Neutron, not from Nova's cached addresses, which learn of it late.
+// A region that names no external network refuses public IPs.
 //
 // # Watch
 //
@@ -64,6 +80,5 @@
 // Snapshots and the interactive console are refused (region.ErrRefused): the cloud's serial
 // console is a websocket of nova-serialproxy, which a cloud need not run, and snapshots are
 // left for later. The project key pair is a Nova key pair whose private key computeql keeps
-// in Redis; SSH certificate authorities and extra SSH keys are recorded but not delivered to
-// the guest.
+// in Redis.
 package openstack

@@ -57,6 +57,9 @@ type Driver struct {
 	clients *clients // nil until authenticated
 	// keyPairs are the project key pairs known to be in Nova, by name.
 	keyPairs sync.Map
+
+	extMu sync.Mutex
+	extID string // the external network's id, "" until looked up
 }
 
 // clients are the service clients of one authenticated session.

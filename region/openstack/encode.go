@@ -21,6 +21,7 @@ const (
 	metaSSHCA          = "compute:ssh-ca"
 	metaSecurityGroups = "compute:security-groups"
 	metaAllowed        = "compute:allowed-sources"
+	metaPublicIP       = "compute:public-ip"
 	metaPort           = "compute:port"
 	metaAllowGroup     = "compute:allow-group"
 	metaLarge          = "compute:large"
@@ -124,7 +125,7 @@ func encodeSpec(spec region.ServerSpec) (map[string]string, []string, string, er
 			return nil, nil, "", fmt.Errorf("%s=%q: OpenStack takes metadata of at most %d characters: %w", k, v, maxMetadataLen, region.ErrRefused)
 		}
 	}
-	desc := fmt.Sprintf("%s%s/%s/%s/%s %s", descriptionPrefix, spec.OrganizationID, spec.ProjectID, spec.RegionID, spec.NetworkID, value)
+	desc := describe(spec.Scope, value)
 	if len(desc) > maxMetadataLen {
 		return nil, nil, "", fmt.Errorf("scope and instance tag of %d characters: OpenStack's description takes %d: %w", len(desc), maxMetadataLen, region.ErrRefused)
 	}
@@ -134,9 +135,14 @@ func encodeSpec(spec region.ServerSpec) (map[string]string, []string, string, er
 // encodeNetworking is the metadata of a server's networking; empty lists are empty values,
 // so that an update clears what was there.
 func encodeNetworking(n region.ServerNetworking) map[string]string {
+	public := ""
+	if n.PublicIP {
+		public = "true"
+	}
 	return map[string]string{
 		metaSecurityGroups: strings.Join(n.SecurityGroupIDs, ","),
 		metaAllowed:        strings.Join(n.AllowedSourceAddresses, ","),
+		metaPublicIP:       public,
 	}
 }
 
@@ -159,6 +165,7 @@ func decodeSpec(md map[string]string) region.ServerSpec {
 		Networking: region.ServerNetworking{
 			SecurityGroupIDs:       splitList(md[metaSecurityGroups]),
 			AllowedSourceAddresses: splitList(md[metaAllowed]),
+			PublicIP:               md[metaPublicIP] == "true",
 		},
 		Tags: map[string]string{},
 	}
@@ -171,6 +178,12 @@ func decodeSpec(md map[string]string) region.ServerSpec {
 		}
 	}
 	return spec
+}
+
+// describe is the description of what the driver makes for the server of the scope and
+// instance tag's value: the server, its port, its group and its floating IP.
+func describe(scope region.Scope, value string) string {
+	return fmt.Sprintf("%s%s/%s/%s/%s %s", descriptionPrefix, scope.OrganizationID, scope.ProjectID, scope.RegionID, scope.NetworkID, value)
 }
 
 // decodeDescription is the scope and instance tag a server's description records.

@@ -46,8 +46,9 @@ func fullSpec() region.ServerSpec {
 	return region.ServerSpec{
 		Scope: region.Scope{OrganizationID: "acme", ProjectID: "web", RegionID: "os", NetworkID: "os-web"},
 		Name:  "web-1", FlavorID: "tiny", ImageID: "cirros", SSHCertificateAuthorityID: "ca-web",
-		Networking: region.ServerNetworking{SecurityGroupIDs: []string{"ssh", "web"}, AllowedSourceAddresses: []string{"192.0.2.0/24", "10.0.0.0/8"}},
-		Tags:       map[string]string{region.InstanceTag: "0d6f3b52-5a0e-4d4c-9c1e-6f8a2b3c4d5e", "made/by": "me, myself", "env": ""},
+		Networking: region.ServerNetworking{SecurityGroupIDs: []string{"ssh", "web"}, AllowedSourceAddresses: []string{"192.0.2.0/24", "10.0.0.0/8"},
+			PublicIP: true},
+		Tags: map[string]string{region.InstanceTag: "0d6f3b52-5a0e-4d4c-9c1e-6f8a2b3c4d5e", "made/by": "me, myself", "env": ""},
 	}
 }
 
@@ -82,7 +83,8 @@ func TestSpecRoundTrip(t *testing.T) {
 			if got.Scope != spec.Scope || got.FlavorID != spec.FlavorID || got.ImageID != spec.ImageID ||
 				got.SSHCertificateAuthorityID != spec.SSHCertificateAuthorityID || !maps.Equal(got.Tags, spec.Tags) ||
 				!slices.Equal(got.Networking.SecurityGroupIDs, spec.Networking.SecurityGroupIDs) ||
-				!slices.Equal(got.Networking.AllowedSourceAddresses, spec.Networking.AllowedSourceAddresses) {
+				!slices.Equal(got.Networking.AllowedSourceAddresses, spec.Networking.AllowedSourceAddresses) ||
+				got.Networking.PublicIP != spec.Networking.PublicIP {
 				t.Errorf("decoded\n%+v\nwant\n%+v", got, spec)
 			}
 			scope, value, ok := decodeDescription(desc)
@@ -99,7 +101,7 @@ func TestNetworkingUpdateClears(t *testing.T) {
 		t.Fatal(err)
 	}
 	maps.Copy(md, encodeNetworking(region.ServerNetworking{}))
-	if n := decodeSpec(md).Networking; n.SecurityGroupIDs != nil || n.AllowedSourceAddresses != nil {
+	if n := decodeSpec(md).Networking; n.SecurityGroupIDs != nil || n.AllowedSourceAddresses != nil || n.PublicIP {
 		t.Errorf("after an update to no networking the metadata records %+v", n)
 	}
 }

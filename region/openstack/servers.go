@@ -86,10 +86,11 @@ func (d *Driver) resolveGroups(network string, ids []string) ([]string, error) {
 	return out, nil
 }
 
-// checkNetworking refuses what the driver cannot give a server.
-func checkNetworking(n region.ServerNetworking) error {
-	if n.PublicIP {
-		return fmt.Errorf("this OpenStack region hands out no public IP addresses: %w", region.ErrRefused)
+// checkNetworking refuses what the driver cannot give a server: a public IP in a region that
+// names no external network, and source addresses Neutron's rules do not take as they are.
+func (d *Driver) checkNetworking(n region.ServerNetworking) error {
+	if n.PublicIP && !d.opts.Region.OffersPublicIPs() {
+		return fmt.Errorf("this OpenStack region names no external network, and hands out no public IP addresses: %w", region.ErrRefused)
 	}
 	for _, s := range n.AllowedSourceAddresses {
 		if p, err := netip.ParsePrefix(s); err != nil || !p.Addr().Is4() || p != p.Masked() {
@@ -100,7 +101,7 @@ func checkNetworking(n region.ServerNetworking) error {
 }
 
 func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (region.Server, error) {
-	if err := checkNetworking(spec.Networking); err != nil {
+	if err := d.checkNetworking(spec.Networking); err != nil {
 		return region.Server{}, err
 	}
 	md, tags, desc, err := encodeSpec(spec)
@@ -108,6 +109,14 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 		return region.Server{}, err
 	}
 	res, err := d.resolve(spec)
+	if err != nil {
+		return region.Server{}, err
+	}
+	caKey, err := d.caPublicKey(spec)
+	if err != nil {
+		return region.Server{}, err
+	}
+	userData, err := guestUserData(spec.UserData, caKey, spec.SSHPublicKeys)
 	if err != nil {
 		return region.Server{}, err
 	}
@@ -143,6 +152,9 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 		ctx := context.WithoutCancel(ctx)
 		d.dropLargeFields(ctx, ref)
 		if port != nil {
+			if err := d.releaseFloatingIPs(ctx, port.ID); err != nil {
+				d.log.Warn("openstack: left behind", "what", "floating IPs of port", "id", port.ID, "err", err)
+			}
 			d.deleteQuietly(ctx, "port", port.ID, func(ctx context.Context, c *clients) error {
 				return ports.Delete(ctx, c.network, port.ID).ExtractErr()
 			})
@@ -167,8 +179,16 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 		return region.Server{}, notFoundAs(err, region.ErrRefused)
 	}
 	md[metaPort], md[metaAllowGroup] = port.ID, group.ID
+	// The floating IP before the server, so that a server never runs without the address it
+	// was asked with, and a pool or quota run out refuses the create with nothing left over.
+	if spec.Networking.PublicIP {
+		if err := d.addFloatingIP(ctx, port.ID, desc); err != nil {
+			undo()
+			return region.Server{}, err
+		}
+	}
 	var opts servers.CreateOptsBuilder = createOpts{description: desc, CreateOptsBuilder: servers.CreateOpts{
-		Name: spec.Name, FlavorRef: res.flavor, ImageRef: res.image, UserData: spec.UserData,
+		Name: spec.Name, FlavorRef: res.flavor, ImageRef: res.image, UserData: userData,
 		Networks: []servers.Network{{Port: port.ID}}, Metadata: md, Tags: tags,
 	}}
 	if keyName != "" {
@@ -301,6 +321,11 @@ func (d *Driver) withPort(ctx context.Context, s *servers.Server) (region.Server
 	}
 	srv := toServer(s, p)
 	srv.UserData, srv.SSHPublicKeys = large.UserData, large.SSHPublicKeys
+	if p != nil {
+		if srv.PublicIP, err = d.publicIP(ctx, p.ID); err != nil {
+			return region.Server{}, err
+		}
+	}
 	return srv, nil
 }
 
@@ -381,7 +406,7 @@ func (d *Driver) UpdateNetworking(ctx context.Context, id string, n region.Serve
 	if err != nil {
 		return region.Server{}, err
 	}
-	if err := checkNetworking(n); err != nil {
+	if err := d.checkNetworking(n); err != nil {
 		return region.Server{}, err
 	}
 	groupIDs, err := d.resolveGroups(s.Metadata[metaNetwork], n.SecurityGroupIDs)
@@ -399,6 +424,12 @@ func (d *Driver) UpdateNetworking(ctx context.Context, id string, n region.Serve
 	})
 	if err != nil {
 		return region.Server{}, err
+	}
+	if d.opts.Region.OffersPublicIPs() {
+		desc := describe(decodeSpec(s.Metadata).Scope, s.Metadata[metaInstance])
+		if err := d.setFloatingIP(ctx, portID, desc, n.PublicIP); err != nil {
+			return region.Server{}, err
+		}
 	}
 	// The record last, once the cloud enforces it; it also moves the server's updated time,
 	// which is how the watch learns of the change.
@@ -448,8 +479,13 @@ func (d *Driver) DeleteServer(ctx context.Context, id string) error {
 	if err != nil && !errors.Is(err, errNotFound) {
 		return err
 	}
-	// Nova leaves a port it did not make; the port, then the group it used, go with the server.
+	// Nova leaves a port it did not make; its floating IPs, the port, then the group it used,
+	// go with the server.
 	if portID := s.Metadata[metaPort]; portID != "" {
+		// A cloud without Neutron's L3 API (404) has no floating IPs to release.
+		if err := d.releaseFloatingIPs(ctx, portID); err != nil && !errors.Is(err, errNotFound) {
+			return err
+		}
 		err := d.call(ctx, "delete port "+portID, func(ctx context.Context, c *clients) error {
 			return ports.Delete(ctx, c.network, portID).ExtractErr()
 		})
