@@ -60,6 +60,51 @@ type Driver struct {
 
 	extMu sync.Mutex
 	extID string // the external network's id, "" until looked up
+
+	// made are the servers this process created in the last madeMemory, each with the event
+	// that reports it: every watch of the process reads those it has not listed, since a
+	// server created and deleted between two polls may never show in changes-since.
+	madeMu sync.Mutex
+	made   map[string]madeServer
+}
+
+// madeServer is a server this process created, and when.
+type madeServer struct {
+	at time.Time
+	ev region.Event
+}
+
+// madeMemory is how long the servers this process created are read by its watches until they
+// list them: far longer than a poll, short enough that the set stays small.
+const madeMemory = 10 * time.Minute
+
+// remember records a server this process created, forgetting those older than madeMemory.
+func (d *Driver) remember(ev region.Event) {
+	now := time.Now()
+	d.madeMu.Lock()
+	defer d.madeMu.Unlock()
+	if d.made == nil {
+		d.made = map[string]madeServer{}
+	}
+	for id, m := range d.made {
+		if now.Sub(m.at) > madeMemory {
+			delete(d.made, id)
+		}
+	}
+	d.made[ev.ServerID] = madeServer{at: now, ev: ev}
+}
+
+// recentlyMade returns the servers this process created in the last madeMemory.
+func (d *Driver) recentlyMade() map[string]region.Event {
+	d.madeMu.Lock()
+	defer d.madeMu.Unlock()
+	out := make(map[string]region.Event, len(d.made))
+	for id, m := range d.made {
+		if time.Since(m.at) <= madeMemory {
+			out[id] = m.ev
+		}
+	}
+	return out
 }
 
 // clients are the service clients of one authenticated session.

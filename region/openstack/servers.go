@@ -206,6 +206,7 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 	if err != nil {
 		return region.Server{}, notFoundAs(err, region.ErrRefused)
 	}
+	d.remember(region.Event{Kind: region.ServerUpdated, ServerID: made.ID, Scope: spec.Scope, Tags: spec.Tags})
 	srv, err := d.GetServer(ctx, made.ID)
 	if err != nil {
 		return region.Server{}, fmt.Errorf("openstack: read server %s after its create: %w", made.ID, err)

@@ -59,11 +59,15 @@ type watcher struct {
 	// building are the servers last listed BUILD, with the event that reported them. Nova
 	// deletes a server that has not reached a compute cell yet without moving its updated time,
 	// so its deletion never shows in changes-since: each poll reads these servers one by one.
+	// The servers this process made and the watch has not listed yet are read so too.
 	building map[string]region.Event
+	// listed are the servers this process made that the watch has listed or read gone.
+	listed map[string]bool
 }
 
 func newWatcher(d *Driver, cursor time.Time) *watcher {
-	return &watcher{d: d, cursor: cursor, seen: map[string]time.Time{}, created: map[string]time.Time{}, building: map[string]region.Event{}}
+	return &watcher{d: d, cursor: cursor, seen: map[string]time.Time{}, created: map[string]time.Time{},
+		building: map[string]region.Event{}, listed: map[string]bool{}}
 }
 
 // poll reports the changes since the last; only fn's error ends the watch.
@@ -98,6 +102,21 @@ func (w *watcher) poll(ctx context.Context, fn func(region.Event) error) error {
 		if s.Updated.After(w.cursor) {
 			w.cursor = s.Updated
 		}
+	}
+	// A server this process made that no listing has shown yet is read as one building: made
+	// and deleted between two polls, it would otherwise never be reported.
+	made := w.d.recentlyMade()
+	for id := range w.listed {
+		if _, ok := made[id]; !ok {
+			delete(w.listed, id)
+		}
+	}
+	for id, ev := range made {
+		if _, known := w.building[id]; !known && !w.listed[id] {
+			ev.Cursor = w.cursor.UTC().Format(cursorLayout)
+			w.building[id] = ev
+		}
+		w.listed[id] = true
 	}
 	if err := w.checkBuilding(ctx, fn); err != nil {
 		return err
