@@ -109,7 +109,12 @@ func (h *Host) prepare(sockDir string) (string, error) {
 	// under the new sysfs: it would take cgroups for available, fail to find them under /sys,
 	// and, on reconnecting to a running guest after a restart, kill the guest for it.
 	sc.line(`awk '$3 ~ /^cgroup/ {print $2}' /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done`)
-	sc.line("mount -t sysfs sysfs /sys")
+	// In the machine's network namespace its /sys is already the right one (and the kernel
+	// refuses a second sysfs of one namespace); the cgroup mounts above are gone from it all
+	// the same.
+	if !h.opts.HostNetwork {
+		sc.line("mount -t sysfs sysfs /sys")
+	}
 	sc.line("exec %s --config %s --pid-file %s", quote(h.bins.libvirtd),
 		quote(filepath.Join(h.Dir, "etc", "libvirtd.conf")), quote(filepath.Join(h.Dir, "libvirtd.pid")))
 	return sc.String(), nil

@@ -201,6 +201,9 @@ func (h *Host) sweep(deadline time.Time) error {
 // (through nsenter --net, which execs it, so the command's process is the program's). The
 // filesystem is the test's, not libvirtd's private view.
 func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	if h.name == "" {
+		return exec.CommandContext(ctx, name, args...)
+	}
 	return exec.CommandContext(ctx, h.bins.nsenter, append([]string{"--net=" + h.Namespace(), "--", name}, args...)...)
 }
 
@@ -220,6 +223,10 @@ func (h *Host) Dial(ctx context.Context, network, addr string) (net.Conn, error)
 	}
 	if net.ParseIP(host) == nil {
 		return nil, fmt.Errorf("virttest: dial: %q is not an IP address", host)
+	}
+	if h.name == "" {
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
 	}
 	type result struct {
 		conn net.Conn

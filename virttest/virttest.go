@@ -23,6 +23,10 @@
 // virtlogd to start and stop. Close kills whatever is left by PID, finding the processes by
 // their namespaces' inodes, never by name, so other libvirtds on the machine are left alone.
 //
+// With Options.HostNetwork there is no network namespace: libvirtd and QEMU use the machine's,
+// for a client of libvirt such as Nova that plugs guests itself there and defines no libvirt
+// network; the mount namespace and directories stay private.
+//
 // The package is not a _test package so that every test package using libvirt can import it,
 // like package redistest. It is Linux-only and needs root, libvirtd, qemu-system-x86_64,
 // dnsmasq, iproute2, util-linux and iptables (libvirt's network driver runs iptables and
@@ -78,6 +82,15 @@ type Options struct {
 	// LogTailLines is how many lines of libvirtd's log Start prints when the test has
 	// failed and Launch puts in its error when libvirtd did not come up. Default: 60.
 	LogTailLines int
+
+	// HostNetwork runs libvirtd, and so QEMU, in the machine's network namespace rather than
+	// one of its own (the mount namespace stays private), for a client of libvirt that plugs
+	// its guests' interfaces itself in the machine's namespace, or reaches what QEMU listens
+	// on there: Nova's libvirt driver makes each guest's tap before libvirt opens it, and its
+	// serial console proxy connects to QEMU's TCP serial port. Such a libvirtd must define no
+	// network of its own, whose bridge, NAT rules and dnsmasq would be the machine's; Dial and
+	// Command then act in the machine's namespace, and Namespace is "".
+	HostNetwork bool
 }
 
 // withDefaults fills in the defaults documented on Options; tb is nil outside Start.
@@ -224,8 +237,10 @@ func (h *Host) launch(ctx context.Context) error {
 	if h.script, err = h.prepare(sockDir); err != nil {
 		return err
 	}
-	if err := h.addNamespace(); err != nil {
-		return err
+	if !h.opts.HostNetwork {
+		if err := h.addNamespace(); err != nil {
+			return err
+		}
 	}
 	return h.startDaemon(ctx)
 }
@@ -239,9 +254,11 @@ func (h *Host) startDaemon(ctx context.Context) error {
 	defer logFile.Close() // the child has its own copy
 	// nsenter and unshare exec (they fork only for PID or time namespaces), and the script
 	// ends by exec'ing libvirtd, so the child's PID is libvirtd's.
-	cmd := exec.Command(h.bins.nsenter, "--net="+h.Namespace(), "--",
-		h.bins.unshare, "--mount", "--propagation", "private", "--",
-		h.bins.sh, "-ec", h.script)
+	args := []string{h.bins.unshare, "--mount", "--propagation", "private", "--", h.bins.sh, "-ec", h.script}
+	if h.name != "" {
+		args = append([]string{h.bins.nsenter, "--net=" + h.Namespace(), "--"}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.Dir = h.Dir
 	// If the test binary dies without running Close, take libvirtd down with it; its guests
@@ -393,7 +410,12 @@ func (h *Host) dialer() *dial.CutDialer {
 
 // Namespace returns the path of the host's network namespace, /var/run/netns/<name>, as
 // nsenter --net= and setns take it.
-func (h *Host) Namespace() string { return filepath.Join(netnsDir, h.name) }
+func (h *Host) Namespace() string {
+	if h.name == "" {
+		return ""
+	}
+	return filepath.Join(netnsDir, h.name)
+}
 
 // DomainPID returns the host PID of the QEMU process of a running domain, from the pid file
 // libvirt keeps under the private /run/libvirt/qemu.
@@ -445,7 +467,7 @@ func (h *Host) close() error {
 			_ = h.cmd.Process.Kill()
 		}
 	}
-	if h.netIno != 0 {
+	if h.netIno != 0 || h.mntIno != 0 {
 		if err := h.sweep(deadline); err != nil {
 			errs = append(errs, err)
 		}

@@ -55,6 +55,23 @@ const emptyDomainXML = `<domain type='qemu'>
   </devices>
 </domain>`
 
+// serialDomainXML is a guest with no network whose serial port QEMU serves on a TCP port of
+// 127.0.0.1 (%d).
+const serialDomainXML = `<domain type='qemu'>
+  <name>%s</name>
+  <memory unit='MiB'>64</memory>
+  <vcpu>1</vcpu>
+  <os>
+    <type arch='x86_64' machine='pc'>hvm</type>
+  </os>
+  <devices>
+    <serial type='tcp'>
+      <source mode='bind' host='127.0.0.1' service='%d'/>
+      <protocol type='raw'/>
+    </serial>
+  </devices>
+</domain>`
+
 func connect(t *testing.T, h *Host) *libvirt.Libvirt {
 	t.Helper()
 	l, err := h.Connect()
@@ -339,5 +356,82 @@ func TestMissingStateDirIsMadePrivately(t *testing.T) {
 	}
 	if _, err := os.Stat(root + "/var/lib/" + entries[0].Name()); err != nil {
 		t.Errorf("the overlay hides /var/lib/%s: %v", entries[0].Name(), err)
+	}
+}
+
+// TestHostNetworkSharesOnlyTheNetwork: with HostNetwork, libvirtd and its guests are in the
+// machine's network namespace (QEMU's serial port is one of the machine's) but a private mount
+// namespace;
+// Processes lists libvirtd and QEMU and nothing else of the machine, so that Close, which kills
+// what it lists, leaves the machine's processes alone and the guests gone.
+func TestHostNetworkSharesOnlyTheNetwork(t *testing.T) {
+	Require(t)
+	h, err := Launch(context.Background(), Options{TempDir: t.TempDir(), HostNetwork: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			t.Logf("libvirtd log:\n%s", h.LogTail())
+			h.Close()
+		}
+	})
+	if h.Namespace() != "" {
+		t.Errorf("Namespace() = %q, want none", h.Namespace())
+	}
+	port, err := freeTCPPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := connect(t, h)
+	dom, err := l.DomainDefineXML(fmt.Sprintf(serialDomainXML, "vt-hostnet", port))
+	if err != nil {
+		t.Fatalf("define domain: %v", err)
+	}
+	if err := l.DomainCreate(dom); err != nil {
+		t.Fatalf("start domain: %v", err)
+	}
+	qemuPID, err := h.DomainPID("vt-hostnet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := nsInode(os.Getpid(), "net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range []int{h.cmd.Process.Pid, qemuPID} {
+		if ino, err := nsInode(pid, "net"); err != nil || ino != self {
+			t.Errorf("pid %d is in network namespace %d (%v), want the machine's %d", pid, ino, err, self)
+		}
+	}
+	// QEMU's serial port is a port of the machine's: the test, outside, reaches it.
+	conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 10*time.Second)
+	if err != nil {
+		t.Errorf("QEMU's serial port 127.0.0.1:%d from the machine's namespace: %v", port, err)
+	} else {
+		conn.Close()
+	}
+	procs := h.Processes()
+	if !slices.Contains(procs, h.cmd.Process.Pid) || !slices.Contains(procs, qemuPID) {
+		t.Errorf("Processes() = %v, want libvirtd %d and QEMU %d among them", procs, h.cmd.Process.Pid, qemuPID)
+	}
+	mine, err := nsInode(os.Getpid(), "mnt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range procs {
+		if ino, err := nsInode(pid, "mnt"); err == nil && ino == mine {
+			t.Errorf("Processes() lists pid %d, a process of the machine's mount namespace", pid)
+		}
+	}
+	l.Disconnect()
+	closed = true
+	if err := h.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	waitGone(t, qemuPID)
+	if err := syscall.Kill(os.Getppid(), 0); err != nil {
+		t.Errorf("the test's parent process is gone after Close: %v", err)
 	}
 }
