@@ -21,10 +21,15 @@ type params struct {
 	// ForCompute is set when rendering nova-compute's configuration, which must have no
 	// database: the compute reaches the databases only through the conductor.
 	ForCompute bool
+	// LibvirtURI, when set, makes the compute a libvirt one on that daemon.
+	LibvirtURI string
+	// SerialPorts is the range of ports a libvirt compute's guests' serial consoles listen on
+	// ("first:last"), for nova-serialproxy.
+	SerialPorts string
 }
 
 type portSet struct {
-	Keystone, Glance, Placement, Nova, Neutron int
+	Keystone, Glance, Placement, Nova, Neutron, SerialProxy int
 }
 
 // DB returns the SQLAlchemy URL of one of the control plane's databases.
@@ -171,7 +176,8 @@ vni_ranges = 1:1000
 `,
 
 	// The mechanism driver binds every port to any segment, ACTIVE, as if an agent had
-	// plugged it, so no agent has to run.
+	// plugged it, so no agent has to run. Its ports are taps, which is what a libvirt compute
+	// can plug alone (an OVS port needs Open vSwitch); the fake compute plugs nothing.
 	"py/computeql_fake_mech.py": `from neutron_lib.api.definitions import portbindings
 from neutron_lib import constants
 from neutron_lib.plugins.ml2 import api
@@ -183,10 +189,62 @@ class FakeMechanismDriver(api.MechanismDriver):
 
     def bind_port(self, context):
         for segment in context.segments_to_bind:
-            context.set_binding(segment[api.ID], portbindings.VIF_TYPE_OVS,
+            context.set_binding(segment[api.ID], portbindings.VIF_TYPE_TAP,
                                 {portbindings.CAP_PORT_FILTER: False},
                                 status=constants.PORT_STATUS_ACTIVE)
             return
+`,
+	// Nova's fake virt driver leaves a snapshot's image queued for ever; a hypervisor uploads
+	// the server's disk, after which Glance makes the image active. This one uploads a few
+	// bytes in its place.
+	"py/computeql_fake_virt.py": `import io
+
+from nova.image import glance
+from nova.virt import fake
+
+
+class FakeDriver(fake.FakeDriver):
+    def snapshot(self, context, instance, image_id, update_task_state):
+        super().snapshot(context, instance, image_id, update_task_state)
+        glance.API().update(context, image_id,
+                            {'disk_format': 'raw', 'container_format': 'bare'},
+                            data=io.BytesIO(b'computeql fake snapshot'),
+                            purge_props=False)
+`,
+	// nova-compute starts through this: Nova loads a virt driver from nova.virt only, so the
+	// fake one above is registered there; the compute runs as root, so its privileged calls
+	// (a libvirt compute's) run in its own process rather than in privsep daemons started
+	// through sudo and nova-rootwrap, which a test machine need not have; and a libvirt
+	// compute leaves a port's tap to libvirt, which makes the tap it is told of and refuses
+	// one that exists (Nova's libvirt driver would make it first, for a tap port).
+	"py/computeql_nova_compute.py": `import sys
+
+import nova.monkey_patch  # noqa: F401 (first, as nova.cmd does: eventlet patches the library)
+from oslo_privsep import priv_context
+
+_init = priv_context.PrivContext.__init__
+
+
+def _in_process(self, *args, **kwargs):
+    _init(self, *args, **kwargs)
+    self.client_mode = False
+
+
+priv_context.PrivContext.__init__ = _in_process
+
+from nova.cmd.compute import main  # noqa: E402
+from nova.virt.libvirt import vif as libvirt_vif  # noqa: E402
+import computeql_fake_virt  # noqa: E402
+
+sys.modules['nova.virt.computeql_fake_virt'] = computeql_fake_virt
+
+
+def _plug_tap(self, instance, vif):
+    pass
+
+
+libvirt_vif.LibvirtGenericVIFDriver.plug_tap = _plug_tap
+sys.exit(main())
 `,
 	"py/computeql_fake_mech-1.0.dist-info/METADATA": `Metadata-Version: 2.1
 Name: computeql-fake-mech
@@ -210,8 +268,11 @@ const novaConf = `[DEFAULT]
 host = {{.Host}}
 state_path = {{.Dir}}/nova
 instances_path = {{.Dir}}/nova/instances
-compute_driver = fake.FakeDriver
-enabled_apis = osapi_compute
+{{if .LibvirtURI}}compute_driver = libvirt.LibvirtDriver
+# How long a clean stop waits for the guest before powering it off (default 60 s).
+shutdown_timeout = 10
+{{else}}compute_driver = computeql_fake_virt.FakeDriver
+{{end}}enabled_apis = osapi_compute
 osapi_compute_listen = 127.0.0.1
 osapi_compute_listen_port = {{.Ports.Nova}}
 osapi_compute_workers = 1
@@ -226,7 +287,29 @@ auth_strategy = keystone
 [wsgi]
 api_paste_config = {{.Dir}}/nova/api-paste.ini
 
-{{if not .ForCompute}}[api_database]
+{{if .LibvirtURI}}[libvirt]
+# QEMU's software emulation: the machine's /dev/kvm may be unusable, and nothing here needs
+# more than a busybox guest's speed.
+virt_type = qemu
+cpu_mode = none
+connection_uri = {{.LibvirtURI}}
+# How long a soft reboot waits for the guest to stop before a hard one (default 120 s).
+wait_soft_reboot_seconds = 30
+
+[vnc]
+enabled = false
+
+# Serial consoles, which nova-serialproxy serves as WebSockets: each guest's serial port is a
+# TCP port of QEMU's, also logged to the console log.
+[serial_console]
+enabled = true
+base_url = ws://127.0.0.1:{{.Ports.SerialProxy}}/
+proxyclient_address = 127.0.0.1
+port_range = {{.SerialPorts}}
+serialproxy_host = 127.0.0.1
+serialproxy_port = {{.Ports.SerialProxy}}
+
+{{end}}{{if not .ForCompute}}[api_database]
 connection = {{.DB "nova_api"}}
 
 [database]

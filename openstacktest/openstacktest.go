@@ -1,8 +1,8 @@
 // Package openstacktest brings up a real OpenStack control plane (Debian 12's packages,
 // OpenStack Zed) on this machine for tests: MariaDB, RabbitMQ, Keystone, Glance, Placement,
-// Nova (api, conductor, scheduler and a compute with the fake virt driver) and neutron-server
-// (ML2 with a mechanism driver of the harness's own that binds every port ACTIVE, so no
-// agent runs). Every service is a child process started on free loopback ports with its own
+// Nova (api, conductor, scheduler and a compute with the fake virt driver, or a libvirt one
+// on a libvirtd the test gives) and neutron-server (ML2 with a mechanism driver of the
+// harness's own that binds every port ACTIVE, so no agent runs). Every service is a child process started on free loopback ports with its own
 // temporary directory; the machine's own MariaDB, RabbitMQ and /etc are left alone.
 //
 // Start seeds the cloud with what a driver test needs — a project, a flavor, an image, a
@@ -14,6 +14,7 @@ package openstacktest
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,6 +38,21 @@ type Options struct {
 	StartTimeout time.Duration
 	// StopTimeout is how long the services have after SIGTERM before SIGKILL. Default: 10s.
 	StopTimeout time.Duration
+	// Libvirt, when set, makes the compute nova-compute's libvirt driver (QEMU under software
+	// emulation) on the daemon it names, in place of Nova's fake driver, and seeds an image
+	// and a flavor such a compute boots a guest of.
+	Libvirt *Libvirt
+}
+
+// Libvirt is the libvirtd of a libvirt compute, such as a virttest.Host's, and the guest it
+// boots.
+type Libvirt struct {
+	// URI is the daemon's URI, such as qemu:///system?socket=/path. Required.
+	URI string
+	// Kernel and Initrd are a guest booted directly, without a disk of its own (a busybox
+	// initramfs). Glance gets both, and the seeded image (an empty disk) names them as its
+	// kernel_id and ramdisk_id. Required.
+	Kernel, Initrd string
 }
 
 // Cloud is a running control plane.
@@ -60,6 +76,9 @@ type Cloud struct {
 	// (1 vCPU, 64 MiB, 1 GB disk), a public raw image of a few bytes, and a shared flat
 	// network with an IPv4 subnet.
 	FlavorID, ImageID, NetworkID, SubnetID string
+	// KernelImageID and RamdiskImageID are, with a libvirt compute, the guest's kernel and
+	// initramfs in Glance, which the image ImageID names; "" otherwise.
+	KernelImageID, RamdiskImageID string
 	// ExternalNetworkID is the seeded external network (router:external, flat, subnet
 	// 198.51.100.0/24), whose floating IPs reach ports of the subnet SubnetID through the
 	// seeded router RouterID.
@@ -218,15 +237,22 @@ func (c *Cloud) logTails(tb testing.TB) {
 // up starts everything, in dependency order, with independent steps in parallel.
 func (c *Cloud) up(ctx context.Context, tb testing.TB) error {
 	began := time.Now()
-	ps, err := freePorts(9)
+	ps, err := freePorts(10)
 	if err != nil {
 		return err
 	}
 	c.p = params{
 		Dir: c.Dir, DBPort: ps[0], DBUser: "openstack", DBPass: "openstack-db-secret",
 		AMQPPort: ps[1],
-		Ports:    portSet{Keystone: ps[4], Glance: ps[5], Placement: ps[6], Nova: ps[7], Neutron: ps[8]},
+		Ports:    portSet{Keystone: ps[4], Glance: ps[5], Placement: ps[6], Nova: ps[7], Neutron: ps[8], SerialProxy: ps[9]},
 		Password: "computeql-admin-secret", Region: "RegionOne", Host: "computeql-fake-compute",
+	}
+	if lv := c.opts.Libvirt; lv != nil {
+		c.p.Host, c.p.LibvirtURI = "computeql-libvirt-compute", lv.URI
+		// Below the kernel's ephemeral ports, which the free ports above come from; Nova skips
+		// a port of the range that is taken.
+		first := 20000 + rand.IntN(10000)
+		c.p.SerialPorts = fmt.Sprintf("%d:%d", first, first+serialPortCount-1)
 	}
 	epmdPort, distPort := ps[2], ps[3]
 	c.AuthURL = c.p.AuthURL()
@@ -351,6 +377,17 @@ func (c *Cloud) up(ctx context.Context, tb testing.TB) error {
 			_, err := c.start("nova-scheduler", c.env, "/usr/bin/nova-scheduler", "--config-file", novaConf)
 			return err
 		},
+		func() error {
+			if c.opts.Libvirt == nil {
+				return nil
+			}
+			p, err := c.start("nova-serialproxy", c.env, "/usr/bin/python3", "-c",
+				"import sys; from nova.cmd.serialproxy import main; sys.exit(main())", "--config-file", novaConf)
+			if err != nil {
+				return err
+			}
+			return waitTCP(ctx, p, fmt.Sprintf("127.0.0.1:%d", c.p.Ports.SerialProxy))
+		},
 	)
 	if err != nil {
 		return err
@@ -359,7 +396,8 @@ func (c *Cloud) up(ctx context.Context, tb testing.TB) error {
 
 	// The compute, once Placement answers (it registers its resource provider at start), then
 	// its mapping into cell1 and the seed resources meanwhile.
-	compute, err := c.start("nova-compute", c.env, "/usr/bin/nova-compute", "--config-file", filepath.Join(c.Dir, "nova/nova-compute.conf"))
+	compute, err := c.start("nova-compute", c.env, "/usr/bin/python3", filepath.Join(c.Dir, "py", "computeql_nova_compute.py"),
+		"--config-file", filepath.Join(c.Dir, "nova/nova-compute.conf"))
 	if err != nil {
 		return err
 	}
@@ -368,6 +406,9 @@ func (c *Cloud) up(ctx context.Context, tb testing.TB) error {
 		func() error { return c.discoverCompute(ctx, compute, novaConf) },
 	)
 }
+
+// serialPortCount is how many serial consoles a libvirt compute's guests can have at once.
+const serialPortCount = 16
 
 func since(t time.Time) time.Duration { return time.Since(t).Round(100 * time.Millisecond) }
 

@@ -163,6 +163,17 @@ func poll(ctx context.Context, interval time.Duration, what string, p *proc, che
 	}
 }
 
+// waitTCP polls until addr accepts a connection.
+func waitTCP(ctx context.Context, p *proc, addr string) error {
+	return poll(ctx, 200*time.Millisecond, addr, p, func() error {
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	})
+}
+
 // parallel runs the functions concurrently and returns the first error, after all returned.
 func parallel(fns ...func() error) error {
 	var wg sync.WaitGroup

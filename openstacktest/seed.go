@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -147,8 +148,12 @@ func (c *Cloud) seed(ctx context.Context) error {
 		return err
 	}
 	public := true
+	ram := 64
+	if c.opts.Libvirt != nil {
+		ram = guestMemoryMiB
+	}
 	fl, err := flavors.Create(ctx, compute, flavors.CreateOpts{
-		Name: "computeql.tiny", VCPUs: 1, RAM: 64, Disk: gophercloud.IntToPointer(1), IsPublic: &public,
+		Name: "computeql.tiny", VCPUs: 1, RAM: ram, Disk: gophercloud.IntToPointer(1), IsPublic: &public,
 	}).Extract()
 	if err != nil {
 		return fmt.Errorf("create flavor: %w", err)
@@ -159,17 +164,15 @@ func (c *Cloud) seed(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	vis := images.ImageVisibilityPublic
-	im, err := images.Create(ctx, image, images.CreateOpts{
-		Name: "computeql-tiny", ContainerFormat: "bare", DiskFormat: "raw", Visibility: &vis,
-	}).Extract()
+	if c.opts.Libvirt != nil {
+		c.ImageID, err = c.seedGuestImage(ctx, image)
+	} else {
+		c.ImageID, err = uploadImage(ctx, image, images.CreateOpts{Name: "computeql-tiny", ContainerFormat: "bare", DiskFormat: "raw"},
+			bytes.NewReader(ImageData))
+	}
 	if err != nil {
-		return fmt.Errorf("create image: %w", err)
+		return err
 	}
-	if err := imagedata.Upload(ctx, image, im.ID, bytes.NewReader(ImageData)).ExtractErr(); err != nil {
-		return fmt.Errorf("upload image: %w", err)
-	}
-	c.ImageID = im.ID
 
 	network, err := openstack.NewNetworkV2(pc, eo)
 	if err != nil {
@@ -196,6 +199,60 @@ func (c *Cloud) seed(ctx context.Context) error {
 	c.SubnetID = sn.ID
 	return c.seedExternal(ctx, network)
 }
+
+// guestMemoryMiB is the seeded flavor's memory for a libvirt compute: what a Debian kernel
+// and a busybox initramfs boot in.
+const guestMemoryMiB = 256
+
+// uploadImage creates a public image and uploads its data.
+func uploadImage(ctx context.Context, image *gophercloud.ServiceClient, opts images.CreateOpts, data io.Reader) (string, error) {
+	vis := images.ImageVisibilityPublic
+	opts.Visibility = &vis
+	im, err := images.Create(ctx, image, opts).Extract()
+	if err != nil {
+		return "", fmt.Errorf("create image %s: %w", opts.Name, err)
+	}
+	if err := imagedata.Upload(ctx, image, im.ID, data).ExtractErr(); err != nil {
+		return "", fmt.Errorf("upload image %s: %w", opts.Name, err)
+	}
+	return im.ID, nil
+}
+
+// uploadFile uploads a file as a public image.
+func uploadFile(ctx context.Context, image *gophercloud.ServiceClient, opts images.CreateOpts, path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	return uploadImage(ctx, image, opts, f)
+}
+
+// seedGuestImage uploads the libvirt compute's guest: its kernel and initramfs, and the image
+// servers boot, an empty raw disk whose kernel_id and ramdisk_id name both, with the kernel's
+// command line (the console on the serial port, which Nova logs; no DHCP, which a cloud
+// without Neutron's agents does not serve). All three are raw: this
+// Nova's image inspection refuses the ami, aki and ari formats meant for such images (qemu-img
+// reads them as raw, which it takes for a mismatch).
+func (c *Cloud) seedGuestImage(ctx context.Context, image *gophercloud.ServiceClient) (string, error) {
+	lv := c.opts.Libvirt
+	var err error
+	c.KernelImageID, err = uploadFile(ctx, image, images.CreateOpts{Name: "computeql-guest-kernel", ContainerFormat: "bare", DiskFormat: "raw"}, lv.Kernel)
+	if err != nil {
+		return "", err
+	}
+	c.RamdiskImageID, err = uploadFile(ctx, image, images.CreateOpts{Name: "computeql-guest-initrd", ContainerFormat: "bare", DiskFormat: "raw"}, lv.Initrd)
+	if err != nil {
+		return "", err
+	}
+	return uploadImage(ctx, image, images.CreateOpts{
+		Name: GuestImageName, ContainerFormat: "bare", DiskFormat: "raw",
+		Properties: map[string]string{"kernel_id": c.KernelImageID, "ramdisk_id": c.RamdiskImageID, "os_command_line": "console=ttyS0 computeql.nodhcp"},
+	}, bytes.NewReader(make([]byte, 1<<20)))
+}
+
+// GuestImageName is the Glance name of the image a libvirt compute's servers boot.
+const GuestImageName = "computeql-guest"
 
 // seedExternal creates the external network with its subnet and the router from the seeded
 // subnet to it, without which Neutron gives no floating IP to a port of that subnet.
