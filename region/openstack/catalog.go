@@ -202,9 +202,26 @@ func (s *describer) images(ctx context.Context, cat *region.Catalog) error {
 	if err != nil {
 		return err
 	}
+	// Kernels and ramdisks that other images boot with are no images of servers.
+	bootFiles := map[string]bool{}
+	for _, im := range list {
+		for _, key := range []string{"kernel_id", "ramdisk_id"} {
+			if id, ok := im.Properties[key].(string); ok && id != "" {
+				bootFiles[id] = true
+			}
+		}
+	}
 	for _, im := range list {
 		// An admin's list holds every project's images: those of other projects are theirs.
 		if im.Owner != s.projectID && im.Visibility != images.ImageVisibilityPublic && im.Visibility != images.ImageVisibilityCommunity {
+			continue
+		}
+		if im.DiskFormat == "aki" || im.DiskFormat == "ari" || bootFiles[im.ID] {
+			s.note("image %s (%s) left out: a kernel or ramdisk that other images boot with, not a server's image", im.Name, im.ID)
+			continue
+		}
+		if property(&im, metaOrg) != "" {
+			s.note("image %s (%s) left out: a snapshot of project %s/%s, listed to that project", im.Name, im.ID, property(&im, metaOrg), property(&im, metaProject))
 			continue
 		}
 		arch := region.ArchitectureX86_64

@@ -150,7 +150,7 @@ func TestOpenStackDriver(t *testing.T) {
 	t.Run("contract", func(t *testing.T) {
 		regiontest.Run(t, regiontest.Harness{
 			Client: d, Catalog: cat, Spec: spec, ResizeFlavor: "small", Timeout: time.Minute,
-			Capabilities: regiontest.Capabilities{NoConsole: true, PublicIPs: true},
+			Capabilities: regiontest.Capabilities{NoConsole: true, PublicIPs: true, Snapshots: true},
 		})
 	})
 	t.Run("security groups", func(t *testing.T) { l.securityGroups(t, d) })
@@ -158,6 +158,7 @@ func TestOpenStackDriver(t *testing.T) {
 	t.Run("no external network", func(t *testing.T) { l.noExternalNetwork(t, l.driver(t, l.catalog(t, ""))) })
 	t.Run("floating IP quota", func(t *testing.T) { l.floatingIPQuota(t, d) })
 	t.Run("servers of the region only", func(t *testing.T) { l.regionOnly(t, d) })
+	t.Run("snapshot of a server made from a snapshot", func(t *testing.T) { snapshotOfSnapshot(t, d) })
 	t.Run("user data and SSH keys", func(t *testing.T) { l.userData(t, d, cat) })
 	t.Run("deleted while it builds", func(t *testing.T) { deletedWhileBuilding(t, d) })
 	t.Run("quota", func(t *testing.T) { l.quota(t, d) })
@@ -298,6 +299,80 @@ func (l *lab) novaUserData(t *testing.T, id string) []byte {
 	return b
 }
 
+// getServer is GetServer, failing the test on an error.
+func getServer(t *testing.T, d *ostack.Driver, id string) region.Server {
+	t.Helper()
+	srv, err := d.GetServer(t.Context(), id)
+	if err != nil {
+		t.Fatalf("GetServer %s: %v", id, err)
+	}
+	return srv
+}
+
+// snapshotOfSnapshot: Nova copies an image's properties into a snapshot of a server made from
+// it; the second snapshot has its own tags (none), not the first one's, and descends from the
+// catalogue image the first one does.
+func snapshotOfSnapshot(t *testing.T, d *ostack.Driver) {
+	awaitRunning := func(id string) {
+		t.Helper()
+		eventually.Holds(t, time.Minute, func() bool { return getServer(t, d, id).State == region.ServerRunning }, "server %s RUNNING", id)
+	}
+	awaitReady := func(id string) region.Image {
+		t.Helper()
+		var got region.Image
+		eventually.Holds(t, time.Minute, func() bool {
+			images, err := d.Images(t.Context(), "acme", "web")
+			if err != nil {
+				t.Fatalf("Images: %v", err)
+			}
+			i := slices.IndexFunc(images, func(im region.Image) bool { return im.ID == id })
+			if i >= 0 {
+				got = images[i]
+			}
+			return got.State == region.ImageStateReady
+		}, "image %s READY", id)
+		return got
+	}
+	first, err := d.CreateServer(t.Context(), spec("snapshotted"))
+	if err != nil {
+		t.Fatalf("CreateServer: %v", err)
+	}
+	t.Cleanup(func() { d.DeleteServer(context.Background(), first.ID) })
+	awaitRunning(first.ID)
+	a, err := d.Snapshot(t.Context(), first.ID, region.ImageRequest{Name: "first", Tags: map[string]string{"generation": "1"}})
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	t.Cleanup(func() { d.DeleteImage(context.Background(), "acme", "web", a.ID) })
+	awaitReady(a.ID)
+
+	sp := spec("from-snapshot")
+	sp.ImageID = a.ID
+	second, err := d.CreateServer(t.Context(), sp)
+	if err != nil {
+		t.Fatalf("CreateServer from snapshot %s: %v", a.ID, err)
+	}
+	t.Cleanup(func() { d.DeleteServer(context.Background(), second.ID) })
+	awaitRunning(second.ID)
+	b, err := d.Snapshot(t.Context(), second.ID, region.ImageRequest{Name: "second"})
+	if err != nil {
+		t.Fatalf("Snapshot of the server made from a snapshot: %v", err)
+	}
+	t.Cleanup(func() { d.DeleteImage(context.Background(), "acme", "web", b.ID) })
+	got := awaitReady(b.ID)
+	if len(got.Tags) != 0 || got.Name != "second" || got.Architecture != a.Architecture || got.Virtualization != a.Virtualization || got.SizeGiB != a.SizeGiB {
+		t.Errorf("the second snapshot is %+v; want its own name, no tags, and the first one's shape (%+v)", got, a)
+	}
+
+	// Another project's server does not boot from the project's snapshot.
+	other := spec("other-project")
+	other.ImageID = a.ID
+	other.ProjectID = "mobile"
+	if _, err := d.CreateServer(t.Context(), other); !errors.Is(err, region.ErrRefused) || !strings.Contains(err.Error(), a.ID) {
+		t.Errorf("CreateServer of another project from the snapshot: %v, want ErrRefused for the image %s", err, a.ID)
+	}
+}
+
 // regionOnly: Servers lists the region's servers with their spec, and neither it nor GetServer
 // knows a server of the cloud project that computeql did not make.
 func (l *lab) regionOnly(t *testing.T, d *ostack.Driver) {
@@ -325,6 +400,9 @@ func (l *lab) regionOnly(t *testing.T, d *ostack.Driver) {
 	}
 	if got := all[i]; got.Scope != sp.Scope || got.Name != sp.Name || got.FlavorID != sp.FlavorID || !maps.Equal(got.Tags, sp.Tags) {
 		t.Errorf("Servers lists %+v, want the spec %+v", got.ServerSpec, sp)
+	}
+	if got, one := all[i], getServer(t, d, srv.ID); got.PrivateIP == "" || got.PrivateIP != one.PrivateIP || got.MAC != one.MAC {
+		t.Errorf("Servers lists address %q and MAC %q, GetServer %q and %q: want the port's", got.PrivateIP, got.MAC, one.PrivateIP, one.MAC)
 	}
 	if slices.ContainsFunc(all, func(s region.Server) bool { return s.ID == other.ID }) {
 		t.Errorf("Servers lists %s, which computeql did not make", other.ID)

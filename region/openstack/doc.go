@@ -75,10 +75,21 @@
 // region.ErrNoCapacity and any other 4xx region.ErrRefused, each with the cloud's own
 // message. A 429 is retried after the Retry-After the cloud asked for.
 //
-// # Not offered
+// # Snapshots
 //
-// Snapshots and the interactive console are refused (region.ErrRefused): the cloud's serial
-// console is a websocket of nova-serialproxy, which a cloud need not run, and snapshots are
-// left for later. The project key pair is a Nova key pair whose private key computeql keeps
-// in Redis.
+// A snapshot is Nova's createImage: Nova copies the server's disk into a new Glance image of
+// the cloud project, CREATING while Glance's status is queued or saving, READY once active,
+// FAILED when killed or deactivated. The image carries compute:region, compute:org and
+// compute:project (Images lists a project's by filtering Glance on them), compute:source-image
+// (the catalogue image it descends from, for its architecture, virtualization and OS) and
+// compute:size-gib (its server's disk); its tags are kept in Redis under compute:large, as a
+// server's user data. A server of the project can boot from a READY snapshot.
+//
+// # Console
+//
+// ConsoleOutput is Nova's console log. OpenConsole is Nova's remote console of protocol
+// serial, a WebSocket of nova-serialproxy, whose binary messages the driver relays; a cloud
+// whose computes have no serial console refuses it (region.ErrRefused, with Nova's reason).
+//
+// The project key pair is a Nova key pair whose private key computeql keeps in Redis.
 package openstack

@@ -66,6 +66,10 @@ type Driver struct {
 	// server created and deleted between two polls may never show in changes-since.
 	madeMu sync.Mutex
 	made   map[string]madeServer
+
+	// consoles are this process's attachments to serial consoles, by server.
+	consoleMu sync.Mutex
+	consoles  map[string]*serialConsole
 }
 
 // madeServer is a server this process created, and when.
@@ -109,7 +113,7 @@ func (d *Driver) recentlyMade() map[string]region.Event {
 
 // clients are the service clients of one authenticated session.
 type clients struct {
-	compute, network *gophercloud.ServiceClient
+	compute, network, image *gophercloud.ServiceClient
 }
 
 var _ region.Client = (*Driver)(nil)
@@ -173,7 +177,11 @@ func (d *Driver) session(ctx context.Context) (*clients, error) {
 	if err != nil {
 		return nil, fmt.Errorf("openstack: network endpoint: %w: %w", err, region.ErrUnavailable)
 	}
-	d.clients = &clients{compute: compute, network: network}
+	image, err := openstack.NewImageV2(pc, d.endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("openstack: image endpoint: %w: %w", err, region.ErrUnavailable)
+	}
+	d.clients = &clients{compute: compute, network: network, image: image}
 	return d.clients, nil
 }
 

@@ -60,19 +60,22 @@ func largeKey(regionID, ref string) string {
 }
 
 // largeFields are what a server is made with that Nova cannot give back: user data (which its
-// default policy shows to admins only) and SSH keys (longer than a metadata value may be).
+// default policy shows to admins only) and SSH keys (longer than a metadata value may be);
+// and a snapshot's tags, which a Glance property would pass on to every later snapshot of a
+// server made from it.
 type largeFields struct {
-	UserData      []byte   `json:"userData,omitempty"`
-	SSHPublicKeys []string `json:"sshPublicKeys,omitempty"`
+	UserData      []byte            `json:"userData,omitempty"`
+	SSHPublicKeys []string          `json:"sshPublicKeys,omitempty"`
+	Tags          map[string]string `json:"tags,omitempty"`
 }
 
-// keepLargeFields keeps the spec's large fields, before its server is made, and returns their
-// reference; "" when there are none.
-func (d *Driver) keepLargeFields(ctx context.Context, spec region.ServerSpec) (string, error) {
-	if len(spec.UserData) == 0 && len(spec.SSHPublicKeys) == 0 {
+// keepLargeFields keeps large fields, before the server or image that has them is made, and
+// returns their reference; "" when there are none.
+func (d *Driver) keepLargeFields(ctx context.Context, l largeFields) (string, error) {
+	if len(l.UserData) == 0 && len(l.SSHPublicKeys) == 0 && len(l.Tags) == 0 {
 		return "", nil
 	}
-	b, err := json.Marshal(largeFields{UserData: spec.UserData, SSHPublicKeys: spec.SSHPublicKeys})
+	b, err := json.Marshal(l)
 	if err != nil {
 		return "", fmt.Errorf("openstack: encode user data: %w", err)
 	}

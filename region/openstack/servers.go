@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"slices"
 	"time"
@@ -49,28 +48,51 @@ type resolved struct {
 	groups                 []string
 }
 
-// resolve looks the spec's flavor, image, network and security groups up in the catalogue;
-// what is not there, or not in this region or the spec's project, is refused.
-func (d *Driver) resolve(spec region.ServerSpec) (resolved, error) {
+// resolve looks the spec's flavor, image, network and security groups up in the catalogue,
+// and an image it does not have among the project's snapshots; what is not there, or not in
+// this region or the spec's project, or a snapshot not yet READY, is refused.
+func (d *Driver) resolve(ctx context.Context, spec region.ServerSpec) (resolved, error) {
 	var r resolved
 	cat, rid := d.opts.Catalog, d.opts.Region.ID
 	f, ok := cat.Flavor(spec.FlavorID)
 	if !ok || !f.OfferedIn(rid) {
 		return r, fmt.Errorf("flavor %q is not offered in region %s: %w", spec.FlavorID, rid, region.ErrRefused)
 	}
-	im, ok := cat.Image(spec.ImageID)
-	if !ok || !im.OfferedIn(rid) {
-		return r, fmt.Errorf("image %q is not offered in region %s: %w", spec.ImageID, rid, region.ErrRefused)
+	image, err := d.bootImage(ctx, spec)
+	if err != nil {
+		return r, err
 	}
 	n, ok := cat.Network(spec.NetworkID)
 	if !ok || n.Region != rid || n.OrganizationID != spec.OrganizationID || n.ProjectID != spec.ProjectID || spec.RegionID != rid {
 		return r, fmt.Errorf("network %q is not a network of project %s/%s in region %s: %w",
 			spec.NetworkID, spec.OrganizationID, spec.ProjectID, rid, region.ErrRefused)
 	}
-	r.flavor, r.image, r.network = cloudRef(f.OpenStack, f.ID), cloudRef(im.OpenStack, im.ID), cloudRef(n.OpenStack, n.ID)
-	var err error
+	r.flavor, r.image, r.network = cloudRef(f.OpenStack, f.ID), image, cloudRef(n.OpenStack, n.ID)
 	r.groups, err = d.resolveGroups(spec.NetworkID, spec.Networking.SecurityGroupIDs)
 	return r, err
+}
+
+// bootImage is the cloud's image of the spec's: a catalogue image of the region, or a READY
+// snapshot of the spec's project.
+func (d *Driver) bootImage(ctx context.Context, spec region.ServerSpec) (string, error) {
+	rid := d.opts.Region.ID
+	if im, ok := d.opts.Catalog.Image(spec.ImageID); ok {
+		if !im.OfferedIn(rid) {
+			return "", fmt.Errorf("image %q is not offered in region %s: %w", spec.ImageID, rid, region.ErrRefused)
+		}
+		return cloudRef(im.OpenStack, im.ID), nil
+	}
+	snap, err := d.snapshotOf(ctx, spec.OrganizationID, spec.ProjectID, spec.ImageID)
+	if errors.Is(err, region.ErrImageNotFound) {
+		return "", fmt.Errorf("image %q is not offered in region %s: %w", spec.ImageID, rid, region.ErrRefused)
+	}
+	if err != nil {
+		return "", err
+	}
+	if state := imageState(snap.Status); state != region.ImageStateReady {
+		return "", fmt.Errorf("image %q is %s, not ready: %w", spec.ImageID, state, region.ErrRefused)
+	}
+	return snap.ID, nil
 }
 
 // resolveGroups is the cloud's security groups of catalogue groups on the network.
@@ -108,7 +130,7 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 	if err != nil {
 		return region.Server{}, err
 	}
-	res, err := d.resolve(spec)
+	res, err := d.resolve(ctx, spec)
 	if err != nil {
 		return region.Server{}, err
 	}
@@ -127,7 +149,7 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 		}
 	}
 	value := spec.Tags[region.InstanceTag]
-	ref, err := d.keepLargeFields(ctx, spec)
+	ref, err := d.keepLargeFields(ctx, largeFields{UserData: spec.UserData, SSHPublicKeys: spec.SSHPublicKeys})
 	if err != nil {
 		return region.Server{}, err
 	}
@@ -384,22 +406,43 @@ func (d *Driver) FindServers(ctx context.Context, scope region.Scope, tag, value
 	return out, nil
 }
 
-// Servers lists every server of the region, for audits and the collection of orphans; without
-// their addresses and MACs, which would cost a call of Neutron per server.
+// Servers lists every server of the region, for audits and the collection of orphans, with
+// their ports' addresses and MACs from one listing of Neutron's ports (floating IPs are left
+// out: they would cost a call per server).
 func (d *Driver) Servers(ctx context.Context) ([]region.Server, error) {
-	var out []region.Server
+	var list []*servers.Server
 	err := d.call(ctx, "list servers", func(ctx context.Context, c *clients) error {
 		return servers.List(c.compute, nil).EachPage(ctx, func(ctx context.Context, page pagination.Page) (bool, error) {
-			list, err := servers.ExtractServers(page)
-			for i := range list {
-				if s := &list[i]; s.Metadata[metaRegion] == d.opts.Region.ID && s.Metadata[metaInstance] != "" {
-					out = append(out, toServer(s, nil))
+			got, err := servers.ExtractServers(page)
+			for i := range got {
+				if s := &got[i]; s.Metadata[metaRegion] == d.opts.Region.ID && s.Metadata[metaInstance] != "" {
+					list = append(list, s)
 				}
 			}
 			return true, err
 		})
 	})
-	return out, err
+	if err != nil || len(list) == 0 {
+		return nil, err
+	}
+	byID := map[string]*ports.Port{}
+	err = d.call(ctx, "list ports", func(ctx context.Context, c *clients) error {
+		return ports.List(c.network, ports.ListOpts{}).EachPage(ctx, func(ctx context.Context, page pagination.Page) (bool, error) {
+			got, err := ports.ExtractPorts(page)
+			for i := range got {
+				byID[got[i].ID] = &got[i]
+			}
+			return true, err
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]region.Server, len(list))
+	for i, s := range list {
+		out[i] = toServer(s, byID[s.Metadata[metaPort]])
+	}
+	return out, nil
 }
 
 func (d *Driver) UpdateNetworking(ctx context.Context, id string, n region.ServerNetworking) (region.Server, error) {
@@ -681,13 +724,6 @@ func (d *Driver) ConsoleOutput(ctx context.Context, id string, tailBytes int) (r
 	return region.TailText([]byte(out), tailBytes, time.Now()), nil
 }
 
-func (d *Driver) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser, error) {
-	if _, err := d.nova(ctx, id); err != nil {
-		return nil, err
-	}
-	return nil, fmt.Errorf("this OpenStack region offers no interactive console: %w", region.ErrRefused)
-}
-
 func (d *Driver) SSHKey(ctx context.Context, id string) (region.SSHKey, error) {
 	s, err := d.nova(ctx, id)
 	if err != nil {
@@ -701,18 +737,4 @@ func (d *Driver) SSHKey(ctx context.Context, id string) (region.SSHKey, error) {
 		return region.SSHKey{}, err
 	}
 	return region.SSHKey{PrivateKey: key}, nil
-}
-
-func (d *Driver) Snapshot(ctx context.Context, id string, _ region.ImageRequest) (region.Image, error) {
-	if _, err := d.nova(ctx, id); err != nil {
-		return region.Image{}, err
-	}
-	return region.Image{}, fmt.Errorf("this OpenStack region makes no snapshots: %w", region.ErrRefused)
-}
-
-// Images is empty: the region makes no snapshots.
-func (d *Driver) Images(context.Context, string, string) ([]region.Image, error) { return nil, nil }
-
-func (d *Driver) DeleteImage(_ context.Context, org, project, id string) error {
-	return fmt.Errorf("image %s of project %s/%s: %w", id, org, project, region.ErrImageNotFound)
 }
