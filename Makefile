@@ -53,16 +53,17 @@ virt-test: images
 	COMPUTEQL_IMAGES_DIR=$(IMAGES_DIR) $(GO) test -race -count=1 -timeout 20m -run '^TestLibvirt' ./region/libvirt/ ./e2e/virt/
 
 ## openstack-test: the tests of a real OpenStack control plane (openstacktest/README.md:
-## MariaDB, RabbitMQ, Keystone, Glance, Placement, Nova with its fake driver and neutron-server,
-## from Debian's packages, as processes the tests start on free loopback ports and stop), which
-## fail rather than skip when the packages are missing. make test runs it once, here, when they
-## are installed (under CI always: .ci/run installs them): its run of all packages leaves these
-## tests out. With the harness's own test, the OpenStack region driver's contract
-## (region/openstack) and the end-to-end suite of e2e/openstack (the built binary's api and
-## worker processes in front of the control plane, driven through GraphQL); -p 1, since each
+## MariaDB, RabbitMQ, Keystone, Glance, Placement, Nova with its fake driver or a libvirt
+## compute, and neutron-server, from Debian's packages, as processes the tests start on free
+## loopback ports and stop), which fail rather than skip when the packages are missing. make
+## test runs it once, here, when they are installed (under CI always: .ci/run installs them):
+## its run of all packages leaves these tests out. With the harness's own tests, the OpenStack
+## region driver's contract (region/openstack) and the end-to-end suite of e2e/openstack (the
+## built binary's api and worker processes in front of the control plane whose libvirt
+## compute boots the busybox guest of make images, driven through GraphQL); -p 1, since each
 ## package brings up a control plane of its own.
-openstack-test:
-	COMPUTEQL_REQUIRE_OPENSTACK=1 $(GO) test -race -count=1 -p 1 -timeout 15m -run '^TestOpenStack' ./openstacktest/ ./region/openstack/ ./e2e/openstack/
+openstack-test: images
+	COMPUTEQL_REQUIRE_OPENSTACK=1 COMPUTEQL_IMAGES_DIR=$(IMAGES_DIR) $(GO) test -race -count=1 -p 1 -timeout 15m -run '^TestOpenStack' ./openstacktest/ ./region/openstack/ ./e2e/openstack/
 
 ## cluster-test: the end-to-end suite of e2e/deployment (separate api and worker processes of the
 ## built binary) on a 3-master Redis Cluster it starts on loopback ports with redis-server

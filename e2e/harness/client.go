@@ -91,3 +91,25 @@ func (c *Client) Do(ctx context.Context, query string, vars map[string]any, data
 	}
 	return nil
 }
+
+// ConsoleSession opens a console session of an instance through createConsoleSession and
+// returns its URL; a refusal is an error carrying the userErrors.
+func (c *Client) ConsoleSession(ctx context.Context, id string) (string, error) {
+	var data struct {
+		CreateConsoleSession struct {
+			ConsoleSession *struct {
+				URL string `json:"url"`
+			} `json:"consoleSession"`
+			UserErrors Errors `json:"userErrors"`
+		} `json:"createConsoleSession"`
+	}
+	if err := c.Do(ctx, `mutation($id: ID!) { createConsoleSession(input: {id: $id}) { consoleSession { url } userErrors { message } } }`,
+		map[string]any{"id": id}, &data); err != nil {
+		return "", fmt.Errorf("createConsoleSession %s: %w", id, err)
+	}
+	p := data.CreateConsoleSession
+	if p.ConsoleSession == nil {
+		return "", fmt.Errorf("createConsoleSession %s refused: %w", id, p.UserErrors)
+	}
+	return p.ConsoleSession.URL, nil
+}

@@ -78,7 +78,7 @@ func checkCatalogImport(t *testing.T, cloud *openstacktest.Cloud, n *nova) {
 			flavor = &cat.Flavors[i]
 		}
 	}
-	// The seeded flavor: 1 vCPU, 64 MiB, 1 GiB of disk (1.07 GB).
+	// The seeded flavor: 1 vCPU, 256 MiB, 1 GiB of disk (1.07 GB).
 	if flavor == nil || flavor.ID != "computeql.tiny" || flavor.CPUs != 1 || flavor.MemoryGiB != 1 || flavor.DiskGB != 2 || !flavor.OfferedIn("lab") {
 		t.Errorf("flavors %+v, want computeql.tiny for Nova's %s: 1 cpu, 1 GiB, 2 GB, in lab", cat.Flavors, cloud.FlavorID)
 	}
@@ -88,8 +88,14 @@ func checkCatalogImport(t *testing.T, cloud *openstacktest.Cloud, n *nova) {
 			image = &cat.Images[i]
 		}
 	}
-	if image == nil || image.ID != "computeql-tiny" || image.State != region.ImageStateReady || image.SizeGiB != 1 {
-		t.Errorf("images %+v, want computeql-tiny for Glance's %s, ready, 1 GiB", cat.Images, cloud.ImageID)
+	if image == nil || image.ID != openstacktest.GuestImageName || image.State != region.ImageStateReady || image.SizeGiB != 1 {
+		t.Errorf("images %+v, want %s for Glance's %s, ready, 1 GiB", cat.Images, openstacktest.GuestImageName, cloud.ImageID)
+	}
+	// The guest's kernel and initramfs, which the image names, are no images of servers.
+	for _, im := range cat.Images {
+		if im.OpenStack != nil && (im.OpenStack.ID == cloud.KernelImageID || im.OpenStack.ID == cloud.RamdiskImageID) {
+			t.Errorf("image %s (Glance's %s) imported: it is the guest's kernel or initramfs", im.ID, im.OpenStack.ID)
+		}
 	}
 	var network *region.Network
 	for i, nw := range cat.Networks {

@@ -1,6 +1,6 @@
 // Package openstack tests computeql end to end in front of a real OpenStack control plane
-// (package openstacktest: Keystone, Glance, Placement, Nova with its fake virt driver,
-// Neutron): the built binary as an api and a worker process on a real redis-server, serving an
+// (package openstacktest: Keystone, Glance, Placement, Nova with a libvirt compute on a
+// private libvirtd (package virttest) booting real guests, Neutron): the built binary as an api and a worker process on a real redis-server, serving an
 // OpenStack region that names the control plane's cloud in its clouds.yaml. Everything a user
 // does goes through GraphQL and one WebSocket subscriber; what the cloud did is checked from
 // outside computeql, through gophercloud with the cloud's own credentials.
@@ -14,6 +14,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,7 +25,9 @@ import (
 	gopenstack "github.com/gophercloud/gophercloud/v2/openstack"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/instanceactions"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
+	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/images"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
+	"github.com/gorilla/websocket"
 
 	"github.com/computeql/computeql/e2e/harness"
 	"github.com/computeql/computeql/openstacktest"
@@ -297,10 +300,119 @@ func action(name string) func(event) bool {
 	}
 }
 
+// guestReady is the line the busybox guest writes on its console once booted.
+const guestReady = "computeql-guest: ready"
+
+// consoleOutput reads the end of an instance's console through instanceConsoleOutput.
+func (d *deployment) consoleOutput(ctx context.Context, t testing.TB, id string) string {
+	t.Helper()
+	var data struct {
+		InstanceConsoleOutput struct {
+			Text string `json:"text"`
+		} `json:"instanceConsoleOutput"`
+	}
+	if err := d.client.Do(ctx, `query($id: ID!) { instanceConsoleOutput(id: $id) { text } }`, map[string]any{"id": id}, &data); err != nil {
+		t.Fatalf("instanceConsoleOutput %s: %v", id, err)
+	}
+	return data.InstanceConsoleOutput.Text
+}
+
+// openConsole opens a console session of the instance through createConsoleSession and
+// connects to its URL.
+func (d *deployment) openConsole(ctx context.Context, t testing.TB, id string) *websocket.Conn {
+	t.Helper()
+	url, err := d.client.ConsoleSession(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, res, err := websocket.DefaultDialer.DialContext(ctx, url, nil)
+	if err != nil {
+		t.Fatalf("open console %s: %v (%v)", url, err, res)
+	}
+	return conn
+}
+
+// typeAndRead types a line into a console session and reads until the console shows it.
+func typeAndRead(t testing.TB, conn *websocket.Conn, line string) {
+	t.Helper()
+	if err := conn.WriteMessage(websocket.TextMessage, []byte(line+"\r")); err != nil {
+		t.Fatalf("type into the console: %v", err)
+	}
+	conn.SetReadDeadline(time.Now().Add(stepLimit))
+	var seen []byte
+	for !strings.Contains(string(seen), line) {
+		_, msg, err := conn.ReadMessage()
+		if err != nil {
+			t.Fatalf("console: %v, having shown %q, want %q", err, seen, line)
+		}
+		seen = append(seen, msg...)
+	}
+}
+
+// image is what the tests read of an image.
+type image struct {
+	ID    string `json:"id"`
+	State string `json:"state"`
+}
+
+// snapshot runs snapshotInstance, which the test expects to be accepted, and returns its image.
+func (d *deployment) snapshot(ctx context.Context, t testing.TB, id, name string) image {
+	t.Helper()
+	var data struct {
+		SnapshotInstance struct {
+			Image      *image      `json:"image"`
+			UserErrors []userError `json:"userErrors"`
+		} `json:"snapshotInstance"`
+	}
+	if err := d.client.Do(ctx, `mutation($id: ID!, $name: String!) { snapshotInstance(input: {id: $id, name: $name}) {
+		image { id state } userErrors { field code message } } }`, map[string]any{"id": id, "name": name}, &data); err != nil {
+		t.Fatal(err)
+	}
+	if p := data.SnapshotInstance; p.Image == nil || len(p.UserErrors) > 0 {
+		t.Fatalf("snapshotInstance %s: image %v, userErrors %+v", id, p.Image, p.UserErrors)
+	}
+	return *data.SnapshotInstance.Image
+}
+
+// images lists the images the caller sees, through the images query.
+func (d *deployment) images(ctx context.Context, t testing.TB) []image {
+	t.Helper()
+	var data struct {
+		Images []image `json:"images"`
+	}
+	if err := d.client.Do(ctx, `{ images { id state } }`, nil, &data); err != nil {
+		t.Fatalf("images: %v", err)
+	}
+	return data.Images
+}
+
 // nova is the test's own view of the cloud, through the same clouds.yaml as computeql's but
 // none of its code.
 type nova struct {
-	compute, network *gophercloud.ServiceClient
+	compute, network, glance *gophercloud.ServiceClient
+}
+
+// glanceImage reads a Glance image.
+func (n *nova) glanceImage(ctx context.Context, t testing.TB, id string) *images.Image {
+	t.Helper()
+	im, err := images.Get(ctx, n.glance, id).Extract()
+	if err != nil {
+		t.Fatalf("read Glance image %s: %v", id, err)
+	}
+	return im
+}
+
+// imageExists reports whether Glance has the image (a deleted one it answers 404).
+func (n *nova) imageExists(ctx context.Context, t testing.TB, id string) bool {
+	t.Helper()
+	_, err := images.Get(ctx, n.glance, id).Extract()
+	if gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+		return false
+	}
+	if err != nil {
+		t.Fatalf("read Glance image %s: %v", id, err)
+	}
+	return true
 }
 
 func connect(t testing.TB, c *openstacktest.Cloud) *nova {
@@ -319,7 +431,11 @@ func connect(t testing.TB, c *openstacktest.Cloud) *nova {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &nova{compute: compute, network: network}
+	image, err := gopenstack.NewImageV2(pc, eo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &nova{compute: compute, network: network, glance: image}
 }
 
 // servers lists the cloud's servers (not deleted) that carry the Nova tag the driver writes

@@ -308,28 +308,17 @@ func (i instance) String() string {
 		i.Status.PrivateIP, i.Status.MACAddress, strings.Join(conds, "; "))
 }
 
-// get reads an instance through the instance query.
 // consoleSession opens a console session of the instance and returns its URL.
 func (l *lab) consoleSession(ctx context.Context, t *testing.T, id string) string {
 	t.Helper()
-	var data struct {
-		CreateConsoleSession struct {
-			ConsoleSession *struct {
-				URL string `json:"url"`
-			} `json:"consoleSession"`
-			UserErrors []userError `json:"userErrors"`
-		} `json:"createConsoleSession"`
+	url, err := l.client.ConsoleSession(ctx, id)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := l.client.Do(ctx, `mutation($id: ID!) { createConsoleSession(input: {id: $id}) { consoleSession { url } userErrors { field code message } } }`,
-		map[string]any{"id": id}, &data); err != nil {
-		t.Fatalf("createConsoleSession: %v", err)
-	}
-	if p := data.CreateConsoleSession; p.ConsoleSession == nil {
-		t.Fatalf("createConsoleSession refused: %+v", p.UserErrors)
-	}
-	return data.CreateConsoleSession.ConsoleSession.URL
+	return url
 }
 
+// get reads an instance through the instance query.
 func (l *lab) get(ctx context.Context, t *testing.T, id string) instance {
 	t.Helper()
 	var data struct {
