@@ -72,6 +72,25 @@ const serialDomainXML = `<domain type='qemu'>
   </devices>
 </domain>`
 
+// launchClosedByTest launches a host for a test that checks its Close itself, and sets
+// *closed before it does; the cleanup closes a host the test left open, after logging
+// libvirtd's log.
+func launchClosedByTest(t *testing.T, opts Options) (h *Host, closed *bool) {
+	t.Helper()
+	h, err := Launch(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed = new(bool)
+	t.Cleanup(func() {
+		if !*closed {
+			t.Logf("libvirtd log:\n%s", h.LogTail())
+			h.Close()
+		}
+	})
+	return h, closed
+}
+
 func connect(t *testing.T, h *Host) *libvirt.Libvirt {
 	t.Helper()
 	l, err := h.Connect()
@@ -159,17 +178,7 @@ func TestNATNetworkStaysInNamespace(t *testing.T) {
 
 func TestBootDomainAndCloseLeavesNothing(t *testing.T) {
 	Require(t)
-	h, err := Launch(context.Background(), Options{TempDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	t.Cleanup(func() {
-		if !closed {
-			t.Logf("libvirtd log:\n%s", h.LogTail())
-			h.Close()
-		}
-	})
+	h, closed := launchClosedByTest(t, Options{TempDir: t.TempDir()})
 	l := connect(t, h)
 	startNATNetwork(t, l)
 
@@ -207,7 +216,7 @@ func TestBootDomainAndCloseLeavesNothing(t *testing.T) {
 	go func() { sleepDone <- sleeper.Wait() }()
 
 	l.Disconnect()
-	closed = true
+	*closed = true
 	if err := h.Close(); err != nil {
 		t.Fatalf("close: %v", err)
 	}
@@ -366,17 +375,7 @@ func TestMissingStateDirIsMadePrivately(t *testing.T) {
 // what it lists, leaves the machine's processes alone and the guests gone.
 func TestHostNetworkSharesOnlyTheNetwork(t *testing.T) {
 	Require(t)
-	h, err := Launch(context.Background(), Options{TempDir: t.TempDir(), HostNetwork: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	t.Cleanup(func() {
-		if !closed {
-			t.Logf("libvirtd log:\n%s", h.LogTail())
-			h.Close()
-		}
-	})
+	h, closed := launchClosedByTest(t, Options{TempDir: t.TempDir(), HostNetwork: true})
 	if h.Namespace() != "" {
 		t.Errorf("Namespace() = %q, want none", h.Namespace())
 	}
@@ -426,7 +425,7 @@ func TestHostNetworkSharesOnlyTheNetwork(t *testing.T) {
 		}
 	}
 	l.Disconnect()
-	closed = true
+	*closed = true
 	if err := h.Close(); err != nil {
 		t.Fatalf("close: %v", err)
 	}
