@@ -344,7 +344,9 @@ func snapshotOfSnapshot(t *testing.T, d *ostack.Driver) {
 		t.Fatalf("Snapshot: %v", err)
 	}
 	t.Cleanup(func() { d.DeleteImage(context.Background(), "acme", "web", a.ID) })
-	awaitReady(a.ID)
+	if listed := awaitReady(a.ID); !maps.Equal(listed.Tags, map[string]string{"generation": "1"}) {
+		t.Errorf("Images lists the first snapshot with tags %v, want generation=1", listed.Tags)
+	}
 
 	sp := spec("from-snapshot")
 	sp.ImageID = a.ID

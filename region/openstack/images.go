@@ -2,6 +2,7 @@ package openstack
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -184,17 +185,53 @@ func (d *Driver) Images(ctx context.Context, org, project string) ([]region.Imag
 	if err != nil {
 		return nil, err
 	}
-	out := make([]region.Image, 0, len(list))
+	var mine []*images.Image
+	var refs []string
 	for i := range list {
-		im := &list[i]
-		if !d.ownedBy(im, org, project) {
-			continue // a cloud whose Glance ignored the filter
+		if im := &list[i]; d.ownedBy(im, org, project) { // a cloud's Glance may ignore the filter
+			mine = append(mine, im)
+			refs = append(refs, property(im, metaLarge))
 		}
-		large, err := d.largeFields(ctx, property(im, metaLarge))
-		if err != nil {
-			return nil, err
+	}
+	tags, err := d.imageTags(ctx, refs)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]region.Image, len(mine))
+	for i, im := range mine {
+		out[i] = d.toImage(im, tags[i])
+	}
+	return out, nil
+}
+
+// imageTags reads the tags kept under each reference ("" for none) in one round trip.
+func (d *Driver) imageTags(ctx context.Context, refs []string) ([]map[string]string, error) {
+	out := make([]map[string]string, len(refs))
+	var keys []string
+	var at []int
+	for i, ref := range refs {
+		if ref != "" {
+			keys = append(keys, largeKey(d.opts.Region.ID, ref))
+			at = append(at, i)
 		}
-		out = append(out, d.toImage(im, large.Tags))
+	}
+	if len(keys) == 0 {
+		return out, nil
+	}
+	vals, err := d.opts.Redis.MGet(ctx, keys...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("openstack: read the tags of images: %w: %w", err, region.ErrUnavailable)
+	}
+	for j, v := range vals {
+		s, ok := v.(string)
+		if !ok {
+			continue // deleted with its image a moment ago
+		}
+		var l largeFields
+		if err := json.Unmarshal([]byte(s), &l); err != nil {
+			return nil, fmt.Errorf("openstack: tags %s in Redis: %w", keys[j], err)
+		}
+		out[at[j]] = l.Tags
 	}
 	return out, nil
 }
