@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/99designs/gqlgen/graphql"
@@ -97,10 +99,9 @@ func newWSTransport(o Options, origins originPolicy, limits *connLimits, m *webs
 	return &wsTransport{
 		upgrader: websocket.Upgrader{
 			HandshakeTimeout: o.StreamWriteTimeout,
-			// Client messages (init, subscribe, complete) are small; a larger one still fits, read
-			// in several pieces. Write buffers come from a pool and are held only while a message
-			// is being written, so an idle subscriber holds none.
-			ReadBufferSize:  256,
+			// No ReadBufferSize: gorilla reads through the buffer the hijack hands it (see
+			// ownReadBuffer). Write buffers come from a pool and are held only while a message is
+			// being written, so an idle subscriber holds none.
 			WriteBufferSize: 4096,
 			WriteBufferPool: &sync.Pool{},
 			Subprotocols:    slices.Clone(websocketSubprotocols),
@@ -130,14 +131,21 @@ func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 		t.limits.refuseSocket(w, r)
 		return
 	}
-	ws, err := t.upgrader.Upgrade(w, r, nil)
+	own := &ownReadBuffer{ResponseWriter: w}
+	if h, ok := w.(http.Hijacker); ok {
+		own.h = h
+	}
+	ws, err := t.upgrader.Upgrade(own, r, nil)
 	if err != nil {
 		t.limits.releaseSocket()
 		return
 	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	c := &wsConn{t: t, ws: ws, exec: exec, ctx: ctx, cancel: cancel, legacy: ws.Subprotocol() == "graphql-ws",
-		trace: traceHeaders(r.Header), ops: map[string]*wsOp{}}
+		trace: traceHeaders(r.Header), ops: map[string]*wsOp{}, br: own.br}
+	if sc, ok := ws.NetConn().(syscall.Conn); ok && own.br != nil {
+		c.raw, _ = sc.SyscallConn()
+	}
 	if ri := requestInfoFrom(r.Context()); ri != nil {
 		c.logLine = ri.hold()
 	}
@@ -195,6 +203,11 @@ type wsConn struct {
 	cancel context.CancelFunc
 	// logLine writes the socket's request line, once it has ended.
 	logLine func()
+	// br is the frame reader's buffer, and raw the socket beneath it: while br is empty the
+	// reader waits for the socket with readable (raw nil: it cannot, and waits in gorilla
+	// with the stack its reading grew).
+	br  *bufio.Reader
+	raw syscall.RawConn
 
 	writeMu sync.Mutex
 
@@ -219,10 +232,17 @@ type wsConn struct {
 	shutdownOnce sync.Once
 }
 
-// read is the socket's one long-lived goroutine: it reads the peer's messages until the
-// socket ends, and then releases everything the socket held.
+// read is the socket's reader: it waits for the peer's next message, reads and handles the
+// messages that follow, and, once no byte of another is buffered, hands the wait to a new
+// goroutine and ends. Handling a message (decoding it, verifying a token, starting an
+// operation) grows a goroutine's stack, and the runtime shrinks a stack only while less than
+// a quarter of it is in use, which a goroutine blocked in a read never is: a new goroutine per
+// wait keeps an idle socket's stack at the smallest size. There is one reader at a time; the
+// last releases everything the socket held when the socket ends.
 func (c *wsConn) read() {
-	defer c.shutdown()
+	if c.raw != nil {
+		readable(c.raw)
+	}
 	for {
 		_, data, err := c.ws.ReadMessage()
 		if err != nil {
@@ -231,6 +251,7 @@ func (c *wsConn) read() {
 				c.countClose(websocket.CloseMessageTooBig)
 				c.drain()
 			}
+			c.shutdown()
 			return
 		}
 		if c.closed.Load() {
@@ -241,6 +262,10 @@ func (c *wsConn) read() {
 			c.handleLegacy(data)
 		} else {
 			c.handle(data)
+		}
+		if c.raw != nil && c.br.Buffered() == 0 {
+			go c.read()
+			return
 		}
 	}
 }
