@@ -140,8 +140,7 @@ func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 		t.limits.releaseSocket()
 		return
 	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-	c := &wsConn{t: t, ws: ws, exec: exec, ctx: ctx, cancel: cancel, legacy: ws.Subprotocol() == "graphql-ws",
+	c := &wsConn{t: t, ws: ws, exec: exec, ctx: context.WithoutCancel(r.Context()), legacy: ws.Subprotocol() == "graphql-ws",
 		trace: traceHeaders(r.Header), ops: map[string]*wsOp{}, br: own.br}
 	if sc, ok := ws.NetConn().(syscall.Conn); ok && own.br != nil {
 		c.raw, _ = sc.SyscallConn()
@@ -197,10 +196,10 @@ type wsConn struct {
 	exec   graphql.GraphExecutor
 	legacy bool // graphql-ws rather than graphql-transport-ws
 	trace  http.Header
-	// ctx holds the handshake request's values; it ends with the socket, and with it every
-	// operation.
-	ctx    context.Context
-	cancel context.CancelFunc
+	// ctx holds the handshake request's values. It never ends: the socket ends its operations
+	// one by one (endOps), so that an operation's context, cancelled on its own, registers
+	// with no parent (a cancellable parent would keep a map of its children and a channel).
+	ctx context.Context
 	// logLine writes the socket's request line, once it has ended.
 	logLine func()
 	// br is the frame reader's buffer, and raw the socket beneath it: while br is empty the
@@ -672,7 +671,6 @@ func (c *wsConn) closeWith(code int, reason string) {
 	// The close frame goes first: after it no message can be written, so an operation that
 	// ends with the socket never sends its complete ahead of the close.
 	err := c.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, closeReason(reason)), time.Now().Add(c.t.writeTimeout))
-	c.cancel()
 	c.endOps()
 	switch {
 	case errors.Is(err, websocket.ErrCloseSent):
@@ -703,8 +701,9 @@ func (c *wsConn) countClose(code int) {
 	}
 }
 
-// endOps wakes every operation once the socket's context has ended: an idle subscription
-// has no goroutine to notice by itself, and must give back its place in the feed.
+// endOps ends every operation of a closing socket: it cancels each one's context and wakes
+// it, since an idle subscription has no goroutine to notice by itself, and must give back its
+// place in the feed. An operation no longer in c.ops has been cancelled already.
 func (c *wsConn) endOps() {
 	c.mu.Lock()
 	ops := make([]*wsOp, 0, len(c.ops))
@@ -713,6 +712,7 @@ func (c *wsConn) endOps() {
 	}
 	c.mu.Unlock()
 	for _, op := range ops {
+		op.cancel()
 		op.wake()
 	}
 }
@@ -724,7 +724,6 @@ func (c *wsConn) shutdown() {
 		c.markClosingLocked()
 		release := c.releasePrincipal
 		c.mu.Unlock()
-		c.cancel()
 		c.endOps()
 		c.stopLifetime()
 		c.ws.Close()
