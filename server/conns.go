@@ -203,9 +203,9 @@ func (s subscriptionLimit) InterceptOperation(ctx context.Context, next graphql.
 			return refusal(instance.CodeRateLimited, fmt.Sprintf("%s holds as many subscriptions as one principal may (%d): stop one first", p.Subject, l.maxPrincipalSubs))
 		}
 	}
-	// The operation's context ends with the subscription, however it ends; one callback gives
-	// back both places (each costs every idle subscription its bytes).
-	context.AfterFunc(ctx, func() {
+	// One callback gives back both places when the subscription ends, however it ends (each
+	// costs every idle subscription its bytes).
+	whenEnded(ctx, func() {
 		if onSocket {
 			sock.leave()
 		}

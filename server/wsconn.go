@@ -712,7 +712,7 @@ func (c *wsConn) endOps() {
 	}
 	c.mu.Unlock()
 	for _, op := range ops {
-		op.cancel()
+		op.abort()
 		op.wake()
 	}
 }
@@ -752,6 +752,10 @@ type wsOp struct {
 	// finishing: the operation is ending; its id is taken until its last message is out.
 	// Guarded by c.mu.
 	finishing bool
+	// onEnd runs when the operation ends (see whenEnded), and ended says it has. Guarded by
+	// c.mu.
+	onEnd func()
+	ended bool
 
 	handler      graphql.ResponseHandler
 	delivery     *graph.Delivery
@@ -764,8 +768,9 @@ type wsOp struct {
 // start runs an operation on a goroutine of its own, which ends once the operation has
 // answered everything that is ready: a subscription then waits for its events without one.
 func (c *wsConn) start(opCtx context.Context, id string, params *graphql.RawParams) {
-	ctx, cancel := context.WithCancel(opCtx)
-	op := &wsOp{c: c, id: id, ctx: ctx, cancel: cancel}
+	op := &wsOp{c: c, id: id}
+	ctx, cancel := context.WithCancel(context.WithValue(opCtx, wsOpKey{}, op))
+	op.ctx, op.cancel = ctx, cancel
 	op.running.Store(true) // the goroutine below answers first; wakes meanwhile are noted
 	c.mu.Lock()
 	if c.inFlight == nil {
@@ -819,6 +824,46 @@ func (op *wsOp) run(params *graphql.RawParams) {
 	}
 	// Refused, or not a subscription: its responses come at once.
 	for op.respond(op.handler(op.ctx)) {
+	}
+}
+
+// wsOpKey holds, in an operation's context, the *wsOp it runs as.
+type wsOpKey struct{}
+
+// whenEnded runs f once the operation of ctx has ended, however it ends: at once if it has
+// already. A WebSocket operation keeps f in a field, run as its context is cancelled: a
+// context callback would cost each idle subscription a context of its own, a done channel and
+// a map of children.
+func whenEnded(ctx context.Context, f func()) {
+	op, ok := ctx.Value(wsOpKey{}).(*wsOp)
+	if !ok {
+		context.AfterFunc(ctx, f)
+		return
+	}
+	op.c.mu.Lock()
+	if !op.ended {
+		if prev := op.onEnd; prev != nil {
+			next := f
+			f = func() { prev(); next() }
+		}
+		op.onEnd = f
+		op.c.mu.Unlock()
+		return
+	}
+	op.c.mu.Unlock()
+	f()
+}
+
+// abort cancels the operation's context and runs what waits for its end, once. c.mu must not
+// be held.
+func (op *wsOp) abort() {
+	op.cancel()
+	op.c.mu.Lock()
+	f := op.onEnd
+	op.onEnd, op.ended = nil, true
+	op.c.mu.Unlock()
+	if f != nil {
+		f()
 	}
 }
 
@@ -922,7 +967,7 @@ func (op *wsOp) end(last any, gated bool) {
 	c.mu.Lock()
 	op.finishing = true
 	c.mu.Unlock()
-	op.cancel()
+	op.abort()
 	if op.delivery != nil {
 		op.delivery.Stop()
 	}
@@ -955,7 +1000,7 @@ func (c *wsConn) stop(id string, complete bool) {
 	if op == nil {
 		return
 	}
-	op.cancel()
+	op.abort()
 	switch {
 	case !complete:
 		op.lastSent.Store(true) // replaced, or completed by the client: no last word at all
