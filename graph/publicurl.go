@@ -16,10 +16,16 @@ func WithPublicURL(ctx context.Context, u url.URL) context.Context {
 	return context.WithValue(ctx, publicURLKey{}, u)
 }
 
+// PublicURL returns where the caller reached the API, as WithPublicURL recorded it.
+func PublicURL(ctx context.Context) (url.URL, bool) {
+	u, ok := ctx.Value(publicURLKey{}).(url.URL)
+	return u, ok
+}
+
 // ConsoleURL is the WebSocket URL of a console session: on the API as its caller reached it
 // (wss:// where that was https://), or a path alone when that is not known.
 func ConsoleURL(ctx context.Context, token string) string {
-	u, _ := ctx.Value(publicURLKey{}).(url.URL)
+	u, _ := PublicURL(ctx)
 	switch u.Scheme {
 	case "https", "wss":
 		u.Scheme = "wss"

@@ -83,6 +83,8 @@ type wsTransport struct {
 	metrics  *websocketMetrics
 	// lifetime ends every socket with 1001 (going away) when it is done.
 	lifetime context.Context
+	// base is lifetime without its end: the context sockets' operations start from.
+	base context.Context
 	// initTimeout bounds the wait for connection_init.
 	initTimeout time.Duration
 	// keepAlive is how often a socket gets a ping frame, and a "ping" (graphql-transport-ws) or
@@ -108,7 +110,7 @@ func newWSTransport(o Options, origins originPolicy, limits *connLimits, m *webs
 			CheckOrigin:     origins.allows,
 			Error:           refuseHandshake,
 		},
-		keys: o.Keys, limits: limits, log: o.Logger, metrics: m, lifetime: o.Context,
+		keys: o.Keys, limits: limits, log: o.Logger, metrics: m, lifetime: o.Context, base: context.WithoutCancel(o.Context),
 		initTimeout: o.initTimeout, keepAlive: o.KeepAliveInterval, writeTimeout: o.StreamWriteTimeout,
 		readLimit: o.MaxBodyBytes,
 	}
@@ -140,7 +142,7 @@ func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 		t.limits.releaseSocket()
 		return
 	}
-	c := &wsConn{t: t, ws: ws, exec: exec, ctx: context.WithoutCancel(r.Context()), legacy: ws.Subprotocol() == "graphql-ws",
+	c := &wsConn{t: t, ws: ws, exec: exec, ctx: t.socketContext(r.Context()), legacy: ws.Subprotocol() == "graphql-ws",
 		trace: traceHeaders(r.Header), ops: map[string]*wsOp{}, br: own.br}
 	if sc, ok := ws.NetConn().(syscall.Conn); ok && own.br != nil {
 		c.raw, _ = sc.SyscallConn()
@@ -174,6 +176,25 @@ func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 	go c.read()
 }
 
+// socketContext is the context a socket's operations start from: the server's, and of the
+// handshake request's only the values they read (the request's log line, the principal of an
+// Authorization header, where the caller reached the API). The request's own context would
+// keep, for as long as the socket lives, net/http's contexts of the connection and the request
+// (both cancelled once the handler has returned) and gqlgen's trace of the handshake.
+func (t *wsTransport) socketContext(req context.Context) context.Context {
+	ctx := t.base
+	if ri := requestInfoFrom(req); ri != nil {
+		ctx = context.WithValue(ctx, requestInfoKey{}, ri)
+	}
+	if p, ok := auth.FromContext(req); ok {
+		ctx = auth.WithPrincipal(ctx, p)
+	}
+	if u, ok := graph.PublicURL(req); ok {
+		ctx = graph.WithPublicURL(ctx, u)
+	}
+	return ctx
+}
+
 // traceHeaders keeps the trace context of the handshake for the socket's operations, and
 // nothing else of its headers.
 func traceHeaders(h http.Header) http.Header {
@@ -200,8 +221,8 @@ type wsConn struct {
 	// one by one (endOps), so that an operation's context, cancelled on its own, registers
 	// with no parent (a cancellable parent would keep a map of its children and a channel).
 	ctx context.Context
-	// logLine writes the socket's request line, once it has ended.
-	logLine func()
+	// logLine writes the socket's request line, once it has ended, logged with ctx.
+	logLine func(context.Context)
 	// br is the frame reader's buffer, and raw the socket beneath it: while br is empty the
 	// reader waits for the socket with readable (raw nil: it cannot, and waits in gorilla
 	// with the stack its reading grew).
@@ -735,7 +756,7 @@ func (c *wsConn) shutdown() {
 			c.t.metrics.open.Dec()
 		}
 		if c.logLine != nil {
-			c.logLine()
+			c.logLine(c.ctx)
 		}
 	})
 }
