@@ -235,9 +235,9 @@ type wsConn struct {
 	// initReceived: a connection_init came (a second one closes the socket).
 	initReceived bool
 	// opCtx is the context operations run in, set once the connection is acknowledged.
-	opCtx            context.Context
-	releasePrincipal func()
-	ops              map[string]*wsOp
+	opCtx           context.Context
+	principalSocket *hold
+	ops             map[string]*wsOp
 	// started and settled count operations started and those first answered: the reader
 	// waits on inFlight (made with the first operation) while maxInFlight are in between.
 	started, settled uint64
@@ -560,8 +560,8 @@ func (c *wsConn) init(payload map[string]any) {
 		c.refuse(CloseUnauthorized, "Unauthorized", errors.New(`authentication required: send {"Authorization": "Bearer <token>"} in the connection_init payload`))
 		return
 	}
-	release := c.t.limits.take(p.Subject, socketsOf, c.t.limits.maxPrincipalSockets, limitPrincipalSockets)
-	if release == nil {
+	held := c.t.limits.take(p.Subject, socketsOf, c.t.limits.maxPrincipalSockets, limitPrincipalSockets)
+	if held == nil {
 		c.refuse(CloseTooManyConnections, "Too many connections",
 			fmt.Errorf("%s holds as many WebSockets as one principal may (%d): close one first", p.Subject, c.t.limits.maxPrincipalSockets))
 		return
@@ -570,10 +570,10 @@ func (c *wsConn) init(payload map[string]any) {
 	c.mu.Lock()
 	if c.closing {
 		c.mu.Unlock()
-		release()
+		held.release()
 		return
 	}
-	c.opCtx, c.releasePrincipal = ctx, release
+	c.opCtx, c.principalSocket = ctx, held
 	if c.timer != nil {
 		c.timer.Stop()
 	}
@@ -743,13 +743,13 @@ func (c *wsConn) shutdown() {
 	c.shutdownOnce.Do(func() {
 		c.mu.Lock()
 		c.markClosingLocked()
-		release := c.releasePrincipal
+		held := c.principalSocket
 		c.mu.Unlock()
 		c.endOps()
 		c.stopLifetime()
 		c.ws.Close()
-		if release != nil {
-			release()
+		if held != nil {
+			held.release()
 		}
 		c.t.limits.releaseSocket()
 		if c.t.metrics != nil {
