@@ -81,10 +81,14 @@ type wsTransport struct {
 	limits   *connLimits
 	log      *slog.Logger
 	metrics  *websocketMetrics
-	// lifetime ends every socket with 1001 (going away) when it is done.
-	lifetime context.Context
-	// base is lifetime without its end: the context sockets' operations start from.
-	base context.Context
+	// base is the server's lifetime (Options.Context) without its end: the context sockets'
+	// operations start from. The lifetime's end closes every socket with 1001 (going away),
+	// those in sockets, from one callback (goAway): one per socket would cost each a context
+	// of its own. gone: the lifetime has ended.
+	base      context.Context
+	socketsMu sync.Mutex
+	sockets   map[*wsConn]struct{}
+	gone      bool
 	// initTimeout bounds the wait for connection_init.
 	initTimeout time.Duration
 	// keepAlive is how often a socket gets a ping frame, and a "ping" (graphql-transport-ws) or
@@ -98,7 +102,7 @@ type wsTransport struct {
 }
 
 func newWSTransport(o Options, origins originPolicy, limits *connLimits, m *websocketMetrics) *wsTransport {
-	return &wsTransport{
+	t := &wsTransport{
 		upgrader: websocket.Upgrader{
 			HandshakeTimeout: o.StreamWriteTimeout,
 			// No ReadBufferSize: gorilla reads through the buffer the hijack hands it (see
@@ -110,9 +114,41 @@ func newWSTransport(o Options, origins originPolicy, limits *connLimits, m *webs
 			CheckOrigin:     origins.allows,
 			Error:           refuseHandshake,
 		},
-		keys: o.Keys, limits: limits, log: o.Logger, metrics: m, lifetime: o.Context, base: context.WithoutCancel(o.Context),
+		keys: o.Keys, limits: limits, log: o.Logger, metrics: m, base: context.WithoutCancel(o.Context),
 		initTimeout: o.initTimeout, keepAlive: o.KeepAliveInterval, writeTimeout: o.StreamWriteTimeout,
-		readLimit: o.MaxBodyBytes,
+		readLimit: o.MaxBodyBytes, sockets: map[*wsConn]struct{}{},
+	}
+	context.AfterFunc(o.Context, t.goAway)
+	return t
+}
+
+// track adds an opened socket to those the server's end closes; false when it has ended.
+func (t *wsTransport) track(c *wsConn) bool {
+	t.socketsMu.Lock()
+	defer t.socketsMu.Unlock()
+	if t.gone {
+		return false
+	}
+	t.sockets[c] = struct{}{}
+	return true
+}
+
+func (t *wsTransport) untrack(c *wsConn) {
+	t.socketsMu.Lock()
+	defer t.socketsMu.Unlock()
+	delete(t.sockets, c)
+}
+
+// goAway closes every socket with 1001 (going away) as the server ends, each on a goroutine
+// of its own: a peer slow to take the close frame holds up none of the others.
+func (t *wsTransport) goAway() {
+	t.socketsMu.Lock()
+	t.gone = true
+	sockets := t.sockets
+	t.sockets = nil
+	t.socketsMu.Unlock()
+	for c := range sockets {
+		go c.closeWith(websocket.CloseGoingAway, "server shutting down")
 	}
 }
 
@@ -172,7 +208,9 @@ func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 		c.timer = time.AfterFunc(t.initTimeout, func() { c.closeWith(CloseInitTimeout, "Connection initialisation timeout") })
 		c.mu.Unlock()
 	}
-	c.stopLifetime = context.AfterFunc(t.lifetime, func() { c.closeWith(websocket.CloseGoingAway, "server shutting down") })
+	if !t.track(c) {
+		c.closeWith(websocket.CloseGoingAway, "server shutting down")
+	}
 	go c.read()
 }
 
@@ -217,9 +255,10 @@ type wsConn struct {
 	exec   graphql.GraphExecutor
 	legacy bool // graphql-ws rather than graphql-transport-ws
 	trace  http.Header
-	// ctx holds the handshake request's values. It never ends: the socket ends its operations
-	// one by one (endOps), so that an operation's context, cancelled on its own, registers
-	// with no parent (a cancellable parent would keep a map of its children and a channel).
+	// ctx is the server's context with the handshake's values (socketContext). It never
+	// ends: the socket ends its operations one by one (endOps), so that an operation's
+	// context, cancelled on its own, registers with no parent (a cancellable parent would
+	// keep a map of its children and a channel).
 	ctx context.Context
 	// logLine writes the socket's request line, once it has ended, logged with ctx.
 	logLine func(context.Context)
@@ -248,7 +287,6 @@ type wsConn struct {
 	// timer waits for connection_init, then sends the keep-alives.
 	timer *time.Timer
 
-	stopLifetime func() bool
 	shutdownOnce sync.Once
 }
 
@@ -746,7 +784,7 @@ func (c *wsConn) shutdown() {
 		held := c.principalSocket
 		c.mu.Unlock()
 		c.endOps()
-		c.stopLifetime()
+		c.t.untrack(c)
 		c.ws.Close()
 		if held != nil {
 			held.release()
