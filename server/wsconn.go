@@ -179,7 +179,7 @@ func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 		return
 	}
 	c := &wsConn{t: t, ws: ws, exec: exec, ctx: t.socketContext(r.Context()), legacy: ws.Subprotocol() == "graphql-ws",
-		trace: traceHeaders(r.Header), ops: map[string]*wsOp{}, br: own.br}
+		trace: traceHeaders(r.Header), br: own.br}
 	if sc, ok := ws.NetConn().(syscall.Conn); ok && own.br != nil {
 		c.raw, _ = sc.SyscallConn()
 	}
@@ -276,7 +276,7 @@ type wsConn struct {
 	// opCtx is the context operations run in, set once the connection is acknowledged.
 	opCtx           context.Context
 	principalSocket *hold
-	ops             map[string]*wsOp
+	ops             wsOps
 	// started and settled count operations started and those first answered: the reader
 	// waits on inFlight (made with the first operation) while maxInFlight are in between.
 	started, settled uint64
@@ -453,7 +453,7 @@ func (c *wsConn) handle(data []byte) {
 			return
 		}
 		c.mu.Lock()
-		opCtx, cur := c.opCtx, c.ops[id]
+		opCtx, cur := c.opCtx, c.ops.get(id)
 		exists := cur != nil && !cur.finishing
 		if cur != nil && cur.finishing {
 			cur.silent.Store(true) // ending anyway: its last word must not reach the new one
@@ -765,10 +765,7 @@ func (c *wsConn) countClose(code int) {
 // place in the feed. An operation no longer in c.ops has been cancelled already.
 func (c *wsConn) endOps() {
 	c.mu.Lock()
-	ops := make([]*wsOp, 0, len(c.ops))
-	for _, op := range c.ops {
-		ops = append(ops, op)
-	}
+	ops := slices.Clone(c.ops)
 	c.mu.Unlock()
 	for _, op := range ops {
 		op.abort()
@@ -844,7 +841,7 @@ func (c *wsConn) start(opCtx context.Context, id string, params *graphql.RawPara
 		return
 	}
 	c.started++
-	c.ops[id] = op
+	c.ops.put(op)
 	c.mu.Unlock()
 	params.ReadTime = graphql.TraceTiming{Start: graphql.Now(), End: graphql.Now()}
 	params.Headers = c.trace
@@ -883,6 +880,42 @@ func (op *wsOp) run(params *graphql.RawParams) {
 	}
 	// Refused, or not a subscription: its responses come at once.
 	for op.respond(op.handler(op.ctx)) {
+	}
+}
+
+// wsOps are a socket's operations, one per id. A slice, searched: a socket runs few (at most
+// MaxSubscriptionsPerSocket and maxInFlight more), and most sockets one, which a map would
+// cost a table of its own.
+type wsOps []*wsOp
+
+// get returns the operation of the id, or nil.
+func (ops wsOps) get(id string) *wsOp {
+	for _, op := range ops {
+		if op.id == id {
+			return op
+		}
+	}
+	return nil
+}
+
+// put adds the operation, in the place of one of the same id (ending).
+func (ops *wsOps) put(op *wsOp) {
+	for i, cur := range *ops {
+		if cur.id == op.id {
+			(*ops)[i] = op
+			return
+		}
+	}
+	*ops = append(*ops, op)
+}
+
+// remove removes the operation, if it is there.
+func (ops *wsOps) remove(op *wsOp) {
+	if i := slices.Index(*ops, op); i >= 0 {
+		last := len(*ops) - 1
+		(*ops)[i] = (*ops)[last]
+		(*ops)[last] = nil
+		*ops = (*ops)[:last]
 	}
 }
 
@@ -1038,9 +1071,7 @@ func (op *wsOp) end(last any, gated bool) {
 		}
 	}
 	c.mu.Lock()
-	if c.ops[op.id] == op {
-		delete(c.ops, op.id)
-	}
+	c.ops.remove(op)
 	c.mu.Unlock()
 }
 
@@ -1050,10 +1081,10 @@ func (op *wsOp) end(last any, gated bool) {
 // complete that protocol answers with, once.
 func (c *wsConn) stop(id string, complete bool) {
 	c.mu.Lock()
-	op := c.ops[id]
+	op := c.ops.get(id)
 	if op != nil {
 		op.silent.Store(true) // under c.mu: end either sees it or has not yet looked
-		delete(c.ops, id)
+		c.ops.remove(op)
 	}
 	c.mu.Unlock()
 	if op == nil {
