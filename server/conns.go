@@ -166,15 +166,11 @@ func (l *connLimits) refuseSocket(w http.ResponseWriter, r *http.Request) {
 		fmt.Sprintf("this server holds as many WebSockets as it may (%d); retry later, or use another", l.maxSockets))
 }
 
-// socketSubscriptions counts the subscriptions open on one socket; it is in the socket's
-// context from connection_init on (socketKey), which also marks its operations as arriving on
-// a WebSocket.
+// socketSubscriptions counts the subscriptions open on one socket.
 type socketSubscriptions struct {
 	mu sync.Mutex
 	n  int
 }
-
-type socketKey struct{}
 
 func (s *socketSubscriptions) leave() {
 	s.mu.Lock()
@@ -200,8 +196,9 @@ func (s subscriptionLimit) InterceptOperation(ctx context.Context, next graphql.
 		return next(ctx)
 	}
 	l := s.limits
-	sock, onSocket := ctx.Value(socketKey{}).(*socketSubscriptions)
-	if onSocket {
+	var sock *socketSubscriptions // nil: not on a WebSocket
+	if op, ok := ctx.Value(wsOpKey{}).(*wsOp); ok {
+		sock = &op.c.subscriptions
 		sock.mu.Lock()
 		full := sock.n >= l.maxSocketSubs
 		if !full {
@@ -216,7 +213,7 @@ func (s subscriptionLimit) InterceptOperation(ctx context.Context, next graphql.
 	var held *hold
 	if p, ok := auth.FromContext(ctx); ok {
 		if held = l.take(p.Subject, subscriptionsOf, l.maxPrincipalSubs, limitPrincipalSubscriptions); held == nil {
-			if onSocket {
+			if sock != nil {
 				sock.leave()
 			}
 			return refusal(instance.CodeRateLimited, fmt.Sprintf("%s holds as many subscriptions as one principal may (%d): stop one first", p.Subject, l.maxPrincipalSubs))
@@ -225,7 +222,7 @@ func (s subscriptionLimit) InterceptOperation(ctx context.Context, next graphql.
 	// One callback gives back both places when the subscription ends, however it ends (each
 	// costs every idle subscription its bytes).
 	whenEnded(ctx, func() {
-		if onSocket {
+		if sock != nil {
 			sock.leave()
 		}
 		if held != nil {

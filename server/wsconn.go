@@ -276,9 +276,10 @@ type wsConn struct {
 	// opCtx is the context operations run in, set once the connection is acknowledged.
 	opCtx           context.Context
 	principalSocket *hold
+	subscriptions   socketSubscriptions
 	ops             wsOps
 	// started and settled count operations started and those first answered: the reader
-	// waits on inFlight (made with the first operation) while maxInFlight are in between.
+	// waits on inFlight (made when it first waits) while maxInFlight are in between.
 	started, settled uint64
 	inFlight         *sync.Cond
 	closing          bool
@@ -604,7 +605,6 @@ func (c *wsConn) init(payload map[string]any) {
 			fmt.Errorf("%s holds as many WebSockets as one principal may (%d): close one first", p.Subject, c.t.limits.maxPrincipalSockets))
 		return
 	}
-	ctx = context.WithValue(ctx, socketKey{}, &socketSubscriptions{})
 	c.mu.Lock()
 	if c.closing {
 		c.mu.Unlock()
@@ -829,10 +829,10 @@ func (c *wsConn) start(opCtx context.Context, id string, params *graphql.RawPara
 	op.ctx, op.cancel = ctx, cancel
 	op.running.Store(true) // the goroutine below answers first; wakes meanwhile are noted
 	c.mu.Lock()
-	if c.inFlight == nil {
-		c.inFlight = sync.NewCond(&c.mu)
-	}
 	for c.started-c.settled >= maxInFlight && !c.closing {
+		if c.inFlight == nil {
+			c.inFlight = sync.NewCond(&c.mu)
+		}
 		c.inFlight.Wait()
 	}
 	if c.closing {
@@ -852,8 +852,10 @@ func (c *wsConn) start(opCtx context.Context, id string, params *graphql.RawPara
 func (c *wsConn) settle() {
 	c.mu.Lock()
 	c.settled++
+	if c.inFlight != nil {
+		c.inFlight.Signal()
+	}
 	c.mu.Unlock()
-	c.inFlight.Signal()
 }
 
 func (op *wsOp) run(params *graphql.RawParams) {
