@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unique"
 
 	"github.com/99designs/gqlgen/graphql"
 	"github.com/99designs/gqlgen/graphql/errcode"
@@ -544,6 +545,10 @@ func operationParams(raw json.RawMessage) (*graphql.RawParams, error) {
 	if err := json.Unmarshal(fields["query"], &p.Query); err != nil || isAbsent(fields["query"]) {
 		return nil, errors.New(`Invalid message received: "payload.query" must be a string`)
 	}
+	// A subscription's operation keeps its document's text as long as it runs, and a client's
+	// subscribers send the same document: they share a copy, unique's (a new one only after a
+	// collection found no handle left to the last).
+	p.Query = unique.Make(p.Query).Value()
 	if raw := fields["operationName"]; !isAbsent(raw) {
 		if err := json.Unmarshal(raw, &p.OperationName); err != nil {
 			return nil, errors.New(`Invalid message received: "payload.operationName" must be a string`)
