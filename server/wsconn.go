@@ -171,9 +171,6 @@ func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 		return
 	}
 	own := &ownReadBuffer{ResponseWriter: w}
-	if h, ok := w.(http.Hijacker); ok {
-		own.h = h
-	}
 	ws, err := t.upgrader.Upgrade(own, r, nil)
 	if err != nil {
 		t.limits.releaseSocket()

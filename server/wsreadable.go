@@ -18,12 +18,11 @@ const wsReadBufferSize = 288
 // buffered, which is when it may wait for the socket itself (see readable).
 type ownReadBuffer struct {
 	http.ResponseWriter
-	h  http.Hijacker
 	br *bufio.Reader
 }
 
 func (o *ownReadBuffer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	nc, brw, err := o.h.Hijack()
+	nc, brw, err := http.NewResponseController(o.ResponseWriter).Hijack()
 	if err != nil || brw.Reader.Buffered() > 0 {
 		return nc, brw, err // gorilla refuses a client that spoke before the handshake ended
 	}
