@@ -79,9 +79,9 @@ func (l *connLimits) releaseSocket() {
 	l.sockets--
 }
 
-// take holds one more socket or subscription of the subject, within max; it returns the
-// function that gives it back (once), or nil when the subject holds max already.
-func (l *connLimits) take(subject string, count func(*principalHolds) *int, max int, limit string) func() {
+// take holds one more socket, subscription or console of the subject, within max; it returns
+// the hold, or nil when the subject holds max already.
+func (l *connLimits) take(subject string, count func(*principalHolds) *int, max int, limit string) *hold {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	h := l.held[subject]
@@ -97,14 +97,33 @@ func (l *connLimits) take(subject string, count func(*principalHolds) *int, max 
 		return nil
 	}
 	*count(h)++
-	return sync.OnceFunc(func() {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		*count(h)--
-		if *h == (principalHolds{}) && l.held[subject] == h {
-			delete(l.held, subject)
-		}
-	})
+	return &hold{l: l, holds: h, count: count, subject: subject}
+}
+
+// hold is one socket, subscription or console a principal holds, until released. A struct
+// rather than a sync.OnceFunc closure: an idle subscriber keeps two, and a OnceFunc costs
+// several allocations.
+type hold struct {
+	l        *connLimits
+	holds    *principalHolds
+	count    func(*principalHolds) *int
+	subject  string
+	released bool // guarded by l.mu
+}
+
+// release gives the hold back; only the first call does anything.
+func (h *hold) release() {
+	l := h.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h.released {
+		return
+	}
+	h.released = true
+	*h.count(h.holds)--
+	if *h.holds == (principalHolds{}) && l.held[h.subject] == h.holds {
+		delete(l.held, h.subject)
+	}
 }
 
 func socketsOf(h *principalHolds) *int       { return &h.sockets }
@@ -122,13 +141,13 @@ func (l *connLimits) takeConsole(subject string) (func(), string) {
 	}
 	l.consoles++
 	l.mu.Unlock()
-	release := l.take(subject, consolesOf, l.maxPrincipalConsoles, limitPrincipalConsoles)
-	if release == nil {
+	held := l.take(subject, consolesOf, l.maxPrincipalConsoles, limitPrincipalConsoles)
+	if held == nil {
 		l.releaseConsole()
 		return nil, fmt.Sprintf("%s has as many consoles open as one principal may (%d): close one first", subject, l.maxPrincipalConsoles)
 	}
 	return sync.OnceFunc(func() {
-		release()
+		held.release()
 		l.releaseConsole()
 	}), ""
 }
@@ -147,15 +166,11 @@ func (l *connLimits) refuseSocket(w http.ResponseWriter, r *http.Request) {
 		fmt.Sprintf("this server holds as many WebSockets as it may (%d); retry later, or use another", l.maxSockets))
 }
 
-// socketSubscriptions counts the subscriptions open on one socket; it is in the socket's
-// context from connection_init on (socketKey), which also marks its operations as arriving on
-// a WebSocket.
+// socketSubscriptions counts the subscriptions open on one socket.
 type socketSubscriptions struct {
 	mu sync.Mutex
 	n  int
 }
-
-type socketKey struct{}
 
 func (s *socketSubscriptions) leave() {
 	s.mu.Lock()
@@ -181,8 +196,9 @@ func (s subscriptionLimit) InterceptOperation(ctx context.Context, next graphql.
 		return next(ctx)
 	}
 	l := s.limits
-	sock, onSocket := ctx.Value(socketKey{}).(*socketSubscriptions)
-	if onSocket {
+	var sock *socketSubscriptions // nil: not on a WebSocket
+	if op, ok := ctx.Value(wsOpKey{}).(*wsOp); ok {
+		sock = &op.c.subscriptions
 		sock.mu.Lock()
 		full := sock.n >= l.maxSocketSubs
 		if !full {
@@ -194,23 +210,23 @@ func (s subscriptionLimit) InterceptOperation(ctx context.Context, next graphql.
 			return refusal(instance.CodeRateLimited, fmt.Sprintf("this connection holds as many subscriptions as one may (%d): stop one first", l.maxSocketSubs))
 		}
 	}
-	var release func()
+	var held *hold
 	if p, ok := auth.FromContext(ctx); ok {
-		if release = l.take(p.Subject, subscriptionsOf, l.maxPrincipalSubs, limitPrincipalSubscriptions); release == nil {
-			if onSocket {
+		if held = l.take(p.Subject, subscriptionsOf, l.maxPrincipalSubs, limitPrincipalSubscriptions); held == nil {
+			if sock != nil {
 				sock.leave()
 			}
 			return refusal(instance.CodeRateLimited, fmt.Sprintf("%s holds as many subscriptions as one principal may (%d): stop one first", p.Subject, l.maxPrincipalSubs))
 		}
 	}
-	// The operation's context ends with the subscription, however it ends; one callback gives
-	// back both places (each costs every idle subscription its bytes).
-	context.AfterFunc(ctx, func() {
-		if onSocket {
+	// One callback gives back both places when the subscription ends, however it ends (each
+	// costs every idle subscription its bytes).
+	whenEnded(ctx, func() {
+		if sock != nil {
 			sock.leave()
 		}
-		if release != nil {
-			release()
+		if held != nil {
+			held.release()
 		}
 	})
 	return next(ctx)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"reflect"
 	"testing"
 )
@@ -64,5 +65,26 @@ func TestQueryCostInEveryAnswer(t *testing.T) {
 	}
 	if !reflect.DeepEqual(a.mustPost(t, tok, `{ me { subject } }`, nil).Data["me"], map[string]any{"subject": "admin"}) {
 		t.Error("the answer itself changed")
+	}
+}
+
+// TestSubscriptionComplexityLimit: a subscription is held to the complexity limit as a query
+// is (though its answers carry no cost).
+func TestSubscriptionComplexityLimit(t *testing.T) {
+	a, s := wsServer(t, func(o *Options) { o.MaxComplexity = 3 })
+	tok := a.admin(t)
+	c := mustDialWS(t, wsURL(s), protoTransportWS, wsDial{})
+	c.mustAck(tok)
+	c.raw(`{"type":"subscribe","id":"over","payload":{"query":"subscription { instanceEvents(organizationId: \"acme\") { kind cursor changedFields } }"}}`)
+	m := c.next()
+	var errs []struct {
+		Extensions map[string]any `json:"extensions"`
+	}
+	if m.Type != "error" || m.ID != "over" || json.Unmarshal(m.Payload, &errs) != nil || len(errs) != 1 || errs[0].Extensions["code"] != "COMPLEXITY_LIMIT_EXCEEDED" {
+		t.Fatalf("over the limit: %+v %s, want an error COMPLEXITY_LIMIT_EXCEEDED", m, m.Payload)
+	}
+	c.raw(`{"type":"subscribe","id":"s","payload":{"query":"subscription { instanceEvents(organizationId: \"acme\") { kind } }"}}`)
+	if ev := c.event(); ev.Kind != "SYNCED" {
+		t.Fatalf("within the limit: first event %+v, want SYNCED", ev)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/99designs/gqlgen/graphql"
 	"github.com/99designs/gqlgen/graphql/errcode"
+	"github.com/99designs/gqlgen/graphql/handler/extension"
 	"github.com/99designs/gqlgen/graphql/handler/transport"
 	"github.com/vektah/gqlparser/v2/ast"
 	"github.com/vektah/gqlparser/v2/gqlerror"
@@ -143,6 +144,23 @@ func (b documentBudget) rules() *rules.Rules {
 		})
 	})
 	return r
+}
+
+// complexityLimit is gqlgen's complexity limit, except that a subscription keeps no record of
+// its complexity in its operation context: only queryCost reads the record, for queries and
+// mutations, and a subscription's operation context lives as long as the subscription, each
+// idle one keeping the record's map.
+type complexityLimit struct{ *extension.ComplexityLimit }
+
+func (c complexityLimit) MutateOperationContext(ctx context.Context, oc *graphql.OperationContext) *gqlerror.Error {
+	if oc.Operation == nil || oc.Operation.Operation != ast.Subscription {
+		return c.ComplexityLimit.MutateOperationContext(ctx, oc)
+	}
+	// What the limit reads of the operation, in a context that is then dropped.
+	return c.ComplexityLimit.MutateOperationContext(ctx, &graphql.OperationContext{
+		RawQuery: oc.RawQuery, Variables: oc.Variables, OperationName: oc.OperationName, Doc: oc.Doc,
+		Extensions: oc.Extensions, Headers: oc.Headers, Operation: oc.Operation,
+	})
 }
 
 // depthLimit refuses operations nested deeper than max fields, before any resolver runs.

@@ -26,7 +26,7 @@ type requestInfo struct {
 	// held: the request's line waits for the stream it began (a WebSocket) to end; line
 	// writes it then; ended: the stream has ended.
 	held, ended bool
-	line        func()
+	line        func(context.Context)
 }
 
 type requestInfoKey struct{}
@@ -37,18 +37,21 @@ func requestInfoFrom(ctx context.Context) *requestInfo {
 }
 
 // hold keeps the request's line from being written when its handler returns, for a stream
-// that outlives it (a WebSocket): the returned function writes it, at the stream's end.
-func (ri *requestInfo) hold() (release func()) {
+// that outlives it (a WebSocket): the returned function writes it, at the stream's end, with
+// ctx, the stream's own context, which must carry ri. The held line keeps no context of its
+// own: the request's would keep net/http's contexts of the connection and the request for
+// as long as the stream lives.
+func (ri *requestInfo) hold() (release func(ctx context.Context)) {
 	ri.mu.Lock()
 	defer ri.mu.Unlock()
 	ri.held = true
-	return func() {
+	return func(ctx context.Context) {
 		ri.mu.Lock()
 		line := ri.line
 		ri.line, ri.ended = nil, true
 		ri.mu.Unlock()
 		if line != nil {
-			line()
+			line(ctx)
 		}
 	}
 }
@@ -113,7 +116,7 @@ func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 		l := requestLine{method: r.Method, path: loggedPath(r.URL.Path), remote: r.RemoteAddr, status: status, bytes: rw.bytes, start: start}
 		ri.mu.Lock()
 		if ri.held && !ri.ended {
-			ri.line = func() { l.log(ctx, log, ri) }
+			ri.line = func(ctx context.Context) { l.log(ctx, log, ri) }
 			ri.mu.Unlock()
 			return
 		}

@@ -252,7 +252,7 @@ func New(opts Options) (http.Handler, error) {
 	}
 	gql.Use(extension.AutomaticPersistedQuery{Cache: lru.New[string](1000)})
 	gql.Use(depthLimit{max: opts.MaxDepth})
-	gql.Use(extension.FixedComplexityLimit(opts.MaxComplexity))
+	gql.Use(complexityLimit{extension.FixedComplexityLimit(opts.MaxComplexity)})
 	gql.Use(queryCost{rl})
 	gql.Use(storeCallLimit{opts.MaxStoreCallsPerRequest})
 	metrics, err := newOpMetrics(opts.Registry)

@@ -134,7 +134,7 @@ func closeReason(s string) string {
 // onSocket reports whether the operation of ctx arrived on a WebSocket, which authenticates
 // once, in connection_init, and may outlive its token; its operations are not HTTP requests
 // that the middleware checks one by one.
-func onSocket(ctx context.Context) bool { return ctx.Value(socketKey{}) != nil }
+func onSocket(ctx context.Context) bool { return ctx.Value(wsOpKey{}) != nil }
 
 // socketTokenExpiry refuses an operation sent over a WebSocket whose token has expired since
 // connection_init (subscriptions already open end on their own at the expiry). Requests over

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -15,7 +16,9 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+	"unique"
 
 	"github.com/99designs/gqlgen/graphql"
 	"github.com/99designs/gqlgen/graphql/errcode"
@@ -79,8 +82,14 @@ type wsTransport struct {
 	limits   *connLimits
 	log      *slog.Logger
 	metrics  *websocketMetrics
-	// lifetime ends every socket with 1001 (going away) when it is done.
-	lifetime context.Context
+	// base is the server's lifetime (Options.Context) without its end: the context sockets'
+	// operations start from. The lifetime's end closes every socket with 1001 (going away),
+	// those in sockets, from one callback (goAway): one per socket would cost each a context
+	// of its own. gone: the lifetime has ended.
+	base      context.Context
+	socketsMu sync.Mutex
+	sockets   map[*wsConn]struct{}
+	gone      bool
 	// initTimeout bounds the wait for connection_init.
 	initTimeout time.Duration
 	// keepAlive is how often a socket gets a ping frame, and a "ping" (graphql-transport-ws) or
@@ -94,22 +103,53 @@ type wsTransport struct {
 }
 
 func newWSTransport(o Options, origins originPolicy, limits *connLimits, m *websocketMetrics) *wsTransport {
-	return &wsTransport{
+	t := &wsTransport{
 		upgrader: websocket.Upgrader{
 			HandshakeTimeout: o.StreamWriteTimeout,
-			// Client messages (init, subscribe, complete) are small; a larger one still fits, read
-			// in several pieces. Write buffers come from a pool and are held only while a message
-			// is being written, so an idle subscriber holds none.
-			ReadBufferSize:  256,
+			// No ReadBufferSize: gorilla reads through the buffer the hijack hands it (see
+			// ownReadBuffer). Write buffers come from a pool and are held only while a message is
+			// being written, so an idle subscriber holds none.
 			WriteBufferSize: 4096,
 			WriteBufferPool: &sync.Pool{},
 			Subprotocols:    slices.Clone(websocketSubprotocols),
 			CheckOrigin:     origins.allows,
 			Error:           refuseHandshake,
 		},
-		keys: o.Keys, limits: limits, log: o.Logger, metrics: m, lifetime: o.Context,
+		keys: o.Keys, limits: limits, log: o.Logger, metrics: m, base: context.WithoutCancel(o.Context),
 		initTimeout: o.initTimeout, keepAlive: o.KeepAliveInterval, writeTimeout: o.StreamWriteTimeout,
-		readLimit: o.MaxBodyBytes,
+		readLimit: o.MaxBodyBytes, sockets: map[*wsConn]struct{}{},
+	}
+	context.AfterFunc(o.Context, t.goAway)
+	return t
+}
+
+// track adds an opened socket to those the server's end closes; false when it has ended.
+func (t *wsTransport) track(c *wsConn) bool {
+	t.socketsMu.Lock()
+	defer t.socketsMu.Unlock()
+	if t.gone {
+		return false
+	}
+	t.sockets[c] = struct{}{}
+	return true
+}
+
+func (t *wsTransport) untrack(c *wsConn) {
+	t.socketsMu.Lock()
+	defer t.socketsMu.Unlock()
+	delete(t.sockets, c)
+}
+
+// goAway closes every socket with 1001 (going away) as the server ends, each on a goroutine
+// of its own: a peer slow to take the close frame holds up none of the others.
+func (t *wsTransport) goAway() {
+	t.socketsMu.Lock()
+	t.gone = true
+	sockets := t.sockets
+	t.sockets = nil
+	t.socketsMu.Unlock()
+	for c := range sockets {
+		go c.closeWith(websocket.CloseGoingAway, "server shutting down")
 	}
 }
 
@@ -130,14 +170,17 @@ func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 		t.limits.refuseSocket(w, r)
 		return
 	}
-	ws, err := t.upgrader.Upgrade(w, r, nil)
+	own := &ownReadBuffer{ResponseWriter: w}
+	ws, err := t.upgrader.Upgrade(own, r, nil)
 	if err != nil {
 		t.limits.releaseSocket()
 		return
 	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-	c := &wsConn{t: t, ws: ws, exec: exec, ctx: ctx, cancel: cancel, legacy: ws.Subprotocol() == "graphql-ws",
-		trace: traceHeaders(r.Header), ops: map[string]*wsOp{}}
+	c := &wsConn{t: t, ws: ws, exec: exec, ctx: t.socketContext(r.Context()), legacy: ws.Subprotocol() == "graphql-ws",
+		trace: traceHeaders(r.Header), br: own.br}
+	if sc, ok := ws.NetConn().(syscall.Conn); ok && own.br != nil {
+		c.raw, _ = sc.SyscallConn()
+	}
 	if ri := requestInfoFrom(r.Context()); ri != nil {
 		c.logLine = ri.hold()
 	}
@@ -163,8 +206,29 @@ func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 		c.timer = time.AfterFunc(t.initTimeout, func() { c.closeWith(CloseInitTimeout, "Connection initialisation timeout") })
 		c.mu.Unlock()
 	}
-	c.stopLifetime = context.AfterFunc(t.lifetime, func() { c.closeWith(websocket.CloseGoingAway, "server shutting down") })
+	if !t.track(c) {
+		c.closeWith(websocket.CloseGoingAway, "server shutting down")
+	}
 	go c.read()
+}
+
+// socketContext is the context a socket's operations start from: the server's, and of the
+// handshake request's only the values they read (the request's log line, the principal of an
+// Authorization header, where the caller reached the API). The request's own context would
+// keep, for as long as the socket lives, net/http's contexts of the connection and the request
+// (both cancelled once the handler has returned) and gqlgen's trace of the handshake.
+func (t *wsTransport) socketContext(req context.Context) context.Context {
+	ctx := t.base
+	if ri := requestInfoFrom(req); ri != nil {
+		ctx = context.WithValue(ctx, requestInfoKey{}, ri)
+	}
+	if p, ok := auth.FromContext(req); ok {
+		ctx = auth.WithPrincipal(ctx, p)
+	}
+	if u, ok := graph.PublicURL(req); ok {
+		ctx = graph.WithPublicURL(ctx, u)
+	}
+	return ctx
 }
 
 // traceHeaders keeps the trace context of the handshake for the socket's operations, and
@@ -189,12 +253,18 @@ type wsConn struct {
 	exec   graphql.GraphExecutor
 	legacy bool // graphql-ws rather than graphql-transport-ws
 	trace  http.Header
-	// ctx holds the handshake request's values; it ends with the socket, and with it every
-	// operation.
-	ctx    context.Context
-	cancel context.CancelFunc
-	// logLine writes the socket's request line, once it has ended.
-	logLine func()
+	// ctx is the server's context with the handshake's values (socketContext). It never
+	// ends: the socket ends its operations one by one (endOps), so that an operation's
+	// context, cancelled on its own, registers with no parent (a cancellable parent would
+	// keep a map of its children and a channel).
+	ctx context.Context
+	// logLine writes the socket's request line, once it has ended, logged with ctx.
+	logLine func(context.Context)
+	// br is the frame reader's buffer, and raw the socket beneath it: while br is empty the
+	// reader waits for the socket with readable (raw nil: it cannot, and waits in gorilla
+	// with the stack its reading grew).
+	br  *bufio.Reader
+	raw syscall.RawConn
 
 	writeMu sync.Mutex
 
@@ -202,11 +272,12 @@ type wsConn struct {
 	// initReceived: a connection_init came (a second one closes the socket).
 	initReceived bool
 	// opCtx is the context operations run in, set once the connection is acknowledged.
-	opCtx            context.Context
-	releasePrincipal func()
-	ops              map[string]*wsOp
+	opCtx           context.Context
+	principalSocket *hold
+	subscriptions   socketSubscriptions
+	ops             wsOps
 	// started and settled count operations started and those first answered: the reader
-	// waits on inFlight (made with the first operation) while maxInFlight are in between.
+	// waits on inFlight (made when it first waits) while maxInFlight are in between.
 	started, settled uint64
 	inFlight         *sync.Cond
 	closing          bool
@@ -215,14 +286,20 @@ type wsConn struct {
 	// timer waits for connection_init, then sends the keep-alives.
 	timer *time.Timer
 
-	stopLifetime func() bool
 	shutdownOnce sync.Once
 }
 
-// read is the socket's one long-lived goroutine: it reads the peer's messages until the
-// socket ends, and then releases everything the socket held.
+// read is the socket's reader: it waits for the peer's next message, reads and handles the
+// messages that follow, and, once no byte of another is buffered, hands the wait to a new
+// goroutine and ends. Handling a message (decoding it, verifying a token, starting an
+// operation) grows a goroutine's stack, and the runtime shrinks a stack only while less than
+// a quarter of it is in use, which a goroutine blocked in a read never is: a new goroutine per
+// wait keeps an idle socket's stack at the smallest size. There is one reader at a time; the
+// last releases everything the socket held when the socket ends.
 func (c *wsConn) read() {
-	defer c.shutdown()
+	if c.raw != nil {
+		readable(c.raw)
+	}
 	for {
 		_, data, err := c.ws.ReadMessage()
 		if err != nil {
@@ -231,6 +308,7 @@ func (c *wsConn) read() {
 				c.countClose(websocket.CloseMessageTooBig)
 				c.drain()
 			}
+			c.shutdown()
 			return
 		}
 		if c.closed.Load() {
@@ -241,6 +319,10 @@ func (c *wsConn) read() {
 			c.handleLegacy(data)
 		} else {
 			c.handle(data)
+		}
+		if c.raw != nil && c.br.Buffered() == 0 {
+			go c.read()
+			return
 		}
 	}
 }
@@ -370,7 +452,7 @@ func (c *wsConn) handle(data []byte) {
 			return
 		}
 		c.mu.Lock()
-		opCtx, cur := c.opCtx, c.ops[id]
+		opCtx, cur := c.opCtx, c.ops.get(id)
 		exists := cur != nil && !cur.finishing
 		if cur != nil && cur.finishing {
 			cur.silent.Store(true) // ending anyway: its last word must not reach the new one
@@ -460,6 +542,10 @@ func operationParams(raw json.RawMessage) (*graphql.RawParams, error) {
 	if err := json.Unmarshal(fields["query"], &p.Query); err != nil || isAbsent(fields["query"]) {
 		return nil, errors.New(`Invalid message received: "payload.query" must be a string`)
 	}
+	// A subscription's operation keeps its document's text as long as it runs, and a client's
+	// subscribers send the same document: they share a copy, unique's (a new one only after a
+	// collection found no handle left to the last).
+	p.Query = unique.Make(p.Query).Value()
 	if raw := fields["operationName"]; !isAbsent(raw) {
 		if err := json.Unmarshal(raw, &p.OperationName); err != nil {
 			return nil, errors.New(`Invalid message received: "payload.operationName" must be a string`)
@@ -515,20 +601,19 @@ func (c *wsConn) init(payload map[string]any) {
 		c.refuse(CloseUnauthorized, "Unauthorized", errors.New(`authentication required: send {"Authorization": "Bearer <token>"} in the connection_init payload`))
 		return
 	}
-	release := c.t.limits.take(p.Subject, socketsOf, c.t.limits.maxPrincipalSockets, limitPrincipalSockets)
-	if release == nil {
+	held := c.t.limits.take(p.Subject, socketsOf, c.t.limits.maxPrincipalSockets, limitPrincipalSockets)
+	if held == nil {
 		c.refuse(CloseTooManyConnections, "Too many connections",
 			fmt.Errorf("%s holds as many WebSockets as one principal may (%d): close one first", p.Subject, c.t.limits.maxPrincipalSockets))
 		return
 	}
-	ctx = context.WithValue(ctx, socketKey{}, &socketSubscriptions{})
 	c.mu.Lock()
 	if c.closing {
 		c.mu.Unlock()
-		release()
+		held.release()
 		return
 	}
-	c.opCtx, c.releasePrincipal = ctx, release
+	c.opCtx, c.principalSocket = ctx, held
 	if c.timer != nil {
 		c.timer.Stop()
 	}
@@ -647,7 +732,6 @@ func (c *wsConn) closeWith(code int, reason string) {
 	// The close frame goes first: after it no message can be written, so an operation that
 	// ends with the socket never sends its complete ahead of the close.
 	err := c.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, closeReason(reason)), time.Now().Add(c.t.writeTimeout))
-	c.cancel()
 	c.endOps()
 	switch {
 	case errors.Is(err, websocket.ErrCloseSent):
@@ -678,16 +762,15 @@ func (c *wsConn) countClose(code int) {
 	}
 }
 
-// endOps wakes every operation once the socket's context has ended: an idle subscription
-// has no goroutine to notice by itself, and must give back its place in the feed.
+// endOps ends every operation of a closing socket: it cancels each one's context and wakes
+// it, since an idle subscription has no goroutine to notice by itself, and must give back its
+// place in the feed. An operation no longer in c.ops has been cancelled already.
 func (c *wsConn) endOps() {
 	c.mu.Lock()
-	ops := make([]*wsOp, 0, len(c.ops))
-	for _, op := range c.ops {
-		ops = append(ops, op)
-	}
+	ops := slices.Clone(c.ops)
 	c.mu.Unlock()
 	for _, op := range ops {
+		op.abort()
 		op.wake()
 	}
 }
@@ -697,21 +780,20 @@ func (c *wsConn) shutdown() {
 	c.shutdownOnce.Do(func() {
 		c.mu.Lock()
 		c.markClosingLocked()
-		release := c.releasePrincipal
+		held := c.principalSocket
 		c.mu.Unlock()
-		c.cancel()
 		c.endOps()
-		c.stopLifetime()
+		c.t.untrack(c)
 		c.ws.Close()
-		if release != nil {
-			release()
+		if held != nil {
+			held.release()
 		}
 		c.t.limits.releaseSocket()
 		if c.t.metrics != nil {
 			c.t.metrics.open.Dec()
 		}
 		if c.logLine != nil {
-			c.logLine()
+			c.logLine(c.ctx)
 		}
 	})
 }
@@ -728,6 +810,10 @@ type wsOp struct {
 	// finishing: the operation is ending; its id is taken until its last message is out.
 	// Guarded by c.mu.
 	finishing bool
+	// onEnd runs when the operation ends (see whenEnded), and ended says it has. Guarded by
+	// c.mu.
+	onEnd func()
+	ended bool
 
 	handler      graphql.ResponseHandler
 	delivery     *graph.Delivery
@@ -740,14 +826,15 @@ type wsOp struct {
 // start runs an operation on a goroutine of its own, which ends once the operation has
 // answered everything that is ready: a subscription then waits for its events without one.
 func (c *wsConn) start(opCtx context.Context, id string, params *graphql.RawParams) {
-	ctx, cancel := context.WithCancel(opCtx)
-	op := &wsOp{c: c, id: id, ctx: ctx, cancel: cancel}
+	op := &wsOp{c: c, id: id}
+	ctx, cancel := context.WithCancel(context.WithValue(opCtx, wsOpKey{}, op))
+	op.ctx, op.cancel = ctx, cancel
 	op.running.Store(true) // the goroutine below answers first; wakes meanwhile are noted
 	c.mu.Lock()
-	if c.inFlight == nil {
-		c.inFlight = sync.NewCond(&c.mu)
-	}
 	for c.started-c.settled >= maxInFlight && !c.closing {
+		if c.inFlight == nil {
+			c.inFlight = sync.NewCond(&c.mu)
+		}
 		c.inFlight.Wait()
 	}
 	if c.closing {
@@ -756,7 +843,7 @@ func (c *wsConn) start(opCtx context.Context, id string, params *graphql.RawPara
 		return
 	}
 	c.started++
-	c.ops[id] = op
+	c.ops.put(op)
 	c.mu.Unlock()
 	params.ReadTime = graphql.TraceTiming{Start: graphql.Now(), End: graphql.Now()}
 	params.Headers = c.trace
@@ -767,8 +854,10 @@ func (c *wsConn) start(opCtx context.Context, id string, params *graphql.RawPara
 func (c *wsConn) settle() {
 	c.mu.Lock()
 	c.settled++
+	if c.inFlight != nil {
+		c.inFlight.Signal()
+	}
 	c.mu.Unlock()
-	c.inFlight.Signal()
 }
 
 func (op *wsOp) run(params *graphql.RawParams) {
@@ -795,6 +884,82 @@ func (op *wsOp) run(params *graphql.RawParams) {
 	}
 	// Refused, or not a subscription: its responses come at once.
 	for op.respond(op.handler(op.ctx)) {
+	}
+}
+
+// wsOps are a socket's operations, one per id. A slice, searched: a socket runs few (at most
+// MaxSubscriptionsPerSocket and maxInFlight more), and most sockets one, which a map would
+// cost a table of its own.
+type wsOps []*wsOp
+
+// get returns the operation of the id, or nil.
+func (ops wsOps) get(id string) *wsOp {
+	for _, op := range ops {
+		if op.id == id {
+			return op
+		}
+	}
+	return nil
+}
+
+// put adds the operation, in the place of one of the same id (ending).
+func (ops *wsOps) put(op *wsOp) {
+	for i, cur := range *ops {
+		if cur.id == op.id {
+			(*ops)[i] = op
+			return
+		}
+	}
+	*ops = append(*ops, op)
+}
+
+// remove removes the operation, if it is there.
+func (ops *wsOps) remove(op *wsOp) {
+	if i := slices.Index(*ops, op); i >= 0 {
+		last := len(*ops) - 1
+		(*ops)[i] = (*ops)[last]
+		(*ops)[last] = nil
+		*ops = (*ops)[:last]
+	}
+}
+
+// wsOpKey holds, in an operation's context, the *wsOp it runs as.
+type wsOpKey struct{}
+
+// whenEnded runs f once the operation of ctx has ended, however it ends: at once if it has
+// already. A WebSocket operation keeps f in a field, run as its context is cancelled: a
+// context callback would cost each idle subscription a context of its own, a done channel and
+// a map of children.
+func whenEnded(ctx context.Context, f func()) {
+	op, ok := ctx.Value(wsOpKey{}).(*wsOp)
+	if !ok {
+		context.AfterFunc(ctx, f)
+		return
+	}
+	op.c.mu.Lock()
+	if !op.ended {
+		if prev := op.onEnd; prev != nil {
+			next := f
+			f = func() { prev(); next() }
+		}
+		op.onEnd = f
+		op.c.mu.Unlock()
+		return
+	}
+	op.c.mu.Unlock()
+	f()
+}
+
+// abort cancels the operation's context and runs what waits for its end, once. c.mu must not
+// be held.
+func (op *wsOp) abort() {
+	op.cancel()
+	op.c.mu.Lock()
+	f := op.onEnd
+	op.onEnd, op.ended = nil, true
+	op.c.mu.Unlock()
+	if f != nil {
+		f()
 	}
 }
 
@@ -898,7 +1063,7 @@ func (op *wsOp) end(last any, gated bool) {
 	c.mu.Lock()
 	op.finishing = true
 	c.mu.Unlock()
-	op.cancel()
+	op.abort()
 	if op.delivery != nil {
 		op.delivery.Stop()
 	}
@@ -910,9 +1075,7 @@ func (op *wsOp) end(last any, gated bool) {
 		}
 	}
 	c.mu.Lock()
-	if c.ops[op.id] == op {
-		delete(c.ops, op.id)
-	}
+	c.ops.remove(op)
 	c.mu.Unlock()
 }
 
@@ -922,16 +1085,16 @@ func (op *wsOp) end(last any, gated bool) {
 // complete that protocol answers with, once.
 func (c *wsConn) stop(id string, complete bool) {
 	c.mu.Lock()
-	op := c.ops[id]
+	op := c.ops.get(id)
 	if op != nil {
 		op.silent.Store(true) // under c.mu: end either sees it or has not yet looked
-		delete(c.ops, id)
+		c.ops.remove(op)
 	}
 	c.mu.Unlock()
 	if op == nil {
 		return
 	}
-	op.cancel()
+	op.abort()
 	switch {
 	case !complete:
 		op.lastSent.Store(true) // replaced, or completed by the client: no last word at all

@@ -163,6 +163,54 @@ func TestTransportWSMessages(t *testing.T) {
 	}
 }
 
+// TestTransportWSMessagesArrivingTogether: messages that reach the server in one segment, and
+// one that arrives in pieces, are each answered: the reader waits on the socket only once its
+// buffer holds none of them.
+func TestTransportWSMessagesArrivingTogether(t *testing.T) {
+	a, s := wsServer(t)
+	tok := a.admin(t)
+	c := mustDialWS(t, wsURL(s), protoTransportWS, wsDial{})
+	nc := c.conn.NetConn()
+	together := maskedTextFrame(`{"type":"connection_init","payload":{"Authorization":"Bearer `+tok+`"}}`) +
+		maskedTextFrame(`{"type":"ping","payload":{"n":1}}`) + maskedTextFrame(`{"type":"ping","payload":{"n":2}}`)
+	c.writeMu.Lock()
+	_, err := nc.Write([]byte(together))
+	c.writeMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := c.next(); m.Type != "connection_ack" {
+		t.Fatalf("after connection_init: %+v, want connection_ack", m)
+	}
+	for _, want := range []string{`{"n":1}`, `{"n":2}`} {
+		if m := c.next(); m.Type != "pong" || string(m.Payload) != want {
+			t.Fatalf("after the pings: %+v, want pong with %s", m, want)
+		}
+	}
+	pieces := maskedTextFrame(`{"type":"ping","payload":{"n":3}}`)
+	for _, p := range []string{pieces[:1], pieces[1:9], pieces[9:]} {
+		c.writeMu.Lock()
+		_, err := nc.Write([]byte(p))
+		c.writeMu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := c.next(); m.Type != "pong" || string(m.Payload) != `{"n":3}` {
+		t.Fatalf("after a ping sent in pieces: %+v, want pong with {\"n\":3}", m)
+	}
+}
+
+// maskedTextFrame encodes a text message of less than 64 KiB as a client frame, masked with
+// a zero key (which leaves the payload as it is).
+func maskedTextFrame(payload string) string {
+	header := []byte{0x81, 0x80 | byte(len(payload))}
+	if len(payload) > 125 {
+		header = []byte{0x81, 0x80 | 126, byte(len(payload) >> 8), byte(len(payload))}
+	}
+	return string(append(header, 0, 0, 0, 0)) + payload
+}
+
 // TestTransportWSWithoutSubprotocol: a handshake that offers neither subprotocol is closed
 // with 4406.
 func TestTransportWSWithoutSubprotocol(t *testing.T) {
