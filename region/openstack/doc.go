@@ -64,9 +64,13 @@
 // for the changes since a few seconds before the cursor, since a change committed late may
 // carry an earlier time than one already seen, and reports each (server, updated time) once
 // per watch; a watch resumed at a cursor may report again what came just before it, which
-// the contract allows. One deletion escapes changes-since: Nova deletes a server that has not
-// reached a compute cell yet without moving its updated time. So the servers last listed
-// BUILD are read one by one at each poll, and one gone is reported deleted.
+// the contract allows. Some changes escape changes-since: Nova deletes a server that has not
+// reached a compute cell yet without moving its updated time; a change committed late may
+// carry a time older than the overlap; and a server back where it was within one second (a
+// reboot over at once) shows the updated time and state it had. So the servers last listed in
+// the middle of something (BUILD, a task such as rebooting or powering-off), and those a verb
+// of this process acted on, are read one by one at each poll until they settle: one gone is
+// reported deleted, one settled is reported (after a verb even in the state it had before).
 //
 // # Faults
 //

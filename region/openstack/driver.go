@@ -61,51 +61,58 @@ type Driver struct {
 	extMu sync.Mutex
 	extID string // the external network's id, "" until looked up
 
-	// made are the servers this process created in the last madeMemory, each with the event
-	// that reports it: every watch of the process reads those it has not listed, since a
-	// server created and deleted between two polls may never show in changes-since.
-	madeMu sync.Mutex
-	made   map[string]madeServer
+	// touched are the servers this process created, or left in the middle of a verb, in the
+	// last touchMemory, each with the event that reports it: every watch of the process reads
+	// them until they settle (see watcher.unsettled).
+	touchedMu sync.Mutex
+	touched   map[string]touch
 
 	// consoles are this process's attachments to serial consoles, by server.
 	consoleMu sync.Mutex
 	consoles  map[string]*serialConsole
 }
 
-// madeServer is a server this process created, and when.
-type madeServer struct {
+// touch is a server this process created or acted on, and when.
+type touch struct {
 	at time.Time
 	ev region.Event
+	// made: created, rather than acted on. Sticky: a server made and then acted on before
+	// a watch listed it is still to be reported created.
+	made bool
 }
 
-// madeMemory is how long the servers this process created are read by its watches until they
-// list them: far longer than a poll, short enough that the set stays small.
-const madeMemory = 10 * time.Minute
+// touchMemory is how long the servers this process touched are read by its watches until they
+// settle: far longer than a poll or a verb, short enough that the set stays small.
+const touchMemory = 10 * time.Minute
 
-// remember records a server this process created, forgetting those older than madeMemory.
-func (d *Driver) remember(ev region.Event) {
+// remember records a server this process created (made) or acted on, forgetting those older
+// than touchMemory.
+func (d *Driver) remember(ev region.Event, made bool) {
 	now := time.Now()
-	d.madeMu.Lock()
-	defer d.madeMu.Unlock()
-	if d.made == nil {
-		d.made = map[string]madeServer{}
+	d.touchedMu.Lock()
+	defer d.touchedMu.Unlock()
+	if d.touched == nil {
+		d.touched = map[string]touch{}
 	}
-	for id, m := range d.made {
-		if now.Sub(m.at) > madeMemory {
-			delete(d.made, id)
+	for id, t := range d.touched {
+		if now.Sub(t.at) > touchMemory {
+			delete(d.touched, id)
 		}
 	}
-	d.made[ev.ServerID] = madeServer{at: now, ev: ev}
+	if old, ok := d.touched[ev.ServerID]; ok && old.made {
+		made = true
+	}
+	d.touched[ev.ServerID] = touch{at: now, ev: ev, made: made}
 }
 
-// recentlyMade returns the servers this process created in the last madeMemory.
-func (d *Driver) recentlyMade() map[string]region.Event {
-	d.madeMu.Lock()
-	defer d.madeMu.Unlock()
-	out := make(map[string]region.Event, len(d.made))
-	for id, m := range d.made {
-		if time.Since(m.at) <= madeMemory {
-			out[id] = m.ev
+// recentlyTouched returns the servers this process touched in the last touchMemory.
+func (d *Driver) recentlyTouched() map[string]touch {
+	d.touchedMu.Lock()
+	defer d.touchedMu.Unlock()
+	out := make(map[string]touch, len(d.touched))
+	for id, t := range d.touched {
+		if time.Since(t.at) <= touchMemory {
+			out[id] = t
 		}
 	}
 	return out

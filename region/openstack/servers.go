@@ -228,7 +228,7 @@ func (d *Driver) CreateServer(ctx context.Context, spec region.ServerSpec) (regi
 	if err != nil {
 		return region.Server{}, notFoundAs(err, region.ErrRefused)
 	}
-	d.remember(region.Event{Kind: region.ServerUpdated, ServerID: made.ID, Scope: spec.Scope, Tags: spec.Tags})
+	d.remember(region.Event{Kind: region.ServerUpdated, ServerID: made.ID, Scope: spec.Scope, Tags: spec.Tags}, true)
 	srv, err := d.GetServer(ctx, made.ID)
 	if err != nil {
 		return region.Server{}, fmt.Errorf("openstack: read server %s after its create: %w", made.ID, err)
@@ -566,6 +566,9 @@ func (d *Driver) act(ctx context.Context, id string, need region.ServerState, ve
 	if err := d.call(ctx, verb+" server "+id, f); err != nil {
 		return region.Server{}, notFoundAs(err, region.ErrServerNotFound)
 	}
+	// Nova's updated time has whole seconds: a server back where it was within the second it
+	// left would look unchanged to the watch, which must report the verb's end all the same.
+	d.remember(region.Event{Kind: region.ServerUpdated, ServerID: id, Scope: srv.Scope, Tags: srv.Tags}, false)
 	return d.GetServer(ctx, id)
 }
 

@@ -52,22 +52,42 @@ func (d *Driver) Watch(ctx context.Context, after string, fn func(region.Event) 
 type watcher struct {
 	d      *Driver
 	cursor time.Time // zero until the cloud's clock has been read
-	// seen are the changes reported, by their fingerprint → updated, within the overlap.
-	seen map[string]time.Time
+	// last is each server's change reported last, kept while it is within the overlap: a
+	// listing again of the same change is not reported again, a server back in a state it had
+	// before is.
+	last map[string]reported
 	// created are the servers reported created, by their creation time, within the overlap.
 	created map[string]time.Time
-	// building are the servers last listed BUILD, with the event that reported them. Nova
-	// deletes a server that has not reached a compute cell yet without moving its updated time,
-	// so its deletion never shows in changes-since: each poll reads these servers one by one.
-	// The servers this process made and the watch has not listed yet are read so too.
-	building map[string]region.Event
-	// listed are the servers this process made that the watch has listed or read gone.
-	listed map[string]bool
+	// unsettled are the servers in the middle of something (last listed BUILD, or in a task
+	// such as a reboot or a stop; or touched by this process, see Driver.touched), with the
+	// event that reports them: each poll reads them one by one until they settle, so that
+	// the end of what they were doing is reported even where changes-since does not show it.
+	// Nova deletes a server that has not reached a compute cell yet without moving its
+	// updated time; a change committed more than watchOverlap after the time it carries (a
+	// conductor held up between its write and its commit) is older than any later poll asks
+	// for; and a server back where it was within one second (a fake compute's reboot) shows
+	// the same updated time and state as before. There are as many as servers in the middle
+	// of a verb at once.
+	unsettled map[string]region.Event
+	// taken are the touches of this process the watch has taken up, by server → when.
+	taken map[string]time.Time
+	// unlisted are those of the unsettled that this process made and no listing has shown:
+	// once settled they are left to the listing, which reports them created.
+	unlisted map[string]bool
+	// forced are those of the unsettled that a verb of this process acted on: once settled
+	// they are reported, even in a state the watch reported before the verb.
+	forced map[string]bool
+}
+
+// reported is a change of a server the watch reported.
+type reported struct {
+	fingerprint string
+	updated     time.Time
 }
 
 func newWatcher(d *Driver, cursor time.Time) *watcher {
-	return &watcher{d: d, cursor: cursor, seen: map[string]time.Time{}, created: map[string]time.Time{},
-		building: map[string]region.Event{}, listed: map[string]bool{}}
+	return &watcher{d: d, cursor: cursor, last: map[string]reported{}, created: map[string]time.Time{},
+		unsettled: map[string]region.Event{}, taken: map[string]time.Time{}, unlisted: map[string]bool{}, forced: map[string]bool{}}
 }
 
 // poll reports the changes since the last; only fn's error ends the watch.
@@ -103,27 +123,13 @@ func (w *watcher) poll(ctx context.Context, fn func(region.Event) error) error {
 			w.cursor = s.Updated
 		}
 	}
-	// A server this process made that no listing has shown yet is read as one building: made
-	// and deleted between two polls, it would otherwise never be reported.
-	made := w.d.recentlyMade()
-	for id := range w.listed {
-		if _, ok := made[id]; !ok {
-			delete(w.listed, id)
-		}
-	}
-	for id, ev := range made {
-		if _, known := w.building[id]; !known && !w.listed[id] {
-			ev.Cursor = w.cursor.UTC().Format(cursorLayout)
-			w.building[id] = ev
-		}
-		w.listed[id] = true
-	}
-	if err := w.checkBuilding(ctx, fn); err != nil {
+	w.takeTouched()
+	if err := w.checkUnsettled(ctx, fn); err != nil {
 		return err
 	}
-	for k, t := range w.seen {
-		if t.Before(since) {
-			delete(w.seen, k)
+	for id, r := range w.last {
+		if r.updated.Before(since) {
+			delete(w.last, id)
 		}
 	}
 	for k, t := range w.created {
@@ -146,16 +152,18 @@ func (w *watcher) event(s *changed, since time.Time) (region.Event, bool) {
 		tags = decodeSpec(s.Metadata).Tags
 	}
 	ev := region.Event{Cursor: s.Updated.UTC().Format(cursorLayout), Kind: region.ServerUpdated, ServerID: s.ID, Scope: scope, Tags: tags}
-	if s.Status == "BUILD" {
-		w.building[s.ID] = ev
+	delete(w.unlisted, s.ID)
+	forced := false
+	if unsettled(&s.Server) {
+		w.unsettled[s.ID] = ev
 	} else {
-		delete(w.building, s.ID)
+		forced = w.forced[s.ID]
+		delete(w.unsettled, s.ID)
+		delete(w.forced, s.ID)
 	}
-	key := fingerprint(s)
-	if _, dup := w.seen[key]; dup {
+	if !w.fresh(s.ID, fingerprint(s), s.Updated) && !forced {
 		return region.Event{}, false
 	}
-	w.seen[key] = s.Updated
 	_, reported := w.created[s.ID]
 	switch {
 	case s.Status == "DELETED" || s.Status == "SOFT_DELETED":
@@ -167,28 +175,82 @@ func (w *watcher) event(s *changed, since time.Time) (region.Event, bool) {
 	return ev, true
 }
 
-// checkBuilding reads the servers last listed BUILD, and reports those gone deleted; one that
-// cannot be read now is read again at the next poll.
-func (w *watcher) checkBuilding(ctx context.Context, fn func(region.Event) error) error {
-	for id, ev := range w.building {
+// fresh records a server's change as the last reported, and reports whether it differs from
+// the one before.
+func (w *watcher) fresh(id, fingerprint string, updated time.Time) bool {
+	if w.last[id].fingerprint == fingerprint {
+		return false
+	}
+	w.last[id] = reported{fingerprint: fingerprint, updated: updated}
+	return true
+}
+
+// takeTouched takes up the servers this process touched since the last poll: one it made that
+// no listing has shown yet is read until it settles (made and deleted between two polls, it
+// would otherwise never be reported); one a verb acted on is read until it settles, and
+// reported then.
+func (w *watcher) takeTouched() {
+	touched := w.d.recentlyTouched()
+	for id := range w.taken {
+		if _, ok := touched[id]; !ok {
+			delete(w.taken, id)
+		}
+	}
+	for id, t := range touched {
+		if w.taken[id].Equal(t.at) {
+			continue
+		}
+		w.taken[id] = t.at
+		t.ev.Cursor = w.cursor.UTC().Format(cursorLayout)
+		if _, listed := w.last[id]; t.made && !listed {
+			if _, known := w.unsettled[id]; !known {
+				w.unsettled[id], w.unlisted[id] = t.ev, true
+			}
+			continue
+		}
+		w.unsettled[id], w.forced[id] = t.ev, true
+	}
+}
+
+// unsettled reports whether a server is in the middle of something that will end.
+func unsettled(s *servers.Server) bool {
+	return s.Status == "BUILD" || s.Status == "REBOOT" || s.Status == "HARD_REBOOT" || s.TaskState != ""
+}
+
+// checkUnsettled reads the servers last listed unsettled: one gone is reported deleted, one
+// settled in a state no listing reported is reported; one that cannot be read now is read
+// again at the next poll.
+func (w *watcher) checkUnsettled(ctx context.Context, fn func(region.Event) error) error {
+	for id, ev := range w.unsettled {
 		var s *servers.Server
-		err := w.d.call(ctx, "read building server "+id, func(ctx context.Context, c *clients) error {
+		err := w.d.call(ctx, "read unsettled server "+id, func(ctx context.Context, c *clients) error {
 			var err error
 			s, err = servers.Get(ctx, c.compute, id).Extract()
 			return err
 		})
 		switch {
 		case errors.Is(err, errNotFound) || err == nil && (s.Status == "DELETED" || s.Status == "SOFT_DELETED"):
-			delete(w.building, id)
+			delete(w.unsettled, id)
+			delete(w.unlisted, id)
+			delete(w.forced, id)
 			ev.Kind, ev.Cursor = region.ServerDeleted, w.cursor.UTC().Format(cursorLayout)
 			if err := fn(ev); err != nil {
 				return err
 			}
 		case err != nil:
-			w.d.log.Warn("openstack: watch: read a building server", "server", id, "err", err)
-		case s.Status != "BUILD":
-			// Built: the listing reports it, having moved its updated time.
-			delete(w.building, id)
+			w.d.log.Warn("openstack: watch: read an unsettled server", "server", id, "err", err)
+		case !unsettled(s):
+			forced, unlisted := w.forced[id], w.unlisted[id]
+			delete(w.unsettled, id)
+			delete(w.forced, id)
+			delete(w.unlisted, id)
+			if unlisted || !w.fresh(id, fingerprint(&changed{Server: *s}), s.Updated) && !forced {
+				continue
+			}
+			ev.Kind, ev.Cursor = region.ServerUpdated, w.cursor.UTC().Format(cursorLayout)
+			if err := fn(ev); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
