@@ -2,8 +2,10 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -13,6 +15,9 @@ import (
 	"github.com/computeql/computeql/region/openstack"
 	"github.com/computeql/computeql/region/sim"
 )
+
+// catalogueCheckTimeout bounds the check of an OpenStack region's catalogue at start.
+const catalogueCheckTimeout = time.Minute
 
 // regionDrivers is every region driver of a process, behind one router.
 type regionDrivers struct {
@@ -68,6 +73,18 @@ func newRegionDrivers(cat *region.Catalog, rdb redis.UniversalClient, role strin
 			}
 			drv, err := openstack.New(openstack.Options{Region: r, Catalog: cat, Redis: rdb, Logger: log})
 			if err != nil {
+				return nil, err
+			}
+			// The catalogue's flavors, images, networks and security groups are looked up in the
+			// cloud now, so that one it lacks stops the process, named; a cloud that does not
+			// answer is no reason not to start (names are then looked up on first use).
+			ctx, cancel := context.WithTimeout(context.Background(), catalogueCheckTimeout)
+			err = drv.Check(ctx)
+			cancel()
+			switch {
+			case errors.Is(err, region.ErrUnreachable) || errors.Is(err, region.ErrUnavailable):
+				log.Warn("openstack: the catalogue is not checked against the cloud, which does not answer", "region", r.ID, "err", err)
+			case err != nil:
 				return nil, err
 			}
 			routes = append(routes, region.Route{Region: r.ID, Driver: region.DriverOpenStack + ":" + r.ID, Client: drv})

@@ -144,11 +144,14 @@ type OpenStackRegion struct {
 }
 
 // OpenStackRef names the cloud's own object behind a catalogue entry of an OpenStack region:
-// a Nova flavor, a Glance image, a Neutron network or a Neutron security group. Without it
-// the entry's catalogue id is taken as the cloud's id.
+// a Nova flavor, a Glance image, a Neutron network or a Neutron security group, by its id or
+// its name (one of the two). Without it the entry's catalogue id is taken as the cloud's id.
 type OpenStackRef struct {
 	// ID is the cloud's id of the object.
-	ID string `json:"id"`
+	ID string `json:"id,omitempty"`
+	// Name is the cloud's name of the object, which the driver looks up: the cloud must have
+	// exactly one object of that name.
+	Name string `json:"name,omitempty"`
 }
 
 // Libvirt acceleration modes.

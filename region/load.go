@@ -479,14 +479,14 @@ func validateOpenStackRegion(p *problems, e string, r *Region) {
 	}
 }
 
-// checkOpenStackRef checks the cloud id an entry names, and that it names one only for an
-// OpenStack region.
+// checkOpenStackRef checks the cloud object an entry names (by its id or its name, one of
+// them), and that it names one only for an OpenStack region.
 func (c *Catalog) checkOpenStackRef(p *problems, e string, ref *OpenStackRef, regions ...string) {
 	if ref == nil {
 		return
 	}
-	if ref.ID == "" {
-		p.add(e, "openstack: id is empty")
+	if (ref.ID == "") == (ref.Name == "") {
+		p.add(e, "openstack: give the cloud's id or name of the object, one of them")
 	}
 	for _, id := range regions {
 		if r, ok := c.Region(id); ok && r.Driver == DriverOpenStack {

@@ -68,8 +68,11 @@ func TestOpenStackParseRefuses(t *testing.T) {
 			eu + `openstack: externalNetwork "public " is not a Neutron network id or name`},
 		{"externalNetwork with a line break", openStackRegion(func(_ *Catalog, o *OpenStackRegion) { o.ExternalNetwork = "pub\nlic" }),
 			eu + `openstack: externalNetwork "pub\nlic" is not a Neutron network id or name`},
-		{"flavor ref without an id", openStackRegion(func(c *Catalog, _ *OpenStackRegion) { c.Flavors[0].OpenStack = &OpenStackRef{} }),
-			`catalog: flavors[0] "f1": openstack: id is empty`},
+		{"flavor ref without an id or a name", openStackRegion(func(c *Catalog, _ *OpenStackRegion) { c.Flavors[0].OpenStack = &OpenStackRef{} }),
+			`catalog: flavors[0] "f1": openstack: give the cloud's id or name of the object, one of them`},
+		{"flavor ref with an id and a name", openStackRegion(func(c *Catalog, _ *OpenStackRegion) {
+			c.Flavors[0].OpenStack = &OpenStackRef{ID: "42", Name: "m1.small"}
+		}), `catalog: flavors[0] "f1": openstack: give the cloud's id or name of the object, one of them`},
 		{"image ref in a sim region", func(c *Catalog) { c.Images[0].OpenStack = &OpenStackRef{ID: "glance-id"} },
 			`catalog: images[0] "i1": openstack settings given, but no OpenStack region offers it`},
 		{"network ref in a sim region", func(c *Catalog) { c.Networks[0].OpenStack = &OpenStackRef{ID: "neutron-id"} },
@@ -94,6 +97,12 @@ func TestOpenStackParseAccepts(t *testing.T) {
 			c.Images[0].OpenStack = &OpenStackRef{ID: "6a0c0f5e-1b1e-4b0e-9a36-3f0c6f4a7d11"}
 			c.Networks[0].OpenStack = &OpenStackRef{ID: "0b6d8a6c-7e55-4a4b-b1ab-0e2c1a9d5f00"}
 			c.SecurityGroups[0].OpenStack = &OpenStackRef{ID: "2f1e3c1a-0a6b-4c5e-8a2f-9d8c7b6a5e4d"}
+		})},
+		{"every entry naming its cloud object by name", openStackRegion(func(c *Catalog, _ *OpenStackRegion) {
+			c.Flavors[0].OpenStack = &OpenStackRef{Name: "m1.small"}
+			c.Images[0].OpenStack = &OpenStackRef{Name: "debian-12"}
+			c.Networks[0].OpenStack = &OpenStackRef{Name: "private"}
+			c.SecurityGroups[0].OpenStack = &OpenStackRef{Name: "ssh"}
 		})},
 		{"image offered in a sim and an openstack region", openStackRegion(func(c *Catalog, _ *OpenStackRegion) {
 			c.Images[0].Regions = []string{"us", "eu"}

@@ -159,6 +159,7 @@ func TestOpenStackDriver(t *testing.T) {
 	t.Run("floating IP quota", func(t *testing.T) { l.floatingIPQuota(t, d) })
 	t.Run("servers of the region only", func(t *testing.T) { l.regionOnly(t, d) })
 	t.Run("snapshot of a server made from a snapshot", func(t *testing.T) { snapshotOfSnapshot(t, d) })
+	t.Run("catalogue checked against the cloud", func(t *testing.T) { l.checkCatalogue(t) })
 	t.Run("user data and SSH keys", func(t *testing.T) { l.userData(t, d, cat) })
 	t.Run("deleted while it builds", func(t *testing.T) { deletedWhileBuilding(t, d) })
 	t.Run("quota", func(t *testing.T) { l.quota(t, d) })
@@ -297,6 +298,67 @@ func (l *lab) novaUserData(t *testing.T, id string) []byte {
 		t.Fatalf("Nova's user data of server %s: %v", id, err)
 	}
 	return b
+}
+
+// checkCatalogue: Check finds every catalogue entry in the cloud, by id or by name, and a server
+// is made of the objects names give; it names each entry the cloud lacks, or has two of by the
+// name given, and is refused.
+func (l *lab) checkCatalogue(t *testing.T) {
+	cat := l.catalog(t, "")
+	byName := func(kind, id string) *region.OpenStackRef {
+		t.Helper()
+		switch kind {
+		case "flavor":
+			f, _ := cat.Flavor(id)
+			return f.OpenStack
+		case "image":
+			im, _ := cat.Image(id)
+			return im.OpenStack
+		}
+		sg, _ := cat.SecurityGroup(id)
+		return sg.OpenStack
+	}
+	*byName("flavor", "small") = region.OpenStackRef{Name: "computeql.small"}
+	*byName("image", "cirros") = region.OpenStackRef{Name: "computeql-tiny"}
+	*byName("group", "os-ssh") = region.OpenStackRef{Name: "computeql-test-ssh"}
+	d := l.driver(t, cat)
+	if err := d.Check(t.Context()); err != nil {
+		t.Fatalf("Check of a catalogue the cloud has: %v", err)
+	}
+	sp := spec("by-name")
+	sp.FlavorID = "small"
+	sp.Networking.SecurityGroupIDs = []string{"os-ssh"}
+	srv, err := d.CreateServer(t.Context(), sp)
+	if err != nil {
+		t.Fatalf("CreateServer of objects named by name: %v", err)
+	}
+	t.Cleanup(func() { d.DeleteServer(context.Background(), srv.ID) })
+	nova, err := servers.Get(t.Context(), l.compute, srv.ID).Extract()
+	if err != nil || nova.Flavor["id"] != l.bigFlavorID || nova.Image["id"] != l.cloud.ImageID {
+		t.Errorf("Nova's server %s has flavor %v and image %v (%v); want the named %s and %s", srv.ID, nova.Flavor["id"], nova.Image["id"], err,
+			l.bigFlavorID, l.cloud.ImageID)
+	}
+
+	twin, err := groups.Create(t.Context(), l.network, groups.CreateOpts{Name: "computeql-test-ssh"}).Extract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { groups.Delete(context.Background(), l.network, twin.ID) })
+	bad := l.catalog(t, "")
+	cat = bad
+	*byName("flavor", "small") = region.OpenStackRef{Name: "no-such-flavor"}
+	*byName("image", "cirros") = region.OpenStackRef{ID: "00000000-0000-0000-0000-000000000000"}
+	*byName("group", "os-ssh") = region.OpenStackRef{Name: "computeql-test-ssh"}
+	err = l.driver(t, bad).Check(t.Context())
+	for _, want := range []string{
+		`catalogue flavor "small": the cloud has no flavor named "no-such-flavor"`,
+		`catalogue image "cirros": the cloud has no image 00000000-0000-0000-0000-000000000000`,
+		`catalogue security group "os-ssh": the cloud has 2 security groups named "computeql-test-ssh"`,
+	} {
+		if !errors.Is(err, region.ErrRefused) || err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Check of a catalogue the cloud lacks: %v; want ErrRefused saying %s", err, want)
+		}
+	}
 }
 
 // getServer is GetServer, failing the test on an error.

@@ -5,6 +5,13 @@
 // cloud project serves the whole region, and computeql's organizations and projects are told
 // apart by what the driver writes on each server.
 //
+// # The catalogue's objects
+//
+// A catalogue flavor, image, network or security group of the region names the cloud's object
+// by id or by name (looked up once, then kept; the cloud must have exactly one of the name), or
+// is taken to have its catalogue id in the cloud. Check looks every one up, as a process does
+// when it starts.
+//
 // # What a server carries
 //
 // Nova refuses '/' and ',' in tags (at most 50 tags of at most 60 characters) and metadata

@@ -61,6 +61,11 @@ type Driver struct {
 	extMu sync.Mutex
 	extID string // the external network's id, "" until looked up
 
+	// refs are the cloud's ids of the catalogue entries that name their object by name, as
+	// looked up.
+	refsMu sync.Mutex
+	refs   map[refKey]string
+
 	// touched are the servers this process created, or left in the middle of a verb, in the
 	// last touchMemory, each with the event that reports it: every watch of the process reads
 	// them until they settle (see watcher.unsettled).

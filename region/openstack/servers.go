@@ -34,14 +34,6 @@ func (o createOpts) ToServerCreateMap() (map[string]any, error) {
 	return m, nil
 }
 
-// cloudRef is the cloud's id of a catalogue entry: the one it names, or its own.
-func cloudRef(ref *region.OpenStackRef, id string) string {
-	if ref != nil {
-		return ref.ID
-	}
-	return id
-}
-
 // resolved is a spec's catalogue entries as the cloud's ids.
 type resolved struct {
 	flavor, image, network string
@@ -67,8 +59,14 @@ func (d *Driver) resolve(ctx context.Context, spec region.ServerSpec) (resolved,
 		return r, fmt.Errorf("network %q is not a network of project %s/%s in region %s: %w",
 			spec.NetworkID, spec.OrganizationID, spec.ProjectID, rid, region.ErrRefused)
 	}
-	r.flavor, r.image, r.network = cloudRef(f.OpenStack, f.ID), image, cloudRef(n.OpenStack, n.ID)
-	r.groups, err = d.resolveGroups(spec.NetworkID, spec.Networking.SecurityGroupIDs)
+	r.image = image
+	if r.flavor, err = d.cloudID(ctx, kindFlavor, f.ID, f.OpenStack); err != nil {
+		return r, err
+	}
+	if r.network, err = d.cloudID(ctx, kindNetwork, n.ID, n.OpenStack); err != nil {
+		return r, err
+	}
+	r.groups, err = d.resolveGroups(ctx, spec.NetworkID, spec.Networking.SecurityGroupIDs)
 	return r, err
 }
 
@@ -80,7 +78,7 @@ func (d *Driver) bootImage(ctx context.Context, spec region.ServerSpec) (string,
 		if !im.OfferedIn(rid) {
 			return "", fmt.Errorf("image %q is not offered in region %s: %w", spec.ImageID, rid, region.ErrRefused)
 		}
-		return cloudRef(im.OpenStack, im.ID), nil
+		return d.cloudID(ctx, kindImage, im.ID, im.OpenStack)
 	}
 	snap, err := d.snapshotOf(ctx, spec.OrganizationID, spec.ProjectID, spec.ImageID)
 	if errors.Is(err, region.ErrImageNotFound) {
@@ -96,14 +94,18 @@ func (d *Driver) bootImage(ctx context.Context, spec region.ServerSpec) (string,
 }
 
 // resolveGroups is the cloud's security groups of catalogue groups on the network.
-func (d *Driver) resolveGroups(network string, ids []string) ([]string, error) {
+func (d *Driver) resolveGroups(ctx context.Context, network string, ids []string) ([]string, error) {
 	out := make([]string, 0, len(ids))
 	for _, id := range ids {
 		sg, ok := d.opts.Catalog.SecurityGroup(id)
 		if !ok || sg.NetworkID != network {
 			return nil, fmt.Errorf("security group %q is not a group of network %s: %w", id, network, region.ErrRefused)
 		}
-		out = append(out, cloudRef(sg.OpenStack, sg.ID))
+		cid, err := d.cloudID(ctx, kindSecurityGroup, sg.ID, sg.OpenStack)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, cid)
 	}
 	return out, nil
 }
@@ -453,7 +455,7 @@ func (d *Driver) UpdateNetworking(ctx context.Context, id string, n region.Serve
 	if err := d.checkNetworking(n); err != nil {
 		return region.Server{}, err
 	}
-	groupIDs, err := d.resolveGroups(s.Metadata[metaNetwork], n.SecurityGroupIDs)
+	groupIDs, err := d.resolveGroups(ctx, s.Metadata[metaNetwork], n.SecurityGroupIDs)
 	if err != nil {
 		return region.Server{}, err
 	}
@@ -620,12 +622,20 @@ func (d *Driver) ResizeServer(ctx context.Context, id, flavorID string) (region.
 	if flavorID == srv.FlavorID {
 		return srv, nil
 	}
+	fromID, err := d.cloudID(ctx, kindFlavor, from.ID, from.OpenStack)
+	if err != nil {
+		return region.Server{}, err
+	}
+	toID, err := d.cloudID(ctx, kindFlavor, to.ID, to.OpenStack)
+	if err != nil {
+		return region.Server{}, err
+	}
 	var fromDisk, toDisk int
 	err = d.call(ctx, "read flavors", func(ctx context.Context, c *clients) error {
 		for _, f := range []struct {
 			id   string
 			disk *int
-		}{{cloudRef(from.OpenStack, from.ID), &fromDisk}, {cloudRef(to.OpenStack, to.ID), &toDisk}} {
+		}{{fromID, &fromDisk}, {toID, &toDisk}} {
 			fl, err := flavors.Get(ctx, c.compute, f.id).Extract()
 			if err != nil {
 				return err
@@ -641,7 +651,7 @@ func (d *Driver) ResizeServer(ctx context.Context, id, flavorID string) (region.
 		return region.Server{}, fmt.Errorf("flavor %s has a %d GB disk, smaller than the server's %d GB: %w", flavorID, toDisk, fromDisk, region.ErrRefused)
 	}
 	err = d.call(ctx, "resize server "+id, func(ctx context.Context, c *clients) error {
-		return servers.Resize(ctx, c.compute, id, servers.ResizeOpts{FlavorRef: cloudRef(to.OpenStack, to.ID)}).ExtractErr()
+		return servers.Resize(ctx, c.compute, id, servers.ResizeOpts{FlavorRef: toID}).ExtractErr()
 	})
 	if err != nil {
 		return region.Server{}, notFoundAs(err, region.ErrServerNotFound)

@@ -1,0 +1,197 @@
+package openstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/flavors"
+	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/images"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/security/groups"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
+
+	"github.com/computeql/computeql/region"
+)
+
+// The kinds of cloud object a catalogue entry names.
+const (
+	kindFlavor        = "flavor"
+	kindImage         = "image"
+	kindNetwork       = "network"
+	kindSecurityGroup = "security group"
+)
+
+// refKey is a catalogue entry: its kind and catalogue id.
+type refKey struct{ kind, id string }
+
+// cloudID is the cloud's id of a catalogue entry: the id its reference gives, the object its
+// reference names (looked up once, then kept), or, without a reference, its catalogue id.
+func (d *Driver) cloudID(ctx context.Context, kind, catalogID string, ref *region.OpenStackRef) (string, error) {
+	switch {
+	case ref == nil:
+		return catalogID, nil
+	case ref.ID != "":
+		return ref.ID, nil
+	}
+	key := refKey{kind, catalogID}
+	d.refsMu.Lock()
+	id, ok := d.refs[key]
+	d.refsMu.Unlock()
+	if ok {
+		return id, nil
+	}
+	id, err := d.lookUp(ctx, kind, ref.Name)
+	if err != nil {
+		return "", fmt.Errorf("catalogue %s %q: %w", kind, catalogID, err)
+	}
+	d.refsMu.Lock()
+	if d.refs == nil {
+		d.refs = map[refKey]string{}
+	}
+	d.refs[key] = id
+	d.refsMu.Unlock()
+	return id, nil
+}
+
+// lookUp finds the one object of the kind with the name; none, or more than one, is refused.
+func (d *Driver) lookUp(ctx context.Context, kind, name string) (string, error) {
+	var ids []string
+	err := d.call(ctx, "look up "+kind+" "+name, func(ctx context.Context, c *clients) error {
+		ids = nil
+		switch kind {
+		case kindFlavor:
+			pages, err := flavors.ListDetail(c.compute, flavors.ListOpts{AccessType: flavors.AllAccess}).AllPages(ctx)
+			if err != nil {
+				return err
+			}
+			list, err := flavors.ExtractFlavors(pages)
+			for _, f := range list {
+				if f.Name == name {
+					ids = append(ids, f.ID)
+				}
+			}
+			return err
+		case kindImage:
+			pages, err := images.List(c.image, images.ListOpts{Name: name}).AllPages(ctx)
+			if err != nil {
+				return err
+			}
+			list, err := images.ExtractImages(pages)
+			for _, im := range list {
+				ids = append(ids, im.ID)
+			}
+			return err
+		case kindNetwork:
+			pages, err := networks.List(c.network, networks.ListOpts{Name: name}).AllPages(ctx)
+			if err != nil {
+				return err
+			}
+			list, err := networks.ExtractNetworks(pages)
+			for _, n := range list {
+				ids = append(ids, n.ID)
+			}
+			return err
+		}
+		pages, err := groups.List(c.network, groups.ListOpts{Name: name}).AllPages(ctx)
+		if err != nil {
+			return err
+		}
+		list, err := groups.ExtractGroups(pages)
+		for _, g := range list {
+			ids = append(ids, g.ID)
+		}
+		return err
+	})
+	switch {
+	case err != nil:
+		return "", err
+	case len(ids) == 0:
+		return "", fmt.Errorf("the cloud has no %s named %q: %w", kind, name, region.ErrRefused)
+	case len(ids) > 1:
+		return "", fmt.Errorf("the cloud has %d %ss named %q (%s): name it by its id: %w", len(ids), kind, name, strings.Join(ids, ", "), region.ErrRefused)
+	}
+	return ids[0], nil
+}
+
+// exists checks that the cloud has the object of the kind with the id.
+func (d *Driver) exists(ctx context.Context, kind, id string) error {
+	err := d.call(ctx, "read "+kind+" "+id, func(ctx context.Context, c *clients) error {
+		switch kind {
+		case kindFlavor:
+			return flavors.Get(ctx, c.compute, id).Err
+		case kindImage:
+			return images.Get(ctx, c.image, id).Err
+		case kindNetwork:
+			return networks.Get(ctx, c.network, id).Err
+		}
+		return groups.Get(ctx, c.network, id).Err
+	})
+	if errors.Is(err, errNotFound) {
+		return fmt.Errorf("the cloud has no %s %s: %w", kind, id, region.ErrRefused)
+	}
+	return err
+}
+
+// entry is a catalogue entry Check looks up.
+type entry struct {
+	kind, id string
+	ref      *region.OpenStackRef
+}
+
+// cloudID is the id the entry gives the cloud's object: its reference's, or its own.
+func (e entry) cloudID() string {
+	if e.ref != nil {
+		return e.ref.ID
+	}
+	return e.id
+}
+
+// Check looks up, in the cloud, every flavor, image, network and security group the region's
+// catalogue entries name, and returns what it does not have, or has more than one of by the
+// name given: a process checks its catalogue when it starts. A cloud that does not answer is
+// an error wrapping region.ErrUnreachable or region.ErrUnavailable, after which names are
+// looked up on first use instead.
+func (d *Driver) Check(ctx context.Context) error {
+	cat, rid := d.opts.Catalog, d.opts.Region.ID
+	var entries []entry
+	for _, f := range cat.Flavors {
+		if f.OfferedIn(rid) {
+			entries = append(entries, entry{kindFlavor, f.ID, f.OpenStack})
+		}
+	}
+	for _, im := range cat.Images {
+		if im.OfferedIn(rid) {
+			entries = append(entries, entry{kindImage, im.ID, im.OpenStack})
+		}
+	}
+	for _, n := range cat.Networks {
+		if n.Region == rid {
+			entries = append(entries, entry{kindNetwork, n.ID, n.OpenStack})
+		}
+	}
+	for _, sg := range cat.SecurityGroups {
+		if n, ok := cat.Network(sg.NetworkID); ok && n.Region == rid {
+			entries = append(entries, entry{kindSecurityGroup, sg.ID, sg.OpenStack})
+		}
+	}
+	var problems []error
+	for _, e := range entries {
+		var err error
+		if e.ref != nil && e.ref.Name != "" {
+			_, err = d.cloudID(ctx, e.kind, e.id, e.ref)
+		} else if err = d.exists(ctx, e.kind, e.cloudID()); err != nil {
+			err = fmt.Errorf("catalogue %s %q: %w", e.kind, e.id, err)
+		}
+		switch {
+		case errors.Is(err, region.ErrUnreachable) || errors.Is(err, region.ErrUnavailable):
+			return fmt.Errorf("openstack: region %s: check the catalogue against the cloud: %w", rid, err)
+		case err != nil:
+			problems = append(problems, err)
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("openstack: region %s: the catalogue names what the cloud does not have: %w", rid, errors.Join(problems...))
+	}
+	return nil
+}
