@@ -2,7 +2,6 @@ package openstack
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -193,45 +192,13 @@ func (d *Driver) Images(ctx context.Context, org, project string) ([]region.Imag
 			refs = append(refs, property(im, metaLarge))
 		}
 	}
-	tags, err := d.imageTags(ctx, refs)
+	large, err := d.largeFieldsOf(ctx, refs)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]region.Image, len(mine))
 	for i, im := range mine {
-		out[i] = d.toImage(im, tags[i])
-	}
-	return out, nil
-}
-
-// imageTags reads the tags kept under each reference ("" for none) in one round trip.
-func (d *Driver) imageTags(ctx context.Context, refs []string) ([]map[string]string, error) {
-	out := make([]map[string]string, len(refs))
-	var keys []string
-	var at []int
-	for i, ref := range refs {
-		if ref != "" {
-			keys = append(keys, largeKey(d.opts.Region.ID, ref))
-			at = append(at, i)
-		}
-	}
-	if len(keys) == 0 {
-		return out, nil
-	}
-	vals, err := d.opts.Redis.MGet(ctx, keys...).Result()
-	if err != nil {
-		return nil, fmt.Errorf("openstack: read the tags of images: %w: %w", err, region.ErrUnavailable)
-	}
-	for j, v := range vals {
-		s, ok := v.(string)
-		if !ok {
-			continue // deleted with its image a moment ago
-		}
-		var l largeFields
-		if err := json.Unmarshal([]byte(s), &l); err != nil {
-			return nil, fmt.Errorf("openstack: tags %s in Redis: %w", keys[j], err)
-		}
-		out[at[j]] = l.Tags
+		out[i] = d.toImage(im, large[i].Tags)
 	}
 	return out, nil
 }

@@ -88,22 +88,40 @@ func (d *Driver) keepLargeFields(ctx context.Context, l largeFields) (string, er
 
 // largeFields reads back what keepLargeFields kept; nothing when ref is "".
 func (d *Driver) largeFields(ctx context.Context, ref string) (largeFields, error) {
-	var l largeFields
-	if ref == "" {
-		return l, nil
+	all, err := d.largeFieldsOf(ctx, []string{ref})
+	if err != nil {
+		return largeFields{}, err
 	}
-	b, err := d.opts.Redis.Get(ctx, largeKey(d.opts.Region.ID, ref)).Bytes()
-	switch {
-	case errors.Is(err, redis.Nil):
-		// Deleted with its server a moment ago.
-		return l, nil
-	case err != nil:
-		return l, fmt.Errorf("openstack: read user data: %w: %w", err, region.ErrUnavailable)
+	return all[0], nil
+}
+
+// largeFieldsOf reads back, in one round trip, what keepLargeFields kept under each reference;
+// nothing for "" or for fields deleted with their server or image a moment ago.
+func (d *Driver) largeFieldsOf(ctx context.Context, refs []string) ([]largeFields, error) {
+	out := make([]largeFields, len(refs))
+	var keys []string
+	var at []int
+	for i, ref := range refs {
+		if ref != "" {
+			keys = append(keys, largeKey(d.opts.Region.ID, ref))
+			at = append(at, i)
+		}
 	}
-	if err := json.Unmarshal(b, &l); err != nil {
-		return l, fmt.Errorf("openstack: user data %s in Redis: %w", ref, err)
+	if len(keys) == 0 {
+		return out, nil
 	}
-	return l, nil
+	vals, err := d.opts.Redis.MGet(ctx, keys...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("openstack: read user data and tags: %w: %w", err, region.ErrUnavailable)
+	}
+	for j, v := range vals {
+		if s, ok := v.(string); ok {
+			if err := json.Unmarshal([]byte(s), &out[at[j]]); err != nil {
+				return nil, fmt.Errorf("openstack: %s in Redis: %w", keys[j], err)
+			}
+		}
+	}
+	return out, nil
 }
 
 // dropLargeFields deletes what a create that failed kept.
