@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -212,4 +213,19 @@ func (s *Subscription) Close() {
 	s.wmu.Unlock()
 	s.conn.Close()
 	<-s.done
+}
+
+// ReadConsoleUntil reads a console session's messages until what they showed holds want,
+// failing the test with what it saw when the socket ends first or limit passes.
+func ReadConsoleUntil(tb testing.TB, conn *websocket.Conn, want string, limit time.Duration) {
+	tb.Helper()
+	conn.SetReadDeadline(time.Now().Add(limit))
+	var seen []byte
+	for !strings.Contains(string(seen), want) {
+		_, msg, err := conn.ReadMessage()
+		if err != nil {
+			tb.Fatalf("console: %v, having shown %q, want %q", err, seen, want)
+		}
+		seen = append(seen, msg...)
+	}
 }

@@ -338,15 +338,7 @@ func typeAndRead(t testing.TB, conn *websocket.Conn, line string) {
 	if err := conn.WriteMessage(websocket.TextMessage, []byte(line+"\r")); err != nil {
 		t.Fatalf("type into the console: %v", err)
 	}
-	conn.SetReadDeadline(time.Now().Add(stepLimit))
-	var seen []byte
-	for !strings.Contains(string(seen), line) {
-		_, msg, err := conn.ReadMessage()
-		if err != nil {
-			t.Fatalf("console: %v, having shown %q, want %q", err, seen, line)
-		}
-		seen = append(seen, msg...)
-	}
+	harness.ReadConsoleUntil(t, conn, line, stepLimit)
 }
 
 // image is what the tests read of an image.

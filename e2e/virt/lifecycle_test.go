@@ -74,13 +74,13 @@ func TestLibvirtLifecycle(t *testing.T) {
 		}
 		defer conn.Close()
 		// What the guest wrote before: its boot lines, up to the last.
-		readConsole(t, conn, "computeql-guest: ready")
+		harness.ReadConsoleUntil(t, conn, "computeql-guest: ready", stepLimit)
 		// What it echoes now: the kernel's terminal of the guest's console.
 		probe := randomToken("typed-")
 		if err := conn.WriteMessage(websocket.TextMessage, []byte(probe+"\r")); err != nil {
 			t.Fatal(err)
 		}
-		readConsole(t, conn, probe)
+		harness.ReadConsoleUntil(t, conn, probe, stepLimit)
 		conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
 		if _, res, err := websocket.DefaultDialer.DialContext(ctx, url, nil); err == nil || res == nil || res.StatusCode != http.StatusUnauthorized {
 			t.Errorf("a second use of the console URL: %v (%v), want 401", err, res)
@@ -95,7 +95,7 @@ func TestLibvirtLifecycle(t *testing.T) {
 		if err := again.WriteMessage(websocket.TextMessage, []byte(probe2+"\r")); err != nil {
 			t.Fatal(err)
 		}
-		readConsole(t, again, probe2)
+		harness.ReadConsoleUntil(t, again, probe2, stepLimit)
 		clock.step("the console showed the boot and echoed %s; its URL then refused; a new session echoed %s", probe, probe2)
 	})
 
@@ -310,20 +310,6 @@ func healthy(ctx context.Context, t *testing.T, lab *lab, id string) {
 
 // step runs one step of a sequence as a subtest; the sequence stops at the first that fails,
 // since every later step starts from the state it should have left.
-// readConsole reads a console's messages until what it showed contains want.
-func readConsole(t *testing.T, conn *websocket.Conn, want string) {
-	t.Helper()
-	conn.SetReadDeadline(time.Now().Add(stepLimit))
-	var seen []byte
-	for !strings.Contains(string(seen), want) {
-		_, msg, err := conn.ReadMessage()
-		if err != nil {
-			t.Fatalf("console: %v, having shown %q, want %q", err, seen, want)
-		}
-		seen = append(seen, msg...)
-	}
-}
-
 func step(t *testing.T, name string, fn func(t *testing.T)) {
 	t.Helper()
 	if !t.Run(name, fn) {
