@@ -309,13 +309,18 @@ func (d *Driver) nova(ctx context.Context, id string) (*servers.Server, error) {
 		return nil, fmt.Errorf("server %s: %w", id, region.ErrServerNotFound)
 	case err != nil:
 		return nil, err
-	case s.Status == "DELETED" || s.Status == "SOFT_DELETED":
-		// Nova shows an admin the servers it has deleted.
+	case deleted(s):
 		return nil, fmt.Errorf("server %s is deleted: %w", id, region.ErrServerNotFound)
 	case s.Metadata[metaRegion] != d.opts.Region.ID || s.Metadata[metaInstance] == "":
 		return nil, fmt.Errorf("server %s is not a server of region %s: %w", id, d.opts.Region.ID, region.ErrServerNotFound)
 	}
 	return s, nil
+}
+
+// deleted reports a server Nova has deleted but still shows: to an admin, and, between the
+// compute host marking it deleted and Nova forgetting its row, in any listing (tags included).
+func deleted(s *servers.Server) bool {
+	return s.Status == "DELETED" || s.Status == "SOFT_DELETED"
 }
 
 func (d *Driver) GetServer(ctx context.Context, id string) (region.Server, error) {
@@ -396,7 +401,7 @@ func (d *Driver) FindServers(ctx context.Context, scope region.Scope, tag, value
 	var out []region.Server
 	for i := range found {
 		s := &found[i]
-		if decodeSpec(s.Metadata).Scope != scope || s.Metadata[metaInstance] != value {
+		if deleted(s) || decodeSpec(s.Metadata).Scope != scope || s.Metadata[metaInstance] != value {
 			continue
 		}
 		srv, err := d.withPort(ctx, s)
@@ -417,7 +422,7 @@ func (d *Driver) Servers(ctx context.Context) ([]region.Server, error) {
 		return servers.List(c.compute, nil).EachPage(ctx, func(ctx context.Context, page pagination.Page) (bool, error) {
 			got, err := servers.ExtractServers(page)
 			for i := range got {
-				if s := &got[i]; s.Metadata[metaRegion] == d.opts.Region.ID && s.Metadata[metaInstance] != "" {
+				if s := &got[i]; !deleted(s) && s.Metadata[metaRegion] == d.opts.Region.ID && s.Metadata[metaInstance] != "" {
 					list = append(list, s)
 				}
 			}

@@ -166,7 +166,7 @@ func (w *watcher) event(s *changed, since time.Time) (region.Event, bool) {
 	}
 	_, reported := w.created[s.ID]
 	switch {
-	case s.Status == "DELETED" || s.Status == "SOFT_DELETED":
+	case deleted(&s.Server):
 		ev.Kind = region.ServerDeleted
 	case !reported && !s.Created.Before(since):
 		ev.Kind = region.ServerCreated
@@ -229,7 +229,7 @@ func (w *watcher) checkUnsettled(ctx context.Context, fn func(region.Event) erro
 			return err
 		})
 		switch {
-		case errors.Is(err, errNotFound) || err == nil && (s.Status == "DELETED" || s.Status == "SOFT_DELETED"):
+		case errors.Is(err, errNotFound) || err == nil && deleted(s):
 			delete(w.unsettled, id)
 			delete(w.unlisted, id)
 			delete(w.forced, id)
