@@ -80,6 +80,8 @@ type runner struct {
 	// ch records every server change of the run; targets are the converged instances.
 	ch      *changes
 	targets []target
+	// files is what raising the open-file limit came to, at the start of the run.
+	files fileLimit
 }
 
 // maxInFlight bounds the requests of a fixed-rate run that are outstanding at once: far more
@@ -93,6 +95,9 @@ func run(ctx context.Context, cfg Config, command string, out io.Writer) (err er
 		where: where{Org: cfg.Org, Project: cfg.Project, Network: cfg.Network, Flavor: cfg.Flavor, Image: cfg.Image},
 		runID: "b" + strings.ReplaceAll(uuid.NewString(), "-", "")[:8],
 	}
+	// Before any process starts: the processes inherit the limit.
+	r.files = raiseFileLimit(filesNeeded(cfg.Subscribers), getFileLimit, setFileLimit)
+	r.rep.Machine.FileLimit = r.files.Soft
 	if cfg.Target == "" {
 		r.say("starting redis-server")
 	}

@@ -46,6 +46,8 @@ type Machine struct {
 	Redis     string     `json:"redis"`
 	LoadStart [3]float64 `json:"loadStart"`
 	LoadEnd   [3]float64 `json:"loadEnd"`
+	// FileLimit is the benchmark's open-file limit (soft), which its processes inherit.
+	FileLimit uint64 `json:"fileLimit"`
 }
 
 // Sizes are the settings that shape the load (the Config without its addresses and secret).

@@ -67,6 +67,7 @@ func TestRun(t *testing.T) {
 			r.Propagation.Commit.Count == r.Propagation.ProbeChanges+r.Propagation.ChurnChanges && r.Propagation.Missing == 0},
 		{"every fan-out delivery arrived", r.FanOut.Changes == 6 && r.FanOut.Expected == 60 && r.FanOut.Delivered == 60 && r.FanOut.Commit.Count == 6},
 		{"API memory read before and after", r.FanOut.Before.RSS > 0 && r.FanOut.After.RSS > 0 && r.FanOut.After.Heap > 0},
+		{"the benchmark's file limit recorded", r.Machine.FileLimit >= filesNeeded(50)},
 		{"machine described", r.Machine.Cores > 0 && r.Machine.Redis != "" && r.Machine.Redis != "unknown"},
 		{"profiles of the create, convergence and fan-out runs", len(r.Profiles) == 7},
 	}
