@@ -14,7 +14,8 @@
 //  4. propagation: from a change of a server in the simulated region to the instance's status
 //     commit and to a WebSocket subscriber, under background changes;
 //  5. fan-out: many WebSocket subscribers on a fresh API process, their delivery latency and
-//     the process's memory per idle subscriber.
+//     the process's memory per idle subscriber; then as many again, and its memory per idle
+//     subscriber at twice the number.
 //
 // The embedded system is reset between 2 and 3 (processes stopped, Redis flushed) and the API
 // is restarted before 5, so that each starts clean. Progress goes to the terminal while it
@@ -98,6 +99,9 @@ func run(ctx context.Context, cfg Config, command string, out io.Writer) (err er
 	// Before any process starts: the processes inherit the limit.
 	r.files = raiseFileLimit(filesNeeded(cfg.Subscribers), getFileLimit, setFileLimit)
 	r.rep.Machine.FileLimit = r.files.Soft
+	if r.files.Short != "" {
+		r.say("%s: the fan-out at %s subscribers will be skipped", r.files.Short, count(float64(2*cfg.Subscribers)))
+	}
 	if cfg.Target == "" {
 		r.say("starting redis-server")
 	}
@@ -564,7 +568,8 @@ func instanceIDs(ts []target) []string {
 }
 
 // fanOut opens the subscribers on a fresh API process, measures what they cost it idle, then
-// changes their instances' servers and times every delivery.
+// changes their instances' servers and times every delivery; then it measures what twice as
+// many cost it idle (fanOutTwice).
 func (r *runner) fanOut(ctx context.Context) error {
 	c := r.cfg
 	if r.sys.embedded {
@@ -596,8 +601,7 @@ func (r *runner) fanOut(ctx context.Context) error {
 	if f.After, err = r.sys.apiMemory(ctx); err != nil {
 		return errors.Join(err, closeAll(subs))
 	}
-	f.RSSPerSubscriber = float64(f.After.RSS-f.Before.RSS) / float64(c.Subscribers)
-	f.HeapPerSubscriber = float64(f.After.Heap+f.After.Stacks-f.Before.Heap-f.Before.Stacks) / float64(c.Subscribers)
+	f.RSSPerSubscriber, f.HeapPerSubscriber = perSubscriber(f.Before, f.After, c.Subscribers)
 	r.say("fan-out: %s subscribers live in %.1f s; API resident memory +%s each", count(float64(c.Subscribers)), f.DialSeconds, kib(f.RSSPerSubscriber))
 	r.snapshotProfile(ctx, "fanout", "heap", r.sys.api)
 
@@ -618,8 +622,8 @@ func (r *runner) fanOut(ctx context.Context) error {
 	prof()
 	f.Delivery, f.Commit = summarize(merged(rcs)), summarize(commits.latencies())
 	f.Delivered, f.Expected = subT.counts()
-	if err := errors.Join(err, closeAll(subs), tl.stop(), ctx.Err()); err != nil {
-		return err
+	if err := errors.Join(err, tl.stop(), ctx.Err()); err != nil {
+		return errors.Join(err, closeAll(subs))
 	}
 	if missing > 0 {
 		r.fail("fan-out: %d of %d deliveries did not arrive within %s", missing, f.Expected, c.Timeout)
@@ -627,9 +631,64 @@ func (r *runner) fanOut(ctx context.Context) error {
 	if missingCommits > 0 {
 		r.fail("fan-out: %d of %d status commits did not arrive within %s", missingCommits, f.Changes, c.Timeout)
 	}
-	r.rep.FanOut = f
 	r.say("fan-out: change → subscriber %s over %s deliveries", msPair(f.Delivery.P50, f.Delivery.P99), count(float64(f.Delivered)))
+	// The first subscribers stay open while as many again join them.
+	err = r.fanOutTwice(ctx, &f)
+	if err = errors.Join(err, closeAll(subs)); err != nil {
+		return err
+	}
+	r.rep.FanOut = f
 	return nil
+}
+
+// fanOutTwice opens as many subscribers again as the fan-out's, ten on each of as many other
+// instances, while the first are still open (idle, their deliveries done), and measures the
+// API's memory per idle subscriber at twice the number, from the same baseline as at once the
+// number. It closes the ones it opened. A limit that keeps it from running is said in f, as
+// is a failure to open them (which is also an error of the run); only the context's end is
+// returned.
+func (r *runner) fanOutTwice(ctx context.Context, f *FanOut) error {
+	c := r.cfg
+	total := 2 * c.Subscribers
+	switch {
+	case r.files.Short != "":
+		f.TwiceSkipped = r.files.Short
+	case len(r.targets) < 2*f.Instances:
+		f.TwiceSkipped = fmt.Sprintf("%s subscribers, ten on each instance, need %s instances and the run has %s (--instances)",
+			count(float64(total)), count(float64(2*f.Instances)), count(float64(len(r.targets))))
+	}
+	if f.TwiceSkipped != "" {
+		r.say("fan-out: not measured at %s subscribers: %s", count(float64(total)), f.TwiceSkipped)
+		return nil
+	}
+	ts := r.targets[f.Instances : 2*f.Instances]
+	r.say("fan-out: opening %s more subscribers, %d per instance on %s other instances", count(float64(c.Subscribers)),
+		subscribersPerInstance, count(float64(len(ts))))
+	start := time.Now()
+	subs, _, err := r.subscribe(ctx, instanceIDs(ts), c.Subscribers, newTally(), "fan-out")
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		f.TwiceSkipped = "opening the subscribers failed: " + err.Error()
+		r.fail("fan-out at %s subscribers: %v", count(float64(total)), err)
+		return nil
+	}
+	tw := &Twice{Subscribers: total, Instances: 2 * f.Instances, DialSeconds: time.Since(start).Seconds()}
+	if tw.After, err = r.sys.apiMemory(ctx); err != nil {
+		return errors.Join(err, closeAll(subs))
+	}
+	tw.RSSPerSubscriber, tw.HeapPerSubscriber = perSubscriber(f.Before, tw.After, total)
+	f.Twice = tw
+	r.say("fan-out: %s subscribers live; API resident memory +%s, Go heap and stacks +%s each", count(float64(total)),
+		kib(tw.RSSPerSubscriber), kib(tw.HeapPerSubscriber))
+	return closeAll(subs)
+}
+
+// perSubscriber is what n subscribers cost the API each, from its memory before any and
+// with all of them: resident, and Go heap and stacks.
+func perSubscriber(before, after Memory, n int) (rss, heap float64) {
+	return float64(after.RSS-before.RSS) / float64(n), float64(after.Heap+after.Stacks-before.Heap-before.Stacks) / float64(n)
 }
 
 // startProfile starts a CPU profile of the process for the length of a run (with

@@ -119,6 +119,23 @@ type FanOut struct {
 	Delivered         int     `json:"deliveries"`
 	Delivery          Latency `json:"delivery"`
 	Commit            Latency `json:"commit"`
+	// Twice is the API's memory once as many subscribers again joined these, after their
+	// deliveries; TwiceSkipped says why it was not measured.
+	Twice        *Twice `json:"twice,omitempty"`
+	TwiceSkipped string `json:"twiceSkipped,omitempty"`
+}
+
+// Twice is the fan-out's idle memory at twice its subscribers: the first ones, idle after
+// their deliveries, and as many again on as many other instances, with the figures per
+// subscriber from the same baseline (FanOut.Before), over all of them.
+type Twice struct {
+	Subscribers int `json:"subscribers"`
+	Instances   int `json:"instances"`
+	// DialSeconds is the opening of the added ones.
+	DialSeconds       float64 `json:"dialSeconds"`
+	After             Memory  `json:"after"`
+	RSSPerSubscriber  float64 `json:"rssPerSubscriberBytes"`
+	HeapPerSubscriber float64 `json:"heapAndStacksPerSubscriberBytes"`
 }
 
 // Figure is one row of the table: a figure, the issue's target for it, and the best the
@@ -209,13 +226,28 @@ func (r *Report) figures() []Figure {
 	add(Figure{Section: fo, Name: subs + ": region change → status commit, p50 / p99", Value: msPair(f.Commit.P50, f.Commit.P99),
 		Limit: pingLimit, Ratio: timesPair(f.Commit, l.Ping)})
 	add(Figure{Section: fo, Name: "deliveries", Value: fmt.Sprintf("%s of %s, for %s changes", count(float64(f.Delivered)), count(float64(f.Expected)), count(float64(f.Changes)))})
-	add(Figure{Section: fo, Name: "API resident memory per idle subscriber", Value: kib(f.RSSPerSubscriber),
-		Target: "≤ " + kib(targetBytesPerIdleSubs), Met: met(f.Subscribers > 0 && f.RSSPerSubscriber <= targetBytesPerIdleSubs),
-		Limit: "the target", Ratio: share(f.RSSPerSubscriber, targetBytesPerIdleSubs)})
-	add(Figure{Section: fo, Name: "API Go heap and stacks per idle subscriber", Value: kib(f.HeapPerSubscriber),
-		Target: "≤ " + kib(targetHeapPerIdleSub), Met: met(f.Subscribers > 0 && f.HeapPerSubscriber <= targetHeapPerIdleSub),
-		Limit: "the target", Ratio: share(f.HeapPerSubscriber, targetHeapPerIdleSub)})
+	idle := func(subs string, n int, rss, heap float64) {
+		add(Figure{Section: fo, Name: subs + ": API resident memory per idle subscriber", Value: kib(rss),
+			Target: "≤ " + kib(targetBytesPerIdleSubs), Met: met(n > 0 && rss <= targetBytesPerIdleSubs),
+			Limit: "the target", Ratio: share(rss, targetBytesPerIdleSubs)})
+		add(Figure{Section: fo, Name: subs + ": API Go heap and stacks per idle subscriber", Value: kib(heap),
+			Target: "≤ " + kib(targetHeapPerIdleSub), Met: met(n > 0 && heap <= targetHeapPerIdleSub),
+			Limit: "the target", Ratio: share(heap, targetHeapPerIdleSub)})
+	}
+	idle(subs, f.Subscribers, f.RSSPerSubscriber, f.HeapPerSubscriber)
+	twice := count(float64(2*f.Subscribers)) + " subscribers"
+	if tw := f.Twice; tw != nil {
+		twice = count(float64(tw.Subscribers)) + " subscribers"
+		idle(twice, tw.Subscribers, tw.RSSPerSubscriber, tw.HeapPerSubscriber)
+	} else if f.TwiceSkipped != "" {
+		add(Figure{Section: fo, Name: twice + ": API memory per idle subscriber", Value: "not measured: " + f.TwiceSkipped})
+	}
 	add(Figure{Section: fo, Name: "opening the subscriptions", Value: fmt.Sprintf("%.1f s (%s)", f.DialSeconds, perSecond(float64(f.Subscribers)/f.DialSeconds))})
+	if tw := f.Twice; tw != nil {
+		added := tw.Subscribers - f.Subscribers
+		add(Figure{Section: fo, Name: twice + ": opening the " + count(float64(added)) + " added",
+			Value: fmt.Sprintf("%.1f s (%s)", tw.DialSeconds, perSecond(float64(added)/tw.DialSeconds))})
+	}
 	return out
 }
 

@@ -30,7 +30,8 @@ func sampleReport() *Report {
 		Convergence: Convergence{Instances: 2000, Converged: 2000, Seconds: 4, PerSecond: 500, Latency: Latency{P50: 1000, P99: 3000}},
 		Propagation: Propagation{Commit: Latency{P50: 1, P99: 5}, Subscriber: Latency{P50: 2, P99: 10}},
 		FanOut: FanOut{Subscribers: 10_000, Instances: 1000, DialSeconds: 10, Changes: 1000, Expected: 10_000, Delivered: 10_000,
-			Delivery: Latency{Count: 10_000, P50: 5, P99: 50}, RSSPerSubscriber: 40 << 10, HeapPerSubscriber: 30 << 10},
+			Delivery: Latency{Count: 10_000, P50: 5, P99: 50}, RSSPerSubscriber: 40 << 10, HeapPerSubscriber: 30 << 10,
+			Twice: &Twice{Subscribers: 20_000, Instances: 2000, DialSeconds: 5, RSSPerSubscriber: 70 << 10, HeapPerSubscriber: 11 << 10}},
 		Errors: []string{},
 	}
 	r.Figures = r.figures()
@@ -64,9 +65,14 @@ func TestFigures(t *testing.T) {
 		{name: "region change → status commit", value: "1.00 / 5.00 ms", limit: "PING 0.050 / 0.100 ms", ra: "20× / 50×"},
 		{name: "10,000 subscribers: region change → subscriber", value: "5.00 / 50.0 ms", target: "p99 ≤ 100 ms", met: met(true), ra: "100× / 500×",
 			limit: "PING 0.050 / 0.100 ms"},
-		{name: "API resident memory per idle subscriber", value: "40.0 KiB", target: "≤ 64.0 KiB", met: met(true), limit: "the target", ra: "62.5%"},
-		{name: "API Go heap and stacks per idle subscriber", value: "30.0 KiB", target: "≤ 12.0 KiB", met: met(false), limit: "the target", ra: "250.0%"},
+		{name: "10,000 subscribers: API resident memory per idle subscriber", value: "40.0 KiB", target: "≤ 64.0 KiB", met: met(true), limit: "the target", ra: "62.5%"},
+		{name: "10,000 subscribers: API Go heap and stacks per idle subscriber", value: "30.0 KiB", target: "≤ 12.0 KiB", met: met(false), limit: "the target", ra: "250.0%"},
+		// At twice the subscribers, from Twice, not the first figures: here the one target
+		// met at once the number is missed and the other way round.
+		{name: "20,000 subscribers: API resident memory per idle subscriber", value: "70.0 KiB", target: "≤ 64.0 KiB", met: met(false), limit: "the target", ra: "109.4%"},
+		{name: "20,000 subscribers: API Go heap and stacks per idle subscriber", value: "11.0 KiB", target: "≤ 12.0 KiB", met: met(true), limit: "the target", ra: "91.7%"},
 		{name: "opening the subscriptions", value: "10.0 s (1,000/s)"},
+		{name: "20,000 subscribers: opening the 10,000 added", value: "5.0 s (2,000/s)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -79,6 +85,31 @@ func TestFigures(t *testing.T) {
 				t.Errorf("met = %v, want %v", f.Met, tt.met)
 			}
 		})
+	}
+}
+
+// Without the figures at twice the subscribers, the table says why in their place, and has
+// neither of their rows.
+func TestFiguresTwiceSkipped(t *testing.T) {
+	r := sampleReport()
+	r.FanOut.Twice, r.FanOut.TwiceSkipped = nil, "the open-file limit is 20,000"
+	r.Figures = r.figures()
+	figs := r.Figures
+	f := figure(t, figs, "20,000 subscribers: API memory per idle subscriber")
+	if f.Value != "not measured: the open-file limit is 20,000" || f.Target != "" || f.Met != nil {
+		t.Errorf("got value %q target %q met %v, want the reason and no target", f.Value, f.Target, f.Met)
+	}
+	for _, g := range figs {
+		if strings.HasPrefix(g.Name, "20,000 subscribers:") && g != f {
+			t.Errorf("figure %q without the measurement", g.Name)
+		}
+	}
+	var md strings.Builder
+	if err := r.writeMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(md.String(), "| 20,000 subscribers: API memory per idle subscriber | not measured: the open-file limit is 20,000 |") {
+		t.Errorf("markdown lacks the reason:\n%s", md.String())
 	}
 }
 

@@ -67,6 +67,11 @@ func TestRun(t *testing.T) {
 			r.Propagation.Commit.Count == r.Propagation.ProbeChanges+r.Propagation.ChurnChanges && r.Propagation.Missing == 0},
 		{"every fan-out delivery arrived", r.FanOut.Changes == 6 && r.FanOut.Expected == 60 && r.FanOut.Delivered == 60 && r.FanOut.Commit.Count == 6},
 		{"API memory read before and after", r.FanOut.Before.RSS > 0 && r.FanOut.After.RSS > 0 && r.FanOut.After.Heap > 0},
+		{"API memory read at twice the subscribers, ten on each of twice the instances", r.FanOut.TwiceSkipped == "" && r.FanOut.Twice != nil &&
+			r.FanOut.Twice.Subscribers == 100 && r.FanOut.Twice.Instances == 10 && r.FanOut.Twice.After.RSS > 0 && r.FanOut.Twice.DialSeconds > 0},
+		{"per subscriber at twice from the same baseline", r.FanOut.Twice != nil &&
+			r.FanOut.Twice.HeapPerSubscriber == float64(r.FanOut.Twice.After.Heap+r.FanOut.Twice.After.Stacks-r.FanOut.Before.Heap-r.FanOut.Before.Stacks)/100 &&
+			r.FanOut.Twice.RSSPerSubscriber == float64(r.FanOut.Twice.After.RSS-r.FanOut.Before.RSS)/100},
 		{"the benchmark's file limit recorded", r.Machine.FileLimit >= filesNeeded(50)},
 		{"machine described", r.Machine.Cores > 0 && r.Machine.Redis != "" && r.Machine.Redis != "unknown"},
 		{"profiles of the create, convergence and fan-out runs", len(r.Profiles) == 7},
