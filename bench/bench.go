@@ -645,7 +645,8 @@ func (r *runner) fanOut(ctx context.Context) error {
 // instances, while the first are still open (idle, their deliveries done), and measures the
 // API's memory per idle subscriber at twice the number, from the same baseline as at once the
 // number. It closes the ones it opened. A limit that keeps it from running is said in f, as
-// is a failure to open them (which is also an error of the run); only the context's end is
+// is a failure to open them (which is also an error of the run, but not the end of it); the
+// context's end, a failure to read the memory and the added subscribers' failures are
 // returned.
 func (r *runner) fanOutTwice(ctx context.Context, f *FanOut) error {
 	c := r.cfg
