@@ -95,7 +95,10 @@ func checkOrigin(p originPolicy, next http.Handler) http.Handler {
 // websocketMetrics observe the WebSocket transport.
 type websocketMetrics struct {
 	open   prometheus.Gauge
+	idle   prometheus.GaugeFunc
 	closes *prometheus.CounterVec
+	// poller is the transport's, read by idle; set before the server serves.
+	poller *idlePoller
 }
 
 func newWebsocketMetrics(reg prometheus.Registerer) (*websocketMetrics, error) {
@@ -109,7 +112,11 @@ func newWebsocketMetrics(reg prometheus.Registerer) (*websocketMetrics, error) {
 			Help: "WebSocket close frames the server sent, by close code (4401 no token, 4403 bad token, 1009 message too big, 1001 shutdown).",
 		}, []string{"code"}),
 	}
-	for _, c := range []prometheus.Collector{m.open, m.closes} {
+	m.idle = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "computeql_websocket_idle_connections",
+		Help: "GraphQL WebSocket connections waiting for their peer's next message without a goroutine of their own.",
+	}, func() float64 { return float64(m.poller.parkedCount()) })
+	for _, c := range []prometheus.Collector{m.open, m.idle, m.closes} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -71,8 +71,9 @@ const closeGrace = time.Second
 //
 // What an idle subscriber costs is what decides how many one process holds, so: the HTTP
 // handler returns once the socket is upgraded (net/http's buffers and the request are freed);
-// each socket has one goroutine, its reader, blocked in a read with a small stack; an
-// operation runs on a goroutine of its own only while it is being answered; a subscription's
+// a socket has a goroutine, its reader, only while the peer's messages are read and handled,
+// and waits for the next one in the poller (idlePoller) with none; an operation runs on a
+// goroutine of its own only while it is being answered; a subscription's
 // events are delivered from the feed by waking it (graph.Delivery), not by a goroutine
 // waiting for them; write buffers come from a pool and are held only while a message is
 // written; keep-alives are timers.
@@ -100,6 +101,8 @@ type wsTransport struct {
 	writeTimeout time.Duration
 	// readLimit caps one message from the peer; a larger one closes the socket with 1009.
 	readLimit int64
+	// poller holds the idle sockets (nil where there is none: their readers wait in reads).
+	poller *idlePoller
 }
 
 func newWSTransport(o Options, origins originPolicy, limits *connLimits, m *websocketMetrics) *wsTransport {
@@ -118,6 +121,14 @@ func newWSTransport(o Options, origins originPolicy, limits *connLimits, m *webs
 		keys: o.Keys, limits: limits, log: o.Logger, metrics: m, base: context.WithoutCancel(o.Context),
 		initTimeout: o.initTimeout, keepAlive: o.KeepAliveInterval, writeTimeout: o.StreamWriteTimeout,
 		readLimit: o.MaxBodyBytes, sockets: map[*wsConn]struct{}{},
+	}
+	poller, err := newIdlePoller()
+	if err != nil {
+		o.Logger.Warn("websocket: idle sockets keep a goroutine each", "err", err)
+	}
+	t.poller = poller
+	if m != nil {
+		m.poller = poller
 	}
 	context.AfterFunc(o.Context, t.goAway)
 	return t
@@ -151,6 +162,7 @@ func (t *wsTransport) goAway() {
 	for c := range sockets {
 		go c.closeWith(websocket.CloseGoingAway, "server shutting down")
 	}
+	t.poller.close()
 }
 
 // refuseHandshake answers a WebSocket handshake the upgrader refused, with its reason.
@@ -209,7 +221,9 @@ func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 	if !t.track(c) {
 		c.closeWith(websocket.CloseGoingAway, "server shutting down")
 	}
-	go c.read()
+	if !t.poller.park(c) {
+		go c.read()
+	}
 }
 
 // socketContext is the context a socket's operations start from: the server's, and of the
@@ -261,10 +275,15 @@ type wsConn struct {
 	// logLine writes the socket's request line, once it has ended, logged with ctx.
 	logLine func(context.Context)
 	// br is the frame reader's buffer, and raw the socket beneath it: while br is empty the
-	// reader waits for the socket with readable (raw nil: it cannot, and waits in gorilla
-	// with the stack its reading grew).
-	br  *bufio.Reader
-	raw syscall.RawConn
+	// reader may park the socket in the poller (raw nil: it cannot, and waits in gorilla with
+	// the stack its reading grew). parkedFd is raw's descriptor once parked (guarded by the
+	// poller's lock).
+	br       *bufio.Reader
+	raw      syscall.RawConn
+	parkedFd int32
+	// liveUntil is the read deadline extendLiveness last set (Unix nanoseconds): a parked
+	// socket has no read to enforce it, so the keep-alive unparks one whose deadline is near.
+	liveUntil atomic.Int64
 
 	writeMu sync.Mutex
 
@@ -289,17 +308,13 @@ type wsConn struct {
 	shutdownOnce sync.Once
 }
 
-// read is the socket's reader: it waits for the peer's next message, reads and handles the
-// messages that follow, and, once no byte of another is buffered, hands the wait to a new
-// goroutine and ends. Handling a message (decoding it, verifying a token, starting an
-// operation) grows a goroutine's stack, and the runtime shrinks a stack only while less than
-// a quarter of it is in use, which a goroutine blocked in a read never is: a new goroutine per
-// wait keeps an idle socket's stack at the smallest size. There is one reader at a time; the
+// read is the socket's reader: it reads and handles the peer's messages and, once no byte of
+// another is buffered, parks the socket in the poller and ends; the poller starts the next
+// reader when the socket is readable. An idle socket so costs no goroutine and no stack (a
+// goroutine blocked in a read keeps the stack its handling of messages grew, since the
+// runtime shrinks only stacks less than a quarter used). There is one reader at a time; the
 // last releases everything the socket held when the socket ends.
 func (c *wsConn) read() {
-	if c.raw != nil {
-		readable(c.raw)
-	}
 	for {
 		_, data, err := c.ws.ReadMessage()
 		if err != nil {
@@ -320,8 +335,7 @@ func (c *wsConn) read() {
 		} else {
 			c.handle(data)
 		}
-		if c.raw != nil && c.br.Buffered() == 0 {
-			go c.read()
+		if c.br != nil && c.br.Buffered() == 0 && c.t.poller.park(c) {
 			return
 		}
 	}
@@ -649,9 +663,12 @@ func (c *wsConn) startKeepAlive() {
 	}
 	// Created stopped, so that the callback never runs before c.timer is set.
 	c.timer = time.AfterFunc(time.Duration(math.MaxInt64), func() {
+		if c.liveUntil.Load() < time.Now().Add(c.t.keepAlive).UnixNano() {
+			c.t.poller.unpark(c) // the peer's time is up before the next keep-alive
+		}
 		if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.t.writeTimeout)); err != nil {
 			if !errors.Is(err, websocket.ErrCloseSent) {
-				c.ws.Close()
+				c.drop()
 			}
 			return
 		}
@@ -675,7 +692,9 @@ func (c *wsConn) startKeepAlive() {
 // pong and ping. It runs in the reader, or in the reader's control-frame handlers.
 func (c *wsConn) extendLiveness() {
 	if c.t.keepAlive > 0 && !c.closed.Load() {
-		c.ws.SetReadDeadline(time.Now().Add(2 * c.t.keepAlive))
+		until := time.Now().Add(2 * c.t.keepAlive)
+		c.liveUntil.Store(until.UnixNano())
+		c.ws.SetReadDeadline(until)
 		if c.closed.Load() {
 			// closeWith ran meanwhile, on another goroutine: its grace stands.
 			c.ws.SetReadDeadline(time.Now().Add(closeGrace))
@@ -711,7 +730,7 @@ func (c *wsConn) send(b []byte, skip *atomic.Bool) bool {
 	c.writeMu.Unlock()
 	if err != nil {
 		if !errors.Is(err, websocket.ErrCloseSent) {
-			c.ws.Close()
+			c.drop()
 		}
 		return false
 	}
@@ -736,11 +755,20 @@ func (c *wsConn) closeWith(code int, reason string) {
 	switch {
 	case errors.Is(err, websocket.ErrCloseSent):
 	case err != nil:
-		c.ws.Close()
+		c.drop()
 	default:
 		c.countClose(code)
 		c.ws.SetReadDeadline(time.Now().Add(closeGrace))
+		c.t.poller.unpark(c) // its reader enforces the grace
 	}
+}
+
+// drop closes the connection at once. A parked socket is unparked first, while its descriptor
+// is still open, so that a reader sees the end and releases what the socket held.
+func (c *wsConn) drop() {
+	c.closed.Store(true)
+	c.t.poller.unpark(c)
+	c.ws.Close()
 }
 
 // markClosingLocked notes that the socket is closing: no timer fires any more, and a reader

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"net"
 	"net/http"
-	"syscall"
 )
 
 // wsReadBufferSize is the size of a socket's frame-reading buffer: more than 256 bytes, so
@@ -15,7 +14,7 @@ const wsReadBufferSize = 288
 
 // ownReadBuffer wraps the handshake's ResponseWriter so that the connection it hijacks reads
 // through a buffer the transport holds: the reader then knows when no byte of a frame is
-// buffered, which is when it may wait for the socket itself (see readable).
+// buffered, which is when the socket may wait in the poller (see idlePoller.park).
 type ownReadBuffer struct {
 	http.ResponseWriter
 	br *bufio.Reader
@@ -28,21 +27,4 @@ func (o *ownReadBuffer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	}
 	o.br = bufio.NewReaderSize(nc, wsReadBufferSize)
 	return nc, bufio.NewReadWriter(o.br, brw.Writer), nil
-}
-
-// readable waits until the socket has a byte to read, or has ended, failed or passed its read
-// deadline, without consuming anything: the frame reader then finds out which. The wait is
-// shallow (a few frames above the poller), so a new goroutine doing it never grows its stack
-// (see (*wsConn).read). It must only be called while the frame reader holds no buffered byte:
-// the socket alone then tells whether a frame is coming.
-func readable(rc syscall.RawConn) {
-	rc.Read(peekReadable)
-}
-
-// peekReadable reports whether the socket is no longer merely empty: data, its end (a peek of
-// 0 bytes) or an error. EAGAIN sends the poller to wait for readability, and then here again.
-func peekReadable(fd uintptr) bool {
-	var b [1]byte
-	_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-	return err != syscall.EAGAIN
 }
