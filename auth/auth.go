@@ -139,11 +139,21 @@ type principalKey struct{}
 
 // WithPrincipal returns a context that carries the principal.
 func WithPrincipal(ctx context.Context, p Principal) context.Context {
-	return context.WithValue(ctx, principalKey{}, p)
+	return context.WithValue(ctx, principalKey{}, &p)
 }
 
 // FromContext returns the principal the context carries.
 func FromContext(ctx context.Context) (Principal, bool) {
-	p, ok := ctx.Value(principalKey{}).(Principal)
+	if p, ok := SharedFromContext(ctx); ok {
+		return *p, true
+	}
+	return Principal{}, false
+}
+
+// SharedFromContext returns the principal the context carries itself rather than a copy, for
+// what keeps it as long as the context (a subscription's filter of events), where a copy would
+// cost each of thousands of subscriptions its bytes again. It must not be changed.
+func SharedFromContext(ctx context.Context) (*Principal, bool) {
+	p, ok := ctx.Value(principalKey{}).(*Principal)
 	return p, ok
 }

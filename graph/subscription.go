@@ -49,10 +49,11 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 			return nil, err
 		}
 	}
-	resuming := snapshotAfter != "" // a snapshot cut off after that instance
+	resuming := snapshotAfter != ""          // a snapshot cut off after that instance
+	shared, _ := auth.SharedFromContext(ctx) // what Principal read: the filter keeps it, not a copy
 	match := func(rec *instance.Record) bool {
 		i := rec.Instance
-		return (project == "" || i.ProjectID == project) && pr.Allows(org, i.ProjectID, auth.RoleViewer)
+		return (project == "" || i.ProjectID == project) && shared.Allows(org, i.ProjectID, auth.RoleViewer)
 	}
 	st := &eventStream{ctx: ctx, end: endingOf(ctx), out: make(chan *model.InstanceEvent, 1), pos: pos, last: after, at: pos}
 	delivery, pushed := ctx.Value(deliveryKey{}).(*Delivery)
@@ -128,7 +129,7 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 		st.bookmarks.Reset(every)
 	}
 	if pushed {
-		delivery.next, delivery.stop = st.push, st.stop
+		delivery.st = st
 	} else {
 		go st.run()
 	}
@@ -143,8 +144,10 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 // operation's response handler once, which then returns without waiting.
 type Delivery struct {
 	wake func()
-	next func() bool
-	stop func()
+	st   *eventStream
+	// end is the operation's ending, for SubscriptionEndings: here rather than in a context
+	// value of its own, one layer less for every subscription to keep.
+	end ending
 }
 
 type deliveryKey struct{}
@@ -158,19 +161,19 @@ func WithDelivery(ctx context.Context, wake func()) (context.Context, *Delivery)
 
 // Attached reports whether a subscription took the delivery: when not, the operation was
 // not a subscription, or was refused, and its response handler is called as usual.
-func (d *Delivery) Attached() bool { return d.next != nil }
+func (d *Delivery) Attached() bool { return d.st != nil }
 
 // Next makes the next response ready: when it returns true, one call of the response handler
 // returns it (or nil, at the end) without blocking; false means none is ready yet. After the
 // end it keeps returning true.
-func (d *Delivery) Next() bool { return d.next() }
+func (d *Delivery) Next() bool { return d.st.push() }
 
 // Stop releases what the subscription holds (its place in the feed, its timers); the
 // transport calls it once the operation has ended, however it ended. Safe to call more than
 // once, and alongside Next.
 func (d *Delivery) Stop() {
-	if d.stop != nil {
-		d.stop()
+	if d.st != nil {
+		d.st.stop()
 	}
 }
 
@@ -436,6 +439,9 @@ func endingOf(ctx context.Context) *ending {
 	if e, ok := ctx.Value(endingKey{}).(*ending); ok {
 		return e
 	}
+	if d, ok := ctx.Value(deliveryKey{}).(*Delivery); ok {
+		return &d.end
+	}
 	return &ending{}
 }
 
@@ -478,8 +484,14 @@ func (SubscriptionEndings) InterceptOperation(ctx context.Context, next graphql.
 	if op := graphql.GetOperationContext(ctx).Operation; op == nil || op.Operation != ast.Subscription {
 		return next(ctx)
 	}
-	end := &ending{}
-	responses := next(context.WithValue(ctx, endingKey{}, end))
+	var end *ending
+	if d, ok := ctx.Value(deliveryKey{}).(*Delivery); ok {
+		end = &d.end
+	} else {
+		end = &ending{}
+		ctx = context.WithValue(ctx, endingKey{}, end)
+	}
+	responses := next(ctx)
 	return func(ctx context.Context) *graphql.Response {
 		if resp := responses(ctx); resp != nil {
 			return resp

@@ -902,7 +902,7 @@ func (op *wsOp) run(params *graphql.RawParams) {
 		return
 	}
 	op.subscription = rc.Operation != nil && rc.Operation.Operation == ast.Subscription
-	ctx = graphql.WithOperationContext(ctx, rc)
+	// DispatchOperation puts rc in the context itself.
 	ctx, op.delivery = graph.WithDelivery(ctx, op.wake)
 	op.handler, ctx = c.exec.DispatchOperation(ctx, rc)
 	op.ctx = ctx
