@@ -1,7 +1,6 @@
 package libvirt
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -49,7 +48,9 @@ func (d *hostDriver) ConsoleOutput(ctx context.Context, id string, tailBytes int
 		return region.ConsoleOutput{}, d.fault("console output", err)
 	}
 	// The file's own size: a pool that probed the guest's output as some disk format would
-	// report that format's capacity.
+	// report that format's capacity. It is where the download starts, not where it ends: the
+	// size libvirt reports may be older than the file (a run read 0 bytes of a booted guest's
+	// console), so the download goes on to the file's end, keeping only the tail.
 	_, _, size, err := conn.StorageVolGetInfoFlags(vol, uint32(golibvirt.StorageVolGetPhysical))
 	if err != nil {
 		return region.ConsoleOutput{}, d.fault("console output", err)
@@ -57,16 +58,43 @@ func (d *hostDriver) ConsoleOutput(ctx context.Context, id string, tailBytes int
 	tail := min(uint64(tailBytes), region.ConsoleOutputMax)
 	// One byte more than asked says whether anything came before the tail, and lets the cut
 	// drop a character the tail would split.
-	want := min(size, tail+1)
-	var buf bytes.Buffer
-	if want > 0 {
-		if err := conn.StorageVolDownload(vol, &buf, size-want, want, 0); err != nil {
-			return region.ConsoleOutput{}, d.fault("console output", err)
-		}
+	keep := &lastBytes{max: int(tail + 1)}
+	from := size - min(size, tail+1)
+	err = conn.StorageVolDownload(vol, keep, from, 0, 0) // 0: to the end
+	if err == nil && from > 0 && len(keep.buf) == 0 {
+		// The file is shorter than libvirt said (the log was rotated): its whole tail.
+		err = conn.StorageVolDownload(vol, keep, 0, 0, 0)
+		from = 0
 	}
-	out := region.TailText(buf.Bytes(), int(tail), now)
-	out.Truncated = out.Truncated || size > want
+	if err != nil {
+		return region.ConsoleOutput{}, d.fault("console output", err)
+	}
+	out := region.TailText(keep.buf, int(tail), now)
+	out.Truncated = out.Truncated || keep.dropped || from > 0
 	return out, nil
+}
+
+// lastBytes keeps the last max bytes written to it: a download of a whole log costs no more
+// memory than its tail.
+type lastBytes struct {
+	buf     []byte
+	max     int
+	dropped bool // bytes written before buf's were let go
+}
+
+func (l *lastBytes) Write(p []byte) (int, error) {
+	n := len(p)
+	if len(p) >= l.max {
+		l.dropped = l.dropped || len(l.buf) > 0 || len(p) > l.max
+		l.buf = append(l.buf[:0], p[len(p)-l.max:]...)
+		return n, nil
+	}
+	if over := len(l.buf) + len(p) - l.max; over > 0 {
+		l.buf = append(l.buf[:0], l.buf[over:]...)
+		l.dropped = true
+	}
+	l.buf = append(l.buf, p...)
+	return n, nil
 }
 
 // hasConsoleLog reports whether the domain writes its serial console to the pool.

@@ -27,3 +27,34 @@ func TestConsoleSinkNeverFails(t *testing.T) {
 		t.Errorf("reads after the overrun: %v, want ErrConsoleOverrun", err)
 	}
 }
+
+// TestLastBytesKeepsTheTail: whatever the writes, what is kept is the last max bytes of all
+// that was written, and dropped says whether anything came before them.
+func TestLastBytesKeepsTheTail(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		writes  []string
+		want    string
+		dropped bool
+	}{
+		{"nothing", nil, "", false},
+		{"less than max", []string{"ab", "c"}, "abc", false},
+		{"exactly max", []string{"ab", "cd"}, "abcd", false},
+		{"one write past max", []string{"abcdef"}, "cdef", true},
+		{"one write of max after others", []string{"x", "abcd"}, "abcd", true},
+		{"writes past max", []string{"abc", "def", "g"}, "defg", true},
+		{"an empty write", []string{"abcd", ""}, "abcd", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			l := &lastBytes{max: 4}
+			for _, w := range tt.writes {
+				if n, err := l.Write([]byte(w)); n != len(w) || err != nil {
+					t.Fatalf("Write(%q) = %d, %v", w, n, err)
+				}
+			}
+			if string(l.buf) != tt.want || l.dropped != tt.dropped {
+				t.Errorf("kept %q (dropped %t), want %q (dropped %t)", l.buf, l.dropped, tt.want, tt.dropped)
+			}
+		})
+	}
+}
