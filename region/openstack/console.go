@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/remoteconsoles"
 	"github.com/gorilla/websocket"
@@ -99,8 +100,7 @@ type serialConsole struct {
 
 	closeOnce sync.Once
 	closeErr  error
-	mu        sync.Mutex
-	detached  bool
+	detached  atomic.Bool
 }
 
 // Read returns what the guest wrote; io.EOF once the console went away (the proxy closed it,
@@ -111,11 +111,8 @@ func (c *serialConsole) Read(p []byte) (int, error) {
 	for len(c.pending) == 0 {
 		_, data, err := c.ws.ReadMessage()
 		if err != nil {
-			c.mu.Lock()
-			detached := c.detached
-			c.mu.Unlock()
 			var ce *websocket.CloseError
-			if detached || errors.As(err, &ce) {
+			if c.detached.Load() || errors.As(err, &ce) {
 				return 0, io.EOF
 			}
 			return 0, err
@@ -150,8 +147,6 @@ func (c *serialConsole) Close() error {
 
 // detach ends the attachment for another one of the same console.
 func (c *serialConsole) detach() {
-	c.mu.Lock()
-	c.detached = true
-	c.mu.Unlock()
+	c.detached.Store(true)
 	c.Close()
 }

@@ -68,15 +68,20 @@ type watcher struct {
 	// for; and a server back where it was within one second (a fake compute's reboot) shows
 	// the same updated time and state as before. There are as many as servers in the middle
 	// of a verb at once.
-	unsettled map[string]region.Event
+	unsettled map[string]pending
 	// taken are the touches of this process the watch has taken up, by server → when.
 	taken map[string]time.Time
-	// unlisted are those of the unsettled that this process made and no listing has shown:
-	// once settled they are left to the listing, which reports them created.
-	unlisted map[string]bool
-	// forced are those of the unsettled that a verb of this process acted on: once settled
-	// they are reported, even in a state the watch reported before the verb.
-	forced map[string]bool
+}
+
+// pending is an unsettled server, with the event that reports it.
+type pending struct {
+	ev region.Event
+	// unlisted: this process made it and no listing has shown it; once settled it is left to
+	// the listing, which reports it created.
+	unlisted bool
+	// forced: a verb of this process acted on it; once settled it is reported, even in a state
+	// the watch reported before the verb.
+	forced bool
 }
 
 // reported is a change of a server the watch reported.
@@ -87,7 +92,7 @@ type reported struct {
 
 func newWatcher(d *Driver, cursor time.Time) *watcher {
 	return &watcher{d: d, cursor: cursor, last: map[string]reported{}, created: map[string]time.Time{},
-		unsettled: map[string]region.Event{}, taken: map[string]time.Time{}, unlisted: map[string]bool{}, forced: map[string]bool{}}
+		unsettled: map[string]pending{}, taken: map[string]time.Time{}}
 }
 
 // poll reports the changes since the last; only fn's error ends the watch.
@@ -152,14 +157,13 @@ func (w *watcher) event(s *changed, since time.Time) (region.Event, bool) {
 		tags = decodeSpec(s.Metadata).Tags
 	}
 	ev := region.Event{Cursor: s.Updated.UTC().Format(cursorLayout), Kind: region.ServerUpdated, ServerID: s.ID, Scope: scope, Tags: tags}
-	delete(w.unlisted, s.ID)
-	forced := false
+	p, forced := w.unsettled[s.ID], false
 	if unsettled(&s.Server) {
-		w.unsettled[s.ID] = ev
+		p.ev, p.unlisted = ev, false
+		w.unsettled[s.ID] = p
 	} else {
-		forced = w.forced[s.ID]
+		forced = p.forced
 		delete(w.unsettled, s.ID)
-		delete(w.forced, s.ID)
 	}
 	if !w.fresh(s.ID, fingerprint(s), s.Updated) && !forced {
 		return region.Event{}, false
@@ -202,13 +206,15 @@ func (w *watcher) takeTouched() {
 		}
 		w.taken[id] = t.at
 		t.ev.Cursor = w.cursor.UTC().Format(cursorLayout)
+		p, known := w.unsettled[id]
 		if _, listed := w.last[id]; t.made && !listed {
-			if _, known := w.unsettled[id]; !known {
-				w.unsettled[id], w.unlisted[id] = t.ev, true
+			if !known {
+				w.unsettled[id] = pending{ev: t.ev, unlisted: true}
 			}
 			continue
 		}
-		w.unsettled[id], w.forced[id] = t.ev, true
+		p.ev, p.forced = t.ev, true
+		w.unsettled[id] = p
 	}
 }
 
@@ -221,7 +227,8 @@ func unsettled(s *servers.Server) bool {
 // settled in a state no listing reported is reported; one that cannot be read now is read
 // again at the next poll.
 func (w *watcher) checkUnsettled(ctx context.Context, fn func(region.Event) error) error {
-	for id, ev := range w.unsettled {
+	for id, p := range w.unsettled {
+		ev := p.ev
 		var s *servers.Server
 		err := w.d.call(ctx, "read unsettled server "+id, func(ctx context.Context, c *clients) error {
 			var err error
@@ -231,8 +238,6 @@ func (w *watcher) checkUnsettled(ctx context.Context, fn func(region.Event) erro
 		switch {
 		case errors.Is(err, errNotFound) || err == nil && deleted(s):
 			delete(w.unsettled, id)
-			delete(w.unlisted, id)
-			delete(w.forced, id)
 			ev.Kind, ev.Cursor = region.ServerDeleted, w.cursor.UTC().Format(cursorLayout)
 			if err := fn(ev); err != nil {
 				return err
@@ -240,11 +245,8 @@ func (w *watcher) checkUnsettled(ctx context.Context, fn func(region.Event) erro
 		case err != nil:
 			w.d.log.Warn("openstack: watch: read an unsettled server", "server", id, "err", err)
 		case !unsettled(s):
-			forced, unlisted := w.forced[id], w.unlisted[id]
 			delete(w.unsettled, id)
-			delete(w.forced, id)
-			delete(w.unlisted, id)
-			if unlisted || !w.fresh(id, fingerprint(&changed{Server: *s}), s.Updated) && !forced {
+			if p.unlisted || !w.fresh(id, fingerprint(&changed{Server: *s}), s.Updated) && !p.forced {
 				continue
 			}
 			ev.Kind, ev.Cursor = region.ServerUpdated, w.cursor.UTC().Format(cursorLayout)
