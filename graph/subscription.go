@@ -128,12 +128,94 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 		})
 		st.bookmarks.Reset(every)
 	}
+	forgetArguments(ctx)
 	if pushed {
 		delivery.st = st
 	} else {
 		go st.run()
 	}
 	return st.out, nil
+}
+
+// forgetArguments lets go of what the subscription was asked with once it has begun: gqlgen
+// keeps its operation for the subscription's life, to run the selection on each event, and
+// with it the field's arguments (read once, by the resolver) and the operation's coerced
+// variables; with thousands of idle subscribers those maps are a large share of what each
+// costs. The variables are kept when the selection below the field reads one (an argument, or
+// @include and @skip), since each event's execution does.
+func forgetArguments(ctx context.Context) {
+	if !graphql.HasOperationContext(ctx) {
+		return
+	}
+	fc := graphql.GetFieldContext(ctx)
+	if fc == nil {
+		return
+	}
+	fc.Args = nil
+	if !usesVariables(fc.Field.Selections, map[string]bool{}) {
+		graphql.GetOperationContext(ctx).Variables = nil
+	}
+}
+
+// usesVariables reports whether anything in the selections reads a variable: the arguments
+// and directives of fields, inline fragments and named fragments (each looked into once).
+func usesVariables(set ast.SelectionSet, seen map[string]bool) bool {
+	for _, sel := range set {
+		switch s := sel.(type) {
+		case *ast.Field:
+			if argumentsUse(s.Arguments) || directivesUse(s.Directives) || usesVariables(s.SelectionSet, seen) {
+				return true
+			}
+		case *ast.InlineFragment:
+			if directivesUse(s.Directives) || usesVariables(s.SelectionSet, seen) {
+				return true
+			}
+		case *ast.FragmentSpread:
+			if directivesUse(s.Directives) || s.Definition == nil {
+				return true // a fragment not resolved by validation: assume it does
+			}
+			if !seen[s.Name] {
+				seen[s.Name] = true
+				if directivesUse(s.Definition.Directives) || usesVariables(s.Definition.SelectionSet, seen) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func directivesUse(ds ast.DirectiveList) bool {
+	for _, d := range ds {
+		if argumentsUse(d.Arguments) {
+			return true
+		}
+	}
+	return false
+}
+
+func argumentsUse(args ast.ArgumentList) bool {
+	for _, a := range args {
+		if valueUses(a.Value) {
+			return true
+		}
+	}
+	return false
+}
+
+func valueUses(v *ast.Value) bool {
+	if v == nil {
+		return false
+	}
+	if v.Kind == ast.Variable {
+		return true
+	}
+	for _, c := range v.Children {
+		if valueUses(c.Value) {
+			return true
+		}
+	}
+	return false
 }
 
 // Delivery lets a transport drive a subscription's events itself, instead of a goroutine per

@@ -764,3 +764,35 @@ func TestWebSocketRefusesOperationsAfterTokenExpiry(t *testing.T) {
 		c.conn.Close()
 	}
 }
+
+// TestSubscriptionVariablesReadPerEvent: a subscription's variables that its selection reads
+// (here @include) still decide every live event, while those only its field's arguments read
+// are let go once it has begun: both shapes go on delivering as asked.
+func TestSubscriptionVariablesReadPerEvent(t *testing.T) {
+	a, s := wsServer(t)
+	tok := a.admin(t)
+	one := a.mustCreate(t, tok, createInput("one"))
+	const query = `subscription($org: ID!, $id: ID, $withName: Boolean!) {
+		instanceEvents(organizationId: $org, instanceId: $id) { cursor kind changedFields instance { id name @include(if: $withName) generation } } }`
+	subscribe := func(withName bool) *wsClient {
+		c := mustDialWS(t, wsURL(s), protoTransportWS, wsDial{})
+		c.mustAck(tok)
+		c.send(map[string]any{"type": "subscribe", "id": "s", "payload": map[string]any{"query": query,
+			"variables": map[string]any{"org": "acme", "id": one.ID, "withName": withName}}})
+		if ev := c.event(); ev.Kind != "SNAPSHOT" {
+			t.Fatalf("first event %+v, want SNAPSHOT", ev)
+		}
+		c.synced()
+		return c
+	}
+	named, unnamed := subscribe(true), subscribe(false)
+	for i := range 2 {
+		a.describe(t, tok, one.ID, fmt.Sprint("live ", i))
+		if ev := named.event(); ev.Kind != "UPDATED" || ev.Instance.ID != one.ID || ev.Instance.Name != "one" {
+			t.Errorf("event %d with $withName true: %+v, want UPDATED of %s with its name", i, ev, one.ID)
+		}
+		if ev := unnamed.event(); ev.Kind != "UPDATED" || ev.Instance.ID != one.ID || ev.Instance.Name != "" {
+			t.Errorf("event %d with $withName false: %+v, want UPDATED of %s without its name", i, ev, one.ID)
+		}
+	}
+}
