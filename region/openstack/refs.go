@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/flavors"
@@ -45,33 +46,64 @@ func (d *Driver) cloudID(ctx context.Context, kind, catalogID string, ref *regio
 	if err != nil {
 		return "", fmt.Errorf("catalogue %s %q: %w", kind, catalogID, err)
 	}
+	d.rememberRef(key, id)
+	return id, nil
+}
+
+// rememberRef keeps the cloud's id of a catalogue entry named by name.
+func (d *Driver) rememberRef(key refKey, id string) {
 	d.refsMu.Lock()
+	defer d.refsMu.Unlock()
 	if d.refs == nil {
 		d.refs = map[refKey]string{}
 	}
 	d.refs[key] = id
-	d.refsMu.Unlock()
-	return id, nil
+}
+
+// flavorsByName lists the cloud's flavors, by name: Nova's API filters flavors by no name,
+// so one listing serves every flavor looked up at once.
+func (d *Driver) flavorsByName(ctx context.Context) (map[string][]string, error) {
+	byName := map[string][]string{}
+	err := d.call(ctx, "list flavors", func(ctx context.Context, c *clients) error {
+		clear(byName)
+		pages, err := flavors.ListDetail(c.compute, flavors.ListOpts{AccessType: flavors.AllAccess}).AllPages(ctx)
+		if err != nil {
+			return err
+		}
+		list, err := flavors.ExtractFlavors(pages)
+		for _, f := range list {
+			byName[f.Name] = append(byName[f.Name], f.ID)
+		}
+		return err
+	})
+	return byName, err
+}
+
+// theOne is the id of the one object of the kind with the name, of those found by it; none,
+// or more than one, is refused.
+func theOne(kind, name string, ids []string) (string, error) {
+	switch {
+	case len(ids) == 0:
+		return "", fmt.Errorf("the cloud has no %s named %q: %w", kind, name, region.ErrRefused)
+	case len(ids) > 1:
+		return "", fmt.Errorf("the cloud has %d %ss named %q (%s): name it by its id: %w", len(ids), kind, name, strings.Join(ids, ", "), region.ErrRefused)
+	}
+	return ids[0], nil
 }
 
 // lookUp finds the one object of the kind with the name; none, or more than one, is refused.
 func (d *Driver) lookUp(ctx context.Context, kind, name string) (string, error) {
+	if kind == kindFlavor {
+		byName, err := d.flavorsByName(ctx)
+		if err != nil {
+			return "", err
+		}
+		return theOne(kind, name, byName[name])
+	}
 	var ids []string
 	err := d.call(ctx, "look up "+kind+" "+name, func(ctx context.Context, c *clients) error {
 		ids = nil
 		switch kind {
-		case kindFlavor:
-			pages, err := flavors.ListDetail(c.compute, flavors.ListOpts{AccessType: flavors.AllAccess}).AllPages(ctx)
-			if err != nil {
-				return err
-			}
-			list, err := flavors.ExtractFlavors(pages)
-			for _, f := range list {
-				if f.Name == name {
-					ids = append(ids, f.ID)
-				}
-			}
-			return err
 		case kindImage:
 			pages, err := images.List(c.image, images.ListOpts{Name: name}).AllPages(ctx)
 			if err != nil {
@@ -103,15 +135,10 @@ func (d *Driver) lookUp(ctx context.Context, kind, name string) (string, error) 
 		}
 		return err
 	})
-	switch {
-	case err != nil:
+	if err != nil {
 		return "", err
-	case len(ids) == 0:
-		return "", fmt.Errorf("the cloud has no %s named %q: %w", kind, name, region.ErrRefused)
-	case len(ids) > 1:
-		return "", fmt.Errorf("the cloud has %d %ss named %q (%s): name it by its id: %w", len(ids), kind, name, strings.Join(ids, ", "), region.ErrRefused)
 	}
-	return ids[0], nil
+	return theOne(kind, name, ids)
 }
 
 // exists checks that the cloud has the object of the kind with the id.
@@ -175,14 +202,17 @@ func (d *Driver) Check(ctx context.Context) error {
 			entries = append(entries, entry{kindSecurityGroup, sg.ID, sg.OpenStack})
 		}
 	}
+	// The flavors, of one listing, rather than one listing per flavor named by name.
+	var flavorIDs map[string][]string
+	if slices.ContainsFunc(entries, func(e entry) bool { return e.kind == kindFlavor }) {
+		var err error
+		if flavorIDs, err = d.flavorsByName(ctx); err != nil {
+			return fmt.Errorf("openstack: region %s: check the catalogue against the cloud: %w", rid, err)
+		}
+	}
 	var problems []error
 	for _, e := range entries {
-		var err error
-		if e.ref != nil && e.ref.Name != "" {
-			_, err = d.cloudID(ctx, e.kind, e.id, e.ref)
-		} else if err = d.exists(ctx, e.kind, e.cloudID()); err != nil {
-			err = fmt.Errorf("catalogue %s %q: %w", e.kind, e.id, err)
-		}
+		err := d.checkEntry(ctx, e, flavorIDs)
 		switch {
 		case errors.Is(err, region.ErrUnreachable) || errors.Is(err, region.ErrUnavailable):
 			return fmt.Errorf("openstack: region %s: check the catalogue against the cloud: %w", rid, err)
@@ -192,6 +222,35 @@ func (d *Driver) Check(ctx context.Context) error {
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("openstack: region %s: the catalogue names what the cloud does not have: %w", rid, errors.Join(problems...))
+	}
+	return nil
+}
+
+// checkEntry looks an entry up in the cloud; flavors in the cloud's flavors by name.
+func (d *Driver) checkEntry(ctx context.Context, e entry, flavorIDs map[string][]string) error {
+	named := e.ref != nil && e.ref.Name != ""
+	var err error
+	switch {
+	case e.kind == kindFlavor && named:
+		var id string
+		if id, err = theOne(e.kind, e.ref.Name, flavorIDs[e.ref.Name]); err == nil {
+			d.rememberRef(refKey{e.kind, e.id}, id)
+		}
+	case e.kind == kindFlavor:
+		err = fmt.Errorf("the cloud has no %s %s: %w", e.kind, e.cloudID(), region.ErrRefused)
+		for _, ids := range flavorIDs {
+			if slices.Contains(ids, e.cloudID()) {
+				err = nil
+			}
+		}
+	case named:
+		_, err = d.cloudID(ctx, e.kind, e.id, e.ref)
+		return err // says which entry
+	default:
+		err = d.exists(ctx, e.kind, e.cloudID())
+	}
+	if err != nil {
+		return fmt.Errorf("catalogue %s %q: %w", e.kind, e.id, err)
 	}
 	return nil
 }
