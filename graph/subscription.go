@@ -111,9 +111,13 @@ func (r *Resolver) subscribe(ctx context.Context, org, project, instanceID, afte
 	for i := range replay {
 		st.queue = append(st.queue, queued{toEvent(replay[i]), replay[i].Cursor})
 	}
-	// The subscription lives only as long as the token that opened it.
+	// The subscription lives only as long as the token that opened it. A transport that
+	// drives it wakes it at the deadline; otherwise a timer of its own does.
 	if !pr.Deadline.IsZero() {
-		st.expiry = time.AfterFunc(time.Until(pr.Deadline), func() { st.expired.Store(true); st.wake() })
+		st.deadline = pr.Deadline.UnixNano()
+		if !pushed {
+			st.expiry = time.AfterFunc(time.Until(pr.Deadline), func() { st.expired.Store(true); st.wake() })
+		}
 	}
 	if bookmarks {
 		every := r.BookmarkEvery
@@ -235,7 +239,9 @@ type Delivery struct {
 type deliveryKey struct{}
 
 // WithDelivery returns a context whose subscription delivers through the returned Delivery,
-// calling wake (which must not block) when its next event may be ready.
+// calling wake (which must not block) when its next event may be ready. The transport must
+// also wake it once its principal's Deadline has passed (by the wall clock), when it ends:
+// a transport holds one timer for all its subscriptions rather than one each.
 func WithDelivery(ctx context.Context, wake func()) (context.Context, *Delivery) {
 	d := &Delivery{wake: wake}
 	return context.WithValue(ctx, deliveryKey{}, d), d
@@ -304,6 +310,7 @@ type eventStream struct {
 
 	expired, bookmarkDue, stopped atomic.Bool
 	expiry, bookmarks             *time.Timer
+	deadline                      int64 // the token's, in Unix nanoseconds; 0 for none
 
 	// Only the driver (run, or the transport's calls of Next, one at a time) touches what
 	// follows.
@@ -326,7 +333,7 @@ func (st *eventStream) poll() (ev *model.InstanceEvent, ended bool) {
 		st.last, st.at = q.ev.Cursor, q.position
 		return q.ev, false
 	}
-	if st.expired.Load() {
+	if st.expired.Load() || st.deadline != 0 && time.Now().UnixNano() >= st.deadline {
 		st.end.set(instance.CodeUnauthenticated, "the token of this subscription expired: subscribe again with a new token", st.last)
 		st.ended = true
 		return nil, true

@@ -268,7 +268,7 @@ type wsConn struct {
 	legacy bool // graphql-ws rather than graphql-transport-ws
 	trace  http.Header
 	// ctx is the server's context with the handshake's values (socketContext). It never
-	// ends: the socket ends its operations one by one (endOps), so that an operation's
+	// ends: the socket ends its operations one by one (wakeOps), so that an operation's
 	// context, cancelled on its own, registers with no parent (a cancellable parent would
 	// keep a map of its children and a channel).
 	ctx context.Context
@@ -302,8 +302,13 @@ type wsConn struct {
 	closing          bool
 	// closed mirrors closing for the reader's checks, which must not wait for mu.
 	closed atomic.Bool
-	// timer waits for connection_init, then sends the keep-alives.
-	timer *time.Timer
+	// timer waits for connection_init, then sends the keep-alives at nextPing (only it reads
+	// and writes nextPing) and wakes the subscriptions at deadline, the token's (zero for
+	// none; set with the acknowledgement), after which deadlinePassed is set.
+	timer          *time.Timer
+	nextPing       time.Time
+	deadline       time.Time
+	deadlinePassed atomic.Bool
 
 	shutdownOnce sync.Once
 }
@@ -627,7 +632,7 @@ func (c *wsConn) init(payload map[string]any) {
 		held.release()
 		return
 	}
-	c.opCtx, c.principalSocket = ctx, held
+	c.opCtx, c.principalSocket, c.deadline = ctx, held, p.Deadline
 	if c.timer != nil {
 		c.timer.Stop()
 	}
@@ -649,43 +654,75 @@ func (c *wsConn) refuse(code int, reason string, err error) {
 	c.closeWith(code, reason)
 }
 
-// startKeepAlive sends, every keepAlive, a ping frame and the protocol's own keep-alive
-// message. A timer that runs the ping, rather than a goroutine that waits for a ticker, costs
-// an idle socket no stack.
+// startKeepAlive starts the socket's one timer, once the connection is acknowledged: every
+// keepAlive it sends a ping frame and the protocol's own keep-alive message, and at the
+// deadline of the socket's token it wakes the socket's subscriptions, which then end (see
+// graph.WithDelivery): one timer per socket rather than one per subscription. A timer, rather
+// than a goroutine that waits for a ticker, costs an idle socket no stack.
 func (c *wsConn) startKeepAlive() {
-	if c.t.keepAlive <= 0 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing || c.t.keepAlive <= 0 && c.deadline.IsZero() {
 		return
+	}
+	if c.t.keepAlive > 0 {
+		c.nextPing = time.Now().Add(c.t.keepAlive)
+	}
+	// Created stopped, so that the callback never runs before c.timer is set.
+	c.timer = time.AfterFunc(time.Duration(math.MaxInt64), c.tick)
+	c.resetTimerLocked(time.Now())
+}
+
+// tick runs what is due of the socket's timer: the wake-up at its token's deadline, the
+// keep-alive.
+func (c *wsConn) tick() {
+	now := time.Now()
+	if !c.deadline.IsZero() && !now.Before(c.deadline) && !c.deadlinePassed.Swap(true) {
+		c.wakeOps(false)
+	}
+	if c.t.keepAlive > 0 && !now.Before(c.nextPing) {
+		c.nextPing = now.Add(c.t.keepAlive)
+		if !c.keepAlive(now) {
+			return
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closing {
-		return
+	if !c.closing {
+		c.resetTimerLocked(now)
 	}
-	// Created stopped, so that the callback never runs before c.timer is set.
-	c.timer = time.AfterFunc(time.Duration(math.MaxInt64), func() {
-		if c.liveUntil.Load() < time.Now().Add(c.t.keepAlive).UnixNano() {
-			c.t.poller.unpark(c) // the peer's time is up before the next keep-alive
+}
+
+// resetTimerLocked sets the timer to the next of its duties. c.mu must be held.
+func (c *wsConn) resetTimerLocked(now time.Time) {
+	var next time.Time
+	if c.t.keepAlive > 0 {
+		next = c.nextPing
+	}
+	if !c.deadline.IsZero() && !c.deadlinePassed.Load() && (next.IsZero() || c.deadline.Before(next)) {
+		next = c.deadline
+	}
+	if !next.IsZero() {
+		c.timer.Reset(next.Sub(now))
+	}
+}
+
+// keepAlive sends the ping frame and the keep-alive message; false when the socket is gone.
+func (c *wsConn) keepAlive(now time.Time) bool {
+	if c.liveUntil.Load() < now.Add(c.t.keepAlive).UnixNano() {
+		c.t.poller.unpark(c) // the peer's time is up before the next keep-alive
+	}
+	if err := c.ws.WriteControl(websocket.PingMessage, nil, now.Add(c.t.writeTimeout)); err != nil {
+		if !errors.Is(err, websocket.ErrCloseSent) {
+			c.drop()
 		}
-		if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.t.writeTimeout)); err != nil {
-			if !errors.Is(err, websocket.ErrCloseSent) {
-				c.drop()
-			}
-			return
-		}
-		keepAlive := "ping"
-		if c.legacy {
-			keepAlive = "ka"
-		}
-		if !c.write(map[string]any{"type": keepAlive}) {
-			return
-		}
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if !c.closing {
-			c.timer.Reset(c.t.keepAlive)
-		}
-	})
-	c.timer.Reset(c.t.keepAlive)
+		return false
+	}
+	keepAlive := "ping"
+	if c.legacy {
+		keepAlive = "ka"
+	}
+	return c.write(map[string]any{"type": keepAlive})
 }
 
 // extendLiveness gives the peer another two keep-alive intervals: called for every message,
@@ -751,7 +788,7 @@ func (c *wsConn) closeWith(code int, reason string) {
 	// The close frame goes first: after it no message can be written, so an operation that
 	// ends with the socket never sends its complete ahead of the close.
 	err := c.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, closeReason(reason)), time.Now().Add(c.t.writeTimeout))
-	c.endOps()
+	c.wakeOps(true)
 	switch {
 	case errors.Is(err, websocket.ErrCloseSent):
 	case err != nil:
@@ -790,15 +827,19 @@ func (c *wsConn) countClose(code int) {
 	}
 }
 
-// endOps ends every operation of a closing socket: it cancels each one's context and wakes
-// it, since an idle subscription has no goroutine to notice by itself, and must give back its
-// place in the feed. An operation no longer in c.ops has been cancelled already.
-func (c *wsConn) endOps() {
+// wakeOps wakes every operation of the socket, since an idle subscription has no goroutine
+// to notice anything by itself: at its token's deadline, which a subscription looks at when
+// woken, and, with end, as the socket closes, cancelling each one's context first so that it
+// ends and gives back its place in the feed. An operation no longer in c.ops has been
+// cancelled already.
+func (c *wsConn) wakeOps(end bool) {
 	c.mu.Lock()
 	ops := slices.Clone(c.ops)
 	c.mu.Unlock()
 	for _, op := range ops {
-		op.abort()
+		if end {
+			op.abort()
+		}
 		op.wake()
 	}
 }
@@ -810,7 +851,7 @@ func (c *wsConn) shutdown() {
 		c.markClosingLocked()
 		held := c.principalSocket
 		c.mu.Unlock()
-		c.endOps()
+		c.wakeOps(true)
 		c.t.untrack(c)
 		c.ws.Close()
 		if held != nil {
