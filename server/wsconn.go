@@ -59,6 +59,14 @@ const (
 // current one.
 var websocketSubprotocols = []string{"graphql-transport-ws", "graphql-ws"}
 
+// Bounds of the drainers: how many at most, and how long one waits for more work. A burst of
+// events (one to each of ten subscribers of an instance, a change to each of many instances)
+// keeps them busy; a quiet second lets them go.
+const (
+	drainersMax = 16
+	drainerIdle = time.Second
+)
+
 // closeGrace is how long a socket the server closes waits for the peer's close frame before
 // the connection is dropped: closing TCP with the peer's data unread resets it, and a reset
 // can destroy the close frame before the peer has read it.
@@ -103,6 +111,8 @@ type wsTransport struct {
 	readLimit int64
 	// poller holds the idle sockets (nil where there is none: their readers wait in reads).
 	poller *idlePoller
+	// drainers answer woken subscriptions.
+	drainers *drainers
 }
 
 func newWSTransport(o Options, origins originPolicy, limits *connLimits, m *websocketMetrics) *wsTransport {
@@ -127,6 +137,7 @@ func newWSTransport(o Options, origins originPolicy, limits *connLimits, m *webs
 		o.Logger.Warn("websocket: idle sockets keep a goroutine each", "err", err)
 	}
 	t.poller = poller
+	t.drainers = newDrainers(drainersMax, drainerIdle, o.Context.Done())
 	if m != nil {
 		m.poller = poller
 	}
@@ -1037,7 +1048,7 @@ func (op *wsOp) abort() {
 func (op *wsOp) wake() {
 	op.dirty.Store(true)
 	if op.running.CompareAndSwap(false, true) {
-		go op.drain()
+		op.c.t.drainers.run(op.drain)
 	}
 }
 
