@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
 	"fmt"
 	"net/http"
 	"strings"
@@ -12,9 +10,9 @@ import (
 
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
-	"golang.org/x/crypto/ssh"
 
 	"github.com/computeql/computeql/auth"
+	"github.com/computeql/computeql/sshtest"
 )
 
 // signIn opens the dashboard and signs in through its form, waiting until the instance table
@@ -371,15 +369,7 @@ func TestDashboardSSHKeysAndConsole(t *testing.T) {
 	b := newBrowser(t, sys.URL)
 	tok := sys.token(t, "alice", auth.Grant{OrganizationID: "acme", ProjectID: "web", Role: auth.RoleMember})
 	signIn(t, b, sys, tok)
-	pub, _, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := ssh.NewPublicKey(pub)
-	if err != nil {
-		t.Fatal(err)
-	}
-	line := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(key))) + " alice@laptop"
+	line := sshtest.PublicKey(t) + " alice@laptop"
 
 	b.do(t, "create keyed-1 with a bad key",
 		click("#new-instance"),

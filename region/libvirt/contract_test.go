@@ -2,8 +2,6 @@ package libvirt_test
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,13 +12,13 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/crypto/ssh"
 
 	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/redistest"
 	"github.com/computeql/computeql/region"
 	"github.com/computeql/computeql/region/libvirt"
 	"github.com/computeql/computeql/region/regiontest"
+	"github.com/computeql/computeql/sshtest"
 	"github.com/computeql/computeql/virttest"
 )
 
@@ -65,14 +63,6 @@ func labCatalog(t testing.TB, host *virttest.Host, kernel, initrd string, add ..
 	if m.buildTimeout == "" {
 		m.buildTimeout = "10m"
 	}
-	caPub, _, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sshPub, err := ssh.NewPublicKey(caPub)
-	if err != nil {
-		t.Fatal(err)
-	}
 	doc := fmt.Sprintf(`{
   "regions": [{"id": "lab", "name": "Lab", "driver": "libvirt",
     "libvirt": {%s, "accel": "tcg", "stopTimeout": "20s", "buildTimeout": %q}}],
@@ -85,7 +75,7 @@ func labCatalog(t testing.TB, host *virttest.Host, kernel, initrd string, add ..
     {"id": "huge", "name": "huge", "cpus": 1, "memoryGiB": 4096, "diskGB": 1, "architecture": "x86_64", "regions": ["lab"]}%s],
   "images": [{"id": "busybox", "name": "busybox", "architecture": "x86_64", "sizeGiB": 1, "virtualization": "virtualized",
     "state": "ready", "regions": ["lab"], "kernel": %q, "initrd": %q, "cmdline": "console=ttyS0"}%s]
-}`, hostsJSON(host, m.uri, m.hosts), m.buildTimeout, strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub))), extra(m.flavors),
+}`, hostsJSON(host, m.uri, m.hosts), m.buildTimeout, sshtest.PublicKey(t), extra(m.flavors),
 		kernel, initrd, extra(m.images))
 	cat, err := region.Parse([]byte(doc))
 	if err != nil {

@@ -2,8 +2,6 @@ package openstack_test
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -25,7 +23,6 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/security/groups"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/security/rules"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
-	"golang.org/x/crypto/ssh"
 
 	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/openstacktest"
@@ -33,6 +30,7 @@ import (
 	"github.com/computeql/computeql/region"
 	ostack "github.com/computeql/computeql/region/openstack"
 	"github.com/computeql/computeql/region/regiontest"
+	"github.com/computeql/computeql/sshtest"
 )
 
 var redisServer *redistest.Server
@@ -85,14 +83,6 @@ func startLab(t *testing.T) *lab {
 // and the region's external network the one external names ("" for none).
 func (l *lab) catalog(t *testing.T, external string) *region.Catalog {
 	t.Helper()
-	caPub, _, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sshPub, err := ssh.NewPublicKey(caPub)
-	if err != nil {
-		t.Fatal(err)
-	}
 	c := l.cloud
 	doc := fmt.Sprintf(`{
   "regions": [{"id": "os", "name": "OpenStack", "driver": "openstack",
@@ -109,7 +99,7 @@ func (l *lab) catalog(t *testing.T, external string) *region.Catalog {
       "openstack": {"id": %q}}],
   "images": [{"id": "cirros", "name": "cirros", "architecture": "x86_64", "sizeGiB": 1, "virtualization": "virtualized",
     "state": "ready", "regions": ["os"], "openstack": {"id": %q}}]
-}`, openstacktest.CloudName, external, c.NetworkID, l.sshGroupID, strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub))), c.FlavorID, l.bigFlavorID, c.ImageID)
+}`, openstacktest.CloudName, external, c.NetworkID, l.sshGroupID, sshtest.PublicKey(t), c.FlavorID, l.bigFlavorID, c.ImageID)
 	cat, err := region.Parse([]byte(doc))
 	if err != nil {
 		t.Fatal(err)
@@ -224,17 +214,9 @@ func deletedWhileBuilding(t *testing.T, d *ostack.Driver) {
 // extra SSH keys nor a certificate authority, else a multipart whose parts are the user data,
 // unchanged, and a cloud-config with the keys and the authority's key.
 func (l *lab) userData(t *testing.T, d *ostack.Driver, cat *region.Catalog) {
-	pub, _, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := ssh.NewPublicKey(pub)
-	if err != nil {
-		t.Fatal(err)
-	}
 	sp := spec("user-data")
 	sp.UserData = []byte("#cloud-config\nruncmd: [[sh, -c, 'echo " + strings.Repeat("x", 400) + "']]\n")
-	sp.SSHPublicKeys = []string{strings.TrimSpace(string(ssh.MarshalAuthorizedKey(key))) + " " + strings.Repeat("c", 300)}
+	sp.SSHPublicKeys = []string{sshtest.PublicKey(t) + " " + strings.Repeat("c", 300)}
 	created, err := d.CreateServer(t.Context(), sp)
 	if err != nil {
 		t.Fatalf("CreateServer: %v", err)
