@@ -2,7 +2,6 @@ package virt
 
 import (
 	"context"
-	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
@@ -19,6 +18,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/computeql/computeql/e2e/harness"
+	"github.com/computeql/computeql/sshtest"
 	"github.com/computeql/computeql/virttest"
 )
 
@@ -67,7 +67,7 @@ func TestLibvirtDebianSSH(t *testing.T) {
 	// Created together: they boot at the same time, so the second costs little more.
 	withKey := lab.mustCreate(ctx, t, map[string]any{"name": "deb-key", "flavorId": "small", "imageId": "debian-12",
 		"userData": base64.StdEncoding.EncodeToString([]byte(script))})
-	ownKey := newSigner(t)
+	ownKey := sshtest.Signer(t)
 	withCA := lab.mustCreate(ctx, t, map[string]any{"name": "deb-ca", "flavorId": "small", "imageId": "debian-12",
 		"sshCertificateAuthorityId": "ca-web", "sshPublicKeys": []string{strings.TrimSpace(string(ssh.MarshalAuthorizedKey(ownKey.PublicKey()))) + " me@laptop"}})
 	clock.step("created deb-key %s and deb-ca %s", withKey, withCA)
@@ -265,20 +265,6 @@ func TestLibvirtDebianSSH(t *testing.T) {
 	})
 }
 
-// newSigner makes an ed25519 key of a user's own.
-func newSigner(t *testing.T) ssh.Signer {
-	t.Helper()
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer, err := ssh.NewSignerFromKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return signer
-}
-
 // sshKey reads the instance's project key pair through instanceSSHKey.
 func sshKey(ctx context.Context, t *testing.T, lab *lab, id string) ssh.Signer {
 	t.Helper()
@@ -304,14 +290,14 @@ type certificateAuthority struct {
 
 func newCA(t *testing.T) *certificateAuthority {
 	t.Helper()
-	return &certificateAuthority{signer: newSigner(t)}
+	return &certificateAuthority{signer: sshtest.Signer(t)}
 }
 
 // userCert makes a new ed25519 key and a user certificate of it for the principal, signed by
 // the CA, and returns the signer that presents the certificate.
 func (ca *certificateAuthority) userCert(t *testing.T, principal string) ssh.Signer {
 	t.Helper()
-	userSigner := newSigner(t)
+	userSigner := sshtest.Signer(t)
 	now := time.Now()
 	cert := &ssh.Certificate{
 		Key: userSigner.PublicKey(), Serial: 1, CertType: ssh.UserCert, KeyId: "computeql-e2e", ValidPrincipals: []string{principal},
