@@ -11,6 +11,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/images"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/security/groups"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
+	"github.com/gophercloud/gophercloud/v2/pagination"
 
 	"github.com/computeql/computeql/region"
 )
@@ -63,19 +64,28 @@ func (d *Driver) rememberRef(key refKey, id string) {
 // flavorsByName lists the cloud's flavors, by name: Nova's API filters flavors by no name,
 // so one listing serves every flavor looked up at once.
 func (d *Driver) flavorsByName(ctx context.Context) (map[string][]string, error) {
-	byName := map[string][]string{}
+	var byName map[string][]string
 	err := d.call(ctx, "list flavors", func(ctx context.Context, c *clients) error {
-		clear(byName)
-		pages, err := flavors.ListDetail(c.compute, flavors.ListOpts{AccessType: flavors.AllAccess}).AllPages(ctx)
-		if err != nil {
-			return err
-		}
-		list, err := flavors.ExtractFlavors(pages)
-		for _, f := range list {
-			byName[f.Name] = append(byName[f.Name], f.ID)
-		}
+		var err error
+		byName, err = idsByName(ctx, flavors.ListDetail(c.compute, flavors.ListOpts{AccessType: flavors.AllAccess}), flavors.ExtractFlavors,
+			func(f *flavors.Flavor) (string, string) { return f.ID, f.Name })
 		return err
 	})
+	return byName, err
+}
+
+// idsByName lists the objects of a listing, every page, as ids by name.
+func idsByName[T any](ctx context.Context, pager pagination.Pager, extract func(pagination.Page) ([]T, error), idName func(*T) (id, name string)) (map[string][]string, error) {
+	pages, err := pager.AllPages(ctx)
+	if err != nil {
+		return nil, err
+	}
+	list, err := extract(pages)
+	byName := map[string][]string{}
+	for i := range list {
+		id, name := idName(&list[i])
+		byName[name] = append(byName[name], id)
+	}
 	return byName, err
 }
 
@@ -93,60 +103,38 @@ func theOne(kind, name string, ids []string) (string, error) {
 
 // lookUp finds the one object of the kind with the name; none, or more than one, is refused.
 func (d *Driver) lookUp(ctx context.Context, kind, name string) (string, error) {
+	var byName map[string][]string
+	var err error
 	if kind == kindFlavor {
-		byName, err := d.flavorsByName(ctx)
-		if err != nil {
-			return "", err
-		}
-		return theOne(kind, name, byName[name])
+		byName, err = d.flavorsByName(ctx)
+	} else {
+		err = d.call(ctx, "look up "+kind+" "+name, func(ctx context.Context, c *clients) error {
+			var err error
+			switch kind {
+			case kindImage:
+				byName, err = idsByName(ctx, images.List(c.image, images.ListOpts{Name: name}), images.ExtractImages,
+					func(im *images.Image) (string, string) { return im.ID, im.Name })
+			case kindNetwork:
+				byName, err = idsByName(ctx, networks.List(c.network, networks.ListOpts{Name: name}), networks.ExtractNetworks,
+					func(n *networks.Network) (string, string) { return n.ID, n.Name })
+			default:
+				byName, err = idsByName(ctx, groups.List(c.network, groups.ListOpts{Name: name}), groups.ExtractGroups,
+					func(g *groups.SecGroup) (string, string) { return g.ID, g.Name })
+			}
+			return err
+		})
 	}
-	var ids []string
-	err := d.call(ctx, "look up "+kind+" "+name, func(ctx context.Context, c *clients) error {
-		ids = nil
-		switch kind {
-		case kindImage:
-			pages, err := images.List(c.image, images.ListOpts{Name: name}).AllPages(ctx)
-			if err != nil {
-				return err
-			}
-			list, err := images.ExtractImages(pages)
-			for _, im := range list {
-				ids = append(ids, im.ID)
-			}
-			return err
-		case kindNetwork:
-			pages, err := networks.List(c.network, networks.ListOpts{Name: name}).AllPages(ctx)
-			if err != nil {
-				return err
-			}
-			list, err := networks.ExtractNetworks(pages)
-			for _, n := range list {
-				ids = append(ids, n.ID)
-			}
-			return err
-		}
-		pages, err := groups.List(c.network, groups.ListOpts{Name: name}).AllPages(ctx)
-		if err != nil {
-			return err
-		}
-		list, err := groups.ExtractGroups(pages)
-		for _, g := range list {
-			ids = append(ids, g.ID)
-		}
-		return err
-	})
 	if err != nil {
 		return "", err
 	}
-	return theOne(kind, name, ids)
+	return theOne(kind, name, byName[name])
 }
 
-// exists checks that the cloud has the object of the kind with the id.
+// exists checks that the cloud has the object of the kind with the id (flavors are checked
+// in their listing, see checkEntry).
 func (d *Driver) exists(ctx context.Context, kind, id string) error {
 	err := d.call(ctx, "read "+kind+" "+id, func(ctx context.Context, c *clients) error {
 		switch kind {
-		case kindFlavor:
-			return flavors.Get(ctx, c.compute, id).Err
 		case kindImage:
 			return images.Get(ctx, c.image, id).Err
 		case kindNetwork:
