@@ -77,10 +77,10 @@ type Queue struct {
 	rdb  redis.UniversalClient
 	opts Options
 
-	// adding says an enqueue round trip is under way; added holds the keys that wait for the
-	// next.
+	// adding counts the enqueue round trips under way, at most maxAdds; added holds the keys
+	// that wait for the next.
 	addMu  sync.Mutex
-	adding bool
+	adding int
 	added  []*addReq
 }
 
@@ -125,26 +125,26 @@ func (q *Queue) Setup(ctx context.Context) error {
 // starts by itself (the follow-up of a key added while it was handled, delayed runs, retries,
 // requeued dead letters) carry none and begin traces of their own.
 //
-// Enqueues made while another's round trip is under way share the next one: one script call
-// adds them all. That round trip is not cut short by any one caller's context: an Enqueue
-// whose context ends while it waits returns the context's error, and the key may be added
-// all the same.
+// Up to four Enqueues at a time make a round trip each; those made while four are under way
+// share the next one: one script call adds them all. That round trip is not cut short by any
+// one caller's context: an Enqueue whose context ends while it waits returns the context's
+// error, and the key may be added all the same.
 func (q *Queue) Enqueue(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("enqueue %s: %w", key, err)
 	}
 	r := &addReq{shard: q.Shard(key), key: key, fields: q.traceFields(ctx), done: make(chan error, 1)}
 	q.addMu.Lock()
-	if q.adding {
+	if q.adding >= maxAdds {
 		q.added = append(q.added, r)
 		q.addMu.Unlock()
 	} else {
-		q.adding = true
+		q.adding++
 		q.addMu.Unlock()
 		q.add([]*addReq{r})
 		q.addMu.Lock()
 		if len(q.added) == 0 {
-			q.adding = false
+			q.adding--
 		} else {
 			go q.addWaiting()
 		}
@@ -168,6 +168,13 @@ type addReq struct {
 	fields []any
 	done   chan error
 }
+
+// maxAdds bounds the enqueue round trips one Queue has under way. Up to it, each Enqueue
+// makes its own, so that a few callers adding at once do not wait in line for one another's
+// replies (a single round trip at a time capped a queue's adds at a few keys per round trip
+// time); past it, callers share the next round trip in batches, so that a flood of callers
+// costs Redis a bounded number of round trips instead of one each.
+const maxAdds = 4
 
 // addTimeout bounds one shared enqueue round trip: it serves several callers, so none's
 // context may cut it short.
@@ -203,7 +210,7 @@ func (q *Queue) addWaiting() {
 		reqs := q.added
 		q.added = nil
 		if len(reqs) == 0 {
-			q.adding = false
+			q.adding--
 			q.addMu.Unlock()
 			return
 		}

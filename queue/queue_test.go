@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/redistest"
 )
@@ -268,6 +270,100 @@ func TestEnqueueOfWaitingKeyCoalesces(t *testing.T) {
 	if w, err := q.Waiting(ctx, "other"); err != nil || w {
 		t.Errorf("Waiting(other) = %v, %v", w, err)
 	}
+}
+
+// Up to maxAdds Enqueues make a round trip each at once; those that come while maxAdds are
+// under way wait and share the next round trips, and every key is added.
+func TestEnqueueRoundTripsBoundedThenShared(t *testing.T) {
+	rdb, q := newTestQueue(t, Options{Shards: 4})
+	gate := &scriptGate{open: make(chan struct{}), entered: make(chan struct{}, 100)}
+	rdb.AddHook(gate)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	var keys []string
+	enqueue := func(key string) {
+		keys = append(keys, key)
+		wg.Go(func() {
+			if err := q.Enqueue(ctx, key); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	for i := range maxAdds {
+		enqueue(fmt.Sprintf("first-%d", i))
+	}
+	for range maxAdds {
+		select {
+		case <-gate.entered:
+		case <-time.After(waitLimit):
+			t.Fatal("the first Enqueues did not each make a round trip")
+		}
+	}
+	const more = 20
+	for i := range more {
+		enqueue(fmt.Sprintf("more-%d", i))
+	}
+	eventually.Holds(t, waitLimit, func() bool {
+		q.addMu.Lock()
+		defer q.addMu.Unlock()
+		return len(q.added) == more
+	}, "the later Enqueues waiting")
+	close(gate.open)
+	wg.Wait()
+	gate.mu.Lock()
+	most, calls := gate.most, gate.calls
+	gate.mu.Unlock()
+	if most != maxAdds {
+		t.Errorf("at most %d enqueue round trips were under way at once, want %d", most, maxAdds)
+	}
+	if calls >= maxAdds+more {
+		t.Errorf("%d keys took %d round trips: the waiting ones did not share", maxAdds+more, calls)
+	}
+	for _, k := range keys {
+		if w, err := q.Waiting(ctx, k); err != nil || !w {
+			t.Errorf("%s: Waiting = %v, %v", k, w, err)
+		}
+	}
+}
+
+// scriptGate holds script calls (EVALSHA) until open is closed, counting them and the most
+// under way at once; entered receives one value per call held.
+type scriptGate struct {
+	open    chan struct{}
+	entered chan struct{}
+
+	mu               sync.Mutex
+	calls, now, most int
+}
+
+func (g *scriptGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *scriptGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() != "evalsha" {
+			return next(ctx, cmd)
+		}
+		g.mu.Lock()
+		g.calls++
+		g.now++
+		g.most = max(g.most, g.now)
+		g.mu.Unlock()
+		select {
+		case <-g.open:
+		default:
+			g.entered <- struct{}{}
+			<-g.open
+		}
+		err := next(ctx, cmd)
+		g.mu.Lock()
+		g.now--
+		g.mu.Unlock()
+		return err
+	}
+}
+
+func (g *scriptGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // Semantics 5: EnqueueAfter keeps the earlier of two schedules.
