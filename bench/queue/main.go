@@ -4,7 +4,8 @@
 // medians as a markdown table (docs/performance.md, "The work queue beside raw streams and
 // asynq"). It is a module of its own so that the product's module does not depend on asynq.
 //
-//	go run . [-rounds 3] [-keys 50000] [-handlers 4,16] [-producers 4]
+//	go run . [-rounds 3] [-keys 50000] [-handlers 4,16] [-producers 4] [-systems raw,ours,asynq]
+//	         [-cpuprofile FILE] [-commands]
 package main
 
 import (
@@ -17,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,6 +41,9 @@ func main() {
 	producers := flag.Int("producers", 4, "goroutines adding keys, one add at a time each")
 	asynqCheck := flag.Duration("asynq-check-interval", 10*time.Millisecond,
 		"asynq's TaskCheckInterval: how long its idle handlers sleep when the queue is empty (asynq polls; its default is 1s)")
+	only := flag.String("systems", "raw,ours,asynq", "comma-separated systems to run (raw, ours, asynq); the table shows – for the others")
+	cpuProfile := flag.String("cpuprofile", "", "write this process's CPU profile over every run to FILE (go tool pprof)")
+	commands := flag.Bool("commands", false, "after every run, print Redis's time per key in each command (INFO commandstats), scripts' inner commands included")
 	flag.Parse()
 	var handlers []int
 	for _, f := range strings.Split(*handlerList, ",") {
@@ -49,10 +54,45 @@ func main() {
 		}
 		handlers = append(handlers, n)
 	}
-	if err := run(*rounds, *keys, *producers, handlers, *asynqCheck); err != nil {
+	cfg := config{rounds: *rounds, keys: *keys, producers: *producers, handlers: handlers, asynqCheck: *asynqCheck, commands: *commands}
+	for _, name := range strings.Split(*only, ",") {
+		if !slices.Contains(systemNames, strings.TrimSpace(name)) {
+			fmt.Fprintf(os.Stderr, "bad -systems %q: each must be one of %s\n", *only, strings.Join(systemNames, ", "))
+			os.Exit(2)
+		}
+		cfg.systems = append(cfg.systems, strings.TrimSpace(name))
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "queue-bench:", err)
+			os.Exit(1)
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
+	if err := run(cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "queue-bench:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
+}
+
+// systemNames are the -systems names, in the table's column order.
+var systemNames = []string{"raw", "ours", "asynq"}
+
+// config is what the flags ask for.
+type config struct {
+	rounds, keys, producers int
+	handlers                []int
+	asynqCheck              time.Duration
+	// systems are the names of the systems to run.
+	systems []string
+	// commands prints Redis's time per key by command after every run.
+	commands bool
 }
 
 // system is one way of moving keys from producers to handlers.
@@ -77,7 +117,8 @@ type result struct {
 	trips, scripts, commands float64
 }
 
-func run(rounds, keys, producers int, handlers []int, asynqCheck time.Duration) error {
+func run(cfg config) error {
+	rounds, keys, producers, handlers := cfg.rounds, cfg.keys, cfg.producers, cfg.handlers
 	srv, err := redisproc.Start()
 	if err != nil {
 		return err
@@ -95,7 +136,7 @@ func run(rounds, keys, producers int, handlers []int, asynqCheck time.Duration) 
 	defer admin.Close()
 	ctx := context.Background()
 	version, _ := admin.InfoMap(ctx, "server").Result()
-	systems := []system{rawStreams(), ourQueue(), asynqSystem(asynqCheck)}
+	systems := []system{rawStreams(), ourQueue(), asynqSystem(cfg.asynqCheck)}
 
 	// results[h][s] holds every round's figures of system s at handler count h.
 	results := make([][][]result, len(handlers))
@@ -107,7 +148,10 @@ func run(rounds, keys, producers int, handlers []int, asynqCheck time.Duration) 
 	for round := range rounds {
 		for h, n := range handlers {
 			for s, sys := range systems {
-				r, err := measure(ctx, admin, srv.Addr, sys, n, keys, producers)
+				if !slices.Contains(cfg.systems, systemNames[s]) {
+					continue
+				}
+				r, err := measure(ctx, admin, srv.Addr, sys, n, keys, producers, cfg.commands)
 				if err != nil {
 					return fmt.Errorf("%s, %d handlers, round %d: %w", sys.name, n, round+1, err)
 				}
@@ -143,10 +187,15 @@ func run(rounds, keys, producers int, handlers []int, asynqCheck time.Duration) 
 			{"commands per key (in scripts too)", func(r result) float64 { return r.commands }, func(v float64) string { return fmt.Sprintf("%.1f", v) }},
 		} {
 			var v [3]float64
+			var cell [3]string
 			for s := range systems {
-				v[s] = median(results[h][s], f.value)
+				v[s], cell[s] = 0, "–"
+				if len(results[h][s]) > 0 {
+					v[s] = median(results[h][s], f.value)
+					cell[s] = f.format(v[s])
+				}
 			}
-			fmt.Printf("| %d | %s | %s | %s | %s | %s | %s |\n", n, f.name, f.format(v[0]), f.format(v[1]), f.format(v[2]),
+			fmt.Printf("| %d | %s | %s | %s | %s | %s | %s |\n", n, f.name, cell[0], cell[1], cell[2],
 				ratio(v[1], v[0]), ratio(v[1], v[2]))
 		}
 	}
@@ -155,7 +204,7 @@ func run(rounds, keys, producers int, handlers []int, asynqCheck time.Duration) 
 
 // measure runs one system once on an empty database: producers add the keys while the
 // consumers handle them; the run lasts from the first add to the last key handled.
-func measure(ctx context.Context, admin *redis.Client, addr string, sys system, handlers, keys, producers int) (result, error) {
+func measure(ctx context.Context, admin *redis.Client, addr string, sys system, handlers, keys, producers int, byCommand bool) (result, error) {
 	if err := admin.FlushAll(ctx).Err(); err != nil {
 		return result{}, err
 	}
@@ -221,7 +270,7 @@ func measure(ctx context.Context, admin *redis.Client, addr string, sys system, 
 	n := trips.Load()
 	var scripts, commands int64
 	if err == nil {
-		scripts, commands, err = commandCalls(ctx, admin)
+		scripts, commands, err = commandCalls(ctx, admin, byCommand, keys)
 	}
 	stop()
 	if err != nil {
@@ -275,19 +324,29 @@ func (t tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 
 // commandCalls reads INFO commandstats since the last CONFIG RESETSTAT: how many scripts
 // Redis ran (EVALSHA and EVAL), and how many commands (those run by scripts included, the
-// script calls and the INFO itself not).
-func commandCalls(ctx context.Context, admin *redis.Client) (scripts, commands int64, err error) {
+// script calls and the INFO itself not). With print it also prints, per key, each command's
+// calls and microseconds, the most costly first (a script's time includes its commands').
+func commandCalls(ctx context.Context, admin *redis.Client, print bool, keys int) (scripts, commands int64, err error) {
 	info, err := admin.InfoMap(ctx, "commandstats").Result()
 	if err != nil {
 		return 0, 0, err
 	}
+	type cost struct {
+		name        string
+		calls, usec int64
+	}
+	var costs []cost
 	for name, stats := range info["Commandstats"] {
-		var calls int64
+		var calls, usec int64
 		for _, f := range strings.Split(stats, ",") {
 			if v, ok := strings.CutPrefix(f, "calls="); ok {
 				calls, _ = strconv.ParseInt(v, 10, 64)
 			}
+			if v, ok := strings.CutPrefix(f, "usec="); ok {
+				usec, _ = strconv.ParseInt(v, 10, 64)
+			}
 		}
+		costs = append(costs, cost{strings.TrimPrefix(name, "cmdstat_"), calls, usec})
 		switch strings.TrimPrefix(name, "cmdstat_") {
 		case "evalsha", "eval":
 			scripts += calls
@@ -296,12 +355,19 @@ func commandCalls(ctx context.Context, admin *redis.Client) (scripts, commands i
 			commands += calls
 		}
 	}
+	if print {
+		slices.SortFunc(costs, func(a, b cost) int { return int(b.usec - a.usec) })
+		for _, c := range costs {
+			fmt.Fprintf(os.Stderr, "    %-22s %6.2f calls/key %7.2f µs/key %6.2f µs/call\n", c.name,
+				float64(c.calls)/float64(keys), float64(c.usec)/float64(keys), float64(c.usec)/float64(max(c.calls, 1)))
+		}
+	}
 	return scripts, commands, nil
 }
 
 // ratio formats a÷b.
 func ratio(a, b float64) string {
-	if b == 0 {
+	if a == 0 || b == 0 {
 		return "–"
 	}
 	return fmt.Sprintf("%.2f×", a/b)
