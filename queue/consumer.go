@@ -473,7 +473,7 @@ func (c *Consumer) take(ctx context.Context, shards []int, first, n int, fin []*
 	keys := make([]string, 0, 7*len(shards))
 	for i, shard := range shards {
 		place[shard] = i
-		keys = append(keys, takeShardKeys(shard)...)
+		keys = append(keys, c.q.keys[shard].take...)
 	}
 	byPlace := make([][]*finishReq, len(shards))
 	for _, r := range fin {
@@ -659,7 +659,7 @@ func (c *Consumer) begin(ctx context.Context, msgs []message) []job {
 		func() []any {
 			return []any{c.q.opts.Group, c.opts.Name, c.q.opts.MaxDeliveries, now.UnixMilli(), c.q.opts.DeadLetterMaxLen}
 		},
-		beginShardKeys,
+		func(shard int) []string { return c.q.keys[shard].begin },
 		func(args []any, m message) []any {
 			mode := "n"
 			if m.reclaimed {
@@ -1066,7 +1066,7 @@ func (c *Consumer) finishBatch(reqs []*finishReq) {
 	var order []*finishReq
 	calls := batch(c.q, reqs, func(r *finishReq) int { return r.j.m.shard },
 		func() []any { return []any{c.q.opts.Group} },
-		finishShardKeys,
+		func(shard int) []string { return c.q.keys[shard].finish },
 		func(args []any, r *finishReq) []any {
 			order = append(order, r)
 			return append(args, r.finishArgs()...)

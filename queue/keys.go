@@ -1,6 +1,9 @@
 package queue
 
-import "strconv"
+import (
+	"slices"
+	"strconv"
+)
 
 // Every key of one shard carries the hash tag {q<shard>}, so each shard's scripts touch one
 // Redis Cluster slot and different shards can live on different nodes.
@@ -30,6 +33,21 @@ func fenceKey(shard int) string { return "cq:" + shardTag(shard) + ":f" }
 
 // deadKey is the shard's dead-letter stream.
 func deadKey(shard int) string { return "cq:" + shardTag(shard) + ":dead" }
+
+// shardKeys are one shard's KEYS in each kind of script call the hot paths make, built once
+// per queue rather than for every call. Each slice is clipped, so that appending to it copies.
+type shardKeys struct {
+	enqueue, begin, take, finish []string
+}
+
+func newShardKeys(shard int) shardKeys {
+	return shardKeys{
+		enqueue: slices.Clip([]string{streamKey(shard), stateKey(shard), delayedKey(shard)}),
+		begin:   slices.Clip(beginShardKeys(shard)),
+		take:    slices.Clip(takeShardKeys(shard)),
+		finish:  slices.Clip(finishShardKeys(shard)),
+	}
+}
 
 // beginShardKeys are the KEYS of one shard in a begin script call.
 func beginShardKeys(shard int) []string {

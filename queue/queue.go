@@ -76,6 +76,7 @@ func (o *Options) applyDefaults() error {
 type Queue struct {
 	rdb  redis.UniversalClient
 	opts Options
+	keys []shardKeys // by shard
 
 	// adding counts the enqueue round trips under way, at most maxAdds; added holds the keys
 	// that wait for the next.
@@ -89,7 +90,11 @@ func New(rdb redis.UniversalClient, opts Options) (*Queue, error) {
 	if err := opts.applyDefaults(); err != nil {
 		return nil, err
 	}
-	return &Queue{rdb: rdb, opts: opts}, nil
+	keys := make([]shardKeys, opts.Shards)
+	for shard := range keys {
+		keys[shard] = newShardKeys(shard)
+	}
+	return &Queue{rdb: rdb, opts: opts, keys: keys}, nil
 }
 
 // Shard returns the shard a key always maps to.
@@ -184,10 +189,17 @@ const addTimeout = 5 * time.Second
 func (q *Queue) add(reqs []*addReq) {
 	ctx, cancel := context.WithTimeout(context.Background(), addTimeout)
 	defer cancel()
+	if len(reqs) == 1 {
+		// The common case, the one caller of its own round trip: no grouping by shard.
+		r := reqs[0]
+		args := append([]any{1, r.key, len(r.fields)}, r.fields...)
+		r.done <- enqueueScript.Run(ctx, q.rdb, q.keys[r.shard].enqueue, args...).Err()
+		return
+	}
 	var order []*addReq
 	calls := batch(q, reqs, func(r *addReq) int { return r.shard },
 		func() []any { return nil },
-		func(shard int) []string { return []string{streamKey(shard), stateKey(shard), delayedKey(shard)} },
+		func(shard int) []string { return q.keys[shard].enqueue },
 		func(args []any, r *addReq) []any {
 			order = append(order, r)
 			return append(append(args, r.key, len(r.fields)), r.fields...)
@@ -401,7 +413,11 @@ func batch[T any](q *Queue, items []T, shardOf func(T) int, head func() []any, k
 			calls = append(calls, &scriptCall{args: head()})
 		}
 		call := calls[len(calls)-1]
-		call.keys = append(call.keys, keys(s)...)
+		if call.keys == nil {
+			call.keys = keys(s) // clipped: a second shard's keys are appended to a copy
+		} else {
+			call.keys = append(call.keys, keys(s)...)
+		}
 		call.args = append(call.args, len(byShard[s]))
 		for _, it := range byShard[s] {
 			call.args = add(call.args, it)
