@@ -104,6 +104,9 @@ func (s *Server) waitReady(limit time.Duration) error {
 	return errors.New("redisproc: redis-server did not answer PING in time")
 }
 
+// Pid is the redis-server process's id.
+func (s *Server) Pid() int { return s.cmd.Process.Pid }
+
 // Stop kills the server and removes its directory; calls after the first do nothing, so a
 // test may take a server down before its cleanup stops it.
 func (s *Server) Stop() {

@@ -29,6 +29,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sys/unix"
 
 	"github.com/computeql/computeql/queue"
 	"github.com/computeql/computeql/redisproc"
@@ -44,7 +45,14 @@ func main() {
 	only := flag.String("systems", "raw,ours,asynq", "comma-separated systems to run (raw, ours, asynq); the table shows – for the others")
 	cpuProfile := flag.String("cpuprofile", "", "write this process's CPU profile over every run to FILE (go tool pprof)")
 	commands := flag.Bool("commands", false, "after every run, print Redis's time per key in each command (INFO commandstats), scripts' inner commands included")
+	pin := flag.Bool("pin", true, "on a machine of two or more CPUs, run redis-server on CPU 0 and this process on the others, so that neither waits for the other's cores")
 	flag.Parse()
+	if *pin && runtime.NumCPU() > 1 && os.Getenv(pinnedEnv) == "" {
+		if err := pinAndRestart(); err != nil {
+			fmt.Fprintln(os.Stderr, "queue-bench: -pin:", err)
+			os.Exit(1)
+		}
+	}
 	var handlers []int
 	for _, f := range strings.Split(*handlerList, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -54,7 +62,7 @@ func main() {
 		}
 		handlers = append(handlers, n)
 	}
-	cfg := config{rounds: *rounds, keys: *keys, producers: *producers, handlers: handlers, asynqCheck: *asynqCheck, commands: *commands}
+	cfg := config{pinned: os.Getenv(pinnedEnv) != "", rounds: *rounds, keys: *keys, producers: *producers, handlers: handlers, asynqCheck: *asynqCheck, commands: *commands}
 	for _, name := range strings.Split(*only, ",") {
 		if !slices.Contains(systemNames, strings.TrimSpace(name)) {
 			fmt.Fprintf(os.Stderr, "bad -systems %q: each must be one of %s\n", *only, strings.Join(systemNames, ", "))
@@ -86,6 +94,8 @@ var systemNames = []string{"raw", "ours", "asynq"}
 
 // config is what the flags ask for.
 type config struct {
+	// pinned: redis-server runs on CPU 0, this process on the others.
+	pinned                  bool
 	rounds, keys, producers int
 	handlers                []int
 	asynqCheck              time.Duration
@@ -124,6 +134,11 @@ func run(cfg config) error {
 		return err
 	}
 	defer srv.Stop()
+	if cfg.pinned {
+		if err := unix.SchedSetaffinity(srv.Pid(), cpuSet(0, 1)); err != nil {
+			return fmt.Errorf("pin redis-server to CPU 0: %w", err)
+		}
+	}
 	// An interrupted run stops its redis-server too, which would otherwise outlive it.
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, os.Interrupt, syscall.SIGTERM)
@@ -166,10 +181,14 @@ func run(cfg config) error {
 	if v, ok := version["Server"]["redis_version"]; ok {
 		redisVersion = "Redis " + v
 	}
+	placement := "redis-server and this process sharing every core"
+	if cfg.pinned {
+		placement = "redis-server on CPU 0, this process on the others"
+	}
 	fmt.Printf("\n%s distinct keys per run added by %d producers, no-op handlers; median of %d interleaved rounds "+
-		"(raw, ours, asynq at each handler count in turn) on one redis-server on loopback (%s); %d cores, %s, GOMAXPROCS %d; "+
+		"(raw, ours, asynq at each handler count in turn) on one redis-server on loopback (%s); %d cores, %s; %s, GOMAXPROCS %d; "+
 		"load average %s at the start, %s at the end; %s in all.\n\n",
-		thousands(float64(keys)), producers, rounds, redisVersion, runtime.NumCPU(), runtime.Version(), runtime.GOMAXPROCS(0),
+		thousands(float64(keys)), producers, rounds, redisVersion, runtime.NumCPU(), runtime.Version(), placement, runtime.GOMAXPROCS(0),
 		load0, loadAverage(), time.Since(started).Round(time.Second))
 	fmt.Println("| handlers | figure | raw streams | our queue | asynq v0.26.0 | ours ÷ raw | ours ÷ asynq |")
 	fmt.Println("| --- | --- | --- | --- | --- | --- | --- |")
@@ -363,6 +382,35 @@ func commandCalls(ctx context.Context, admin *redis.Client, print bool, keys int
 		}
 	}
 	return scripts, commands, nil
+}
+
+// pinnedEnv marks the process pinAndRestart started.
+const pinnedEnv = "QUEUE_BENCH_PINNED"
+
+// pinAndRestart runs this program again on every CPU but the first, which redis-server gets
+// (run): the two share no core, as in production, where Redis has cores of its own. Sharing
+// them, each waits for the other's turn, and a system's figures would measure how much CPU its
+// client burns beside Redis rather than the Redis work it asks for. A thread's affinity
+// passes to what it executes, and so to every thread of the new process.
+func pinAndRestart() error {
+	runtime.LockOSThread()
+	if err := unix.SchedSetaffinity(0, cpuSet(1, runtime.NumCPU())); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	return syscall.Exec(self, os.Args, append(os.Environ(), pinnedEnv+"=1"))
+}
+
+// cpuSet is the set of CPUs from first up to, not including, end.
+func cpuSet(first, end int) *unix.CPUSet {
+	var set unix.CPUSet
+	for cpu := first; cpu < end; cpu++ {
+		set.Set(cpu)
+	}
+	return &set
 }
 
 // ratio formats a÷b.
