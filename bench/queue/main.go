@@ -181,14 +181,15 @@ func run(cfg config) error {
 	if v, ok := version["Server"]["redis_version"]; ok {
 		redisVersion = "Redis " + v
 	}
-	placement := "redis-server and this process sharing every core"
+	placement, cores := "redis-server and this process sharing every core", runtime.NumCPU()
 	if cfg.pinned {
+		cores, _ = strconv.Atoi(os.Getenv(pinnedEnv))
 		placement = "redis-server on CPU 0, this process on the others"
 	}
 	fmt.Printf("\n%s distinct keys per run added by %d producers, no-op handlers; median of %d interleaved rounds "+
 		"(raw, ours, asynq at each handler count in turn) on one redis-server on loopback (%s); %d cores, %s; %s, GOMAXPROCS %d; "+
 		"load average %s at the start, %s at the end; %s in all.\n\n",
-		thousands(float64(keys)), producers, rounds, redisVersion, runtime.NumCPU(), runtime.Version(), placement, runtime.GOMAXPROCS(0),
+		thousands(float64(keys)), producers, rounds, redisVersion, cores, runtime.Version(), placement, runtime.GOMAXPROCS(0),
 		load0, loadAverage(), time.Since(started).Round(time.Second))
 	fmt.Println("| handlers | figure | raw streams | our queue | asynq v0.26.0 | ours ÷ raw | ours ÷ asynq |")
 	fmt.Println("| --- | --- | --- | --- | --- | --- | --- |")
@@ -384,7 +385,8 @@ func commandCalls(ctx context.Context, admin *redis.Client, print bool, keys int
 	return scripts, commands, nil
 }
 
-// pinnedEnv marks the process pinAndRestart started.
+// pinnedEnv marks the process pinAndRestart started, with the machine's number of CPUs (its
+// own runtime.NumCPU counts only those it may run on).
 const pinnedEnv = "QUEUE_BENCH_PINNED"
 
 // pinAndRestart runs this program again on every CPU but the first, which redis-server gets
@@ -401,7 +403,7 @@ func pinAndRestart() error {
 	if err != nil {
 		return err
 	}
-	return syscall.Exec(self, os.Args, append(os.Environ(), pinnedEnv+"=1"))
+	return syscall.Exec(self, os.Args, append(os.Environ(), pinnedEnv+"="+strconv.Itoa(runtime.NumCPU())))
 }
 
 // cpuSet is the set of CPUs from first up to, not including, end.
