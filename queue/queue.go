@@ -192,8 +192,7 @@ func (q *Queue) add(reqs []*addReq) {
 	if len(reqs) == 1 {
 		// The common case, the one caller of its own round trip: no grouping by shard.
 		r := reqs[0]
-		args := append([]any{1, r.key, len(r.fields)}, r.fields...)
-		r.done <- enqueueScript.Run(ctx, q.rdb, q.keys[r.shard].enqueue, args...).Err()
+		r.done <- enqueueOneScript.Run(ctx, q.rdb, q.keys[r.shard].enqueue, append([]any{r.key}, r.fields...)...).Err()
 		return
 	}
 	var order []*addReq
@@ -294,10 +293,8 @@ func (q *Queue) EnqueueIf(ctx context.Context, pipe redis.Pipeliner, key, guard 
 	if q.cluster() {
 		return nil, ErrNotPipelined
 	}
-	shard := q.Shard(key)
-	fields := q.traceFields(ctx)
-	args := append([]any{key, len(fields)}, fields...)
-	return enqueueIfScript.EvalSha(ctx, pipe, []string{streamKey(shard), stateKey(shard), delayedKey(shard), guard}, args...), nil
+	keys := append(q.keys[q.Shard(key)].enqueue, guard) // a copy: the shard's keys are clipped
+	return enqueueOneScript.EvalSha(ctx, pipe, keys, append([]any{key}, q.traceFields(ctx)...)...), nil
 }
 
 // Joined reports whether the enqueue EnqueueIf added to a pipeline, since run, added the key.
@@ -305,7 +302,7 @@ func (q *Queue) EnqueueIf(ctx context.Context, pipe redis.Pipeliner, key, guard 
 // a failover): those are loaded again, so that the next one does; meanwhile Enqueue the key.
 func (q *Queue) Joined(ctx context.Context, cmd *redis.Cmd) bool {
 	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		enqueueIfScript.Load(ctx, q.rdb)
+		enqueueOneScript.Load(ctx, q.rdb)
 		return false
 	}
 	return cmd.Err() == nil && cmd.Val() != "unguarded"

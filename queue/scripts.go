@@ -83,19 +83,20 @@ end
 return out
 `)
 
-// enqueueIfScript adds one key now, as enqueueScript does, if a guard key exists when it runs:
-// pipelined after a command that writes the guard only when the key has work, the two make one
-// round trip, and a refused write enqueues nothing.
+// enqueueOneScript adds one key now, as enqueueScript does, in a call of its own: lighter
+// than a batch of one, and the common case. With a guard, it adds the key only if the guard
+// exists when it runs: pipelined after a command that writes the guard only when the key has
+// work, the two make one round trip, and a refused write enqueues nothing.
 //
-// KEYS[1] stream, KEYS[2] state, KEYS[3] delayed, KEYS[4] guard
-// ARGV[1] key, ARGV[2] how many field/value items follow, and those
+// KEYS[1] stream, KEYS[2] state, KEYS[3] delayed, KEYS[4] the guard (optional)
+// ARGV[1] key, then field/value items (stored with a new message)
 // Returns "queued", "again", "coalesced", or "unguarded" (the guard did not exist).
-var enqueueIfScript = redis.NewScript(enqueueLua + `
-if redis.call('EXISTS', KEYS[4]) == 0 then
+var enqueueOneScript = redis.NewScript(enqueueLua + `
+if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 0 then
   return 'unguarded'
 end
 redis.call('ZREM', KEYS[3], ARGV[1])
-return enqueue(KEYS[1], KEYS[2], ARGV[1], unpack(ARGV, 3, 2 + tonumber(ARGV[2])))
+return enqueue(KEYS[1], KEYS[2], ARGV[1], unpack(ARGV, 2))
 `)
 
 // enqueueAfterScript schedules a key, keeping an earlier schedule if there is one.
@@ -480,6 +481,6 @@ return n
 `)
 
 var scripts = []*redis.Script{
-	enqueueScript, enqueueIfScript, enqueueAfterScript, forwardScript, beginScript, takeScript, finishScript, buryScript,
+	enqueueScript, enqueueOneScript, enqueueAfterScript, forwardScript, beginScript, takeScript, finishScript, buryScript,
 	renewScript, pruneConsumersScript, requeueDeadScript, handBackScript,
 }

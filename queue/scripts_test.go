@@ -184,65 +184,111 @@ func runScriptCases(t *testing.T, cases []scriptCase) {
 	}
 }
 
+// The single-key cases run through both scripts that add keys now: the batch script with a
+// batch of one, and the one-key script.
 func TestEnqueueScript(t *testing.T) {
-	enqueue := func(key string) func(context.Context, *redis.Client, map[string]string) *redis.Cmd {
-		return func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
-			return enqueueScript.Run(ctx, rdb, []string{streamKey(0), stateKey(0), delayedKey(0)}, 1, key, 0)
-		}
-	}
-	runScriptCases(t, []scriptCase{{
+	shardKeys := []string{streamKey(0), stateKey(0), delayedKey(0)}
+	single := []struct {
+		name       string
+		init       rawShard
+		key        string
+		wantResult string
+		want       rawShard
+	}{{
 		name:       "idle key is queued",
-		run:        enqueue("k"),
-		wantResult: "[queued]",
+		key:        "k",
+		wantResult: "queued",
 		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}},
 	}, {
 		name:       "waiting key is left alone",
 		init:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}},
-		run:        enqueue("k"),
-		wantResult: "[coalesced]",
+		key:        "k",
+		wantResult: "coalesced",
 		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}},
 	}, {
 		name:       "key being handled runs once more",
 		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a7"}},
-		run:        enqueue("k"),
-		wantResult: "[again]",
+		key:        "k",
+		wantResult: "again",
 		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d7"}},
 	}, {
 		name:       "key already marked to run again is left alone",
 		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d7"}},
-		run:        enqueue("k"),
-		wantResult: "[coalesced]",
+		key:        "k",
+		wantResult: "coalesced",
 		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d7"}},
 	}, {
 		name:       "delayed key runs now and loses its schedule",
 		init:       rawShard{delayed: map[string]int64{"k": 5000, "other": 6000}},
-		run:        enqueue("k"),
-		wantResult: "[queued]",
+		key:        "k",
+		wantResult: "queued",
 		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}, delayed: map[string]int64{"other": 6000}},
 	}, {
 		name:       "delayed key being handled loses its schedule",
 		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a7"}, delayed: map[string]int64{"k": 5000}},
-		run:        enqueue("k"),
-		wantResult: "[again]",
+		key:        "k",
+		wantResult: "again",
 		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d7"}},
 	}, {
 		name:       "other keys are untouched",
 		init:       rawShard{waiting: []string{"x"}, state: map[string]string{"x": "q@"}},
-		run:        enqueue("k"),
-		wantResult: "[queued]",
+		key:        "k",
+		wantResult: "queued",
 		want:       rawShard{waiting: []string{"x", "k"}, state: map[string]string{"x": "q@", "k": "q@"}},
-	}, {
+	}}
+	var cases []scriptCase
+	for _, c := range single {
+		cases = append(cases, scriptCase{
+			name: "batch of one: " + c.name, init: c.init, wantResult: "[" + c.wantResult + "]", want: c.want,
+			run: func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
+				return enqueueScript.Run(ctx, rdb, shardKeys, 1, c.key, 0)
+			},
+		}, scriptCase{
+			name: "one key: " + c.name, init: c.init, wantResult: c.wantResult, want: c.want,
+			run: func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
+				return enqueueOneScript.Run(ctx, rdb, shardKeys, c.key)
+			},
+		})
+	}
+	guarded := append(shardKeys[:3:3], "guard")
+	cases = append(cases, scriptCase{
 		name: "one call adds several keys, each as alone, with its own fields",
 		init: rawShard{waiting: []string{"w"}, pending: map[string]string{"busy": "c1"},
 			state: map[string]string{"w": "q@", "busy": "a4"}, delayed: map[string]int64{"new": 5000}},
 		run: func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
-			return enqueueScript.Run(ctx, rdb, []string{streamKey(0), stateKey(0), delayedKey(0)},
-				4, "new", 2, "traceparent", "00-x", "w", 0, "busy", 0, "other", 0)
+			return enqueueScript.Run(ctx, rdb, shardKeys, 4, "new", 2, "traceparent", "00-x", "w", 0, "busy", 0, "other", 0)
 		},
 		wantResult: "[queued coalesced again queued]",
 		want: rawShard{waiting: []string{"w", "new", "other"}, pending: map[string]string{"busy": "c1"},
 			state: map[string]string{"w": "q@", "busy": "d4", "new": "q@", "other": "q@"}},
-	}})
+	}, scriptCase{
+		name: "one key with its fields",
+		init: rawShard{delayed: map[string]int64{"new": 5000}},
+		run: func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
+			return enqueueOneScript.Run(ctx, rdb, shardKeys, "new", "traceparent", "00-x")
+		},
+		wantResult: "queued",
+		want:       rawShard{waiting: []string{"new"}, state: map[string]string{"new": "q@"}},
+	}, scriptCase{
+		name: "one key whose guard is missing is not added, nor loses its schedule",
+		init: rawShard{delayed: map[string]int64{"k": 5000}},
+		run: func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
+			return enqueueOneScript.Run(ctx, rdb, guarded, "k")
+		},
+		wantResult: "unguarded",
+		want:       rawShard{delayed: map[string]int64{"k": 5000}},
+	}, scriptCase{
+		name: "one key whose guard exists is added",
+		run: func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
+			if err := rdb.Set(ctx, "guard", "1", 0).Err(); err != nil {
+				return redis.NewCmdResult(nil, err)
+			}
+			return enqueueOneScript.Run(ctx, rdb, guarded, "k")
+		},
+		wantResult: "queued",
+		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}},
+	})
+	runScriptCases(t, cases)
 }
 
 func TestEnqueueAfterScript(t *testing.T) {
