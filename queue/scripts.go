@@ -209,9 +209,9 @@ return out
 
 // takeScript finishes handler runs and then reads new messages of one or more shards and
 // begins them, in one call: what a consumer does while messages are waiting, instead of a
-// finish, a read and a begin. It reads without blocking, never more than asked: an even share
-// of a few shards, from the given one on, in one read; then, while more are wanted, more of the
-// shards that had their share or were not read, one by one.
+// finish, a read and a begin. It reads without blocking, never more than asked, as few shards
+// at a time as it may: as many as messages are still wanted, from the given one on, until
+// enough are taken or every shard was read; then more of those that had their share.
 //
 // KEYS, per shard: takeShardKeys
 // ARGV[1] group, ARGV[2] consumer, ARGV[3] max deliveries, ARGV[4] now (Unix ms),
@@ -255,41 +255,38 @@ local function take(g, entries)
   end
   want = want - #entries
 end
--- First an even share of a quarter as many shards as messages are wanted, in one read: a few
--- messages of each shard read share its XREADGROUP, INCRBY, XACK, XDEL and HDEL, and the shard
--- read first turns with every call. Then, while more are wanted, more of the shards that had
--- their share or were not read.
-local first = tonumber(ARGV[7])
-local read = math.min(math.ceil(want / 4), shards)
-local visited, full = {}, {}
-if want > 0 then
-  local share = math.floor(want / read)
-  local args = {'XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', share, 'STREAMS'}
-  local place = {}
-  for j = 0, read - 1 do
+-- Read without blocking, never more than wanted, in as few reads as it takes: each reads, an
+-- even share apiece, as many shards (from the one to read first on) as messages are still
+-- wanted, all of those left when more are wanted than remain, and the next read goes on from
+-- there. Then, while more are wanted, the shards that gave their whole share, one by one.
+local first, read, full = tonumber(ARGV[7]), 0, {}
+while want > 0 and read < shards do
+  local span = math.min(want, shards - read)
+  local share = math.floor(want / span)
+  local args, place = {'XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', share, 'STREAMS'}, {}
+  for j = read, read + span - 1 do
     local g = (first + j) % shards
-    visited[g] = true
     place[KEYS[g * 7 + 1]] = g
     args[#args + 1] = KEYS[g * 7 + 1]
   end
-  for _ = 1, read do
+  for _ = 1, span do
     args[#args + 1] = '>'
   end
+  read = read + span
   for _, r in ipairs(redis.call(unpack(args)) or {}) do
     take(place[r[1]], r[2])
-    full[place[r[1]]] = #r[2] == share
+    if #r[2] == share then
+      full[#full + 1] = place[r[1]]
+    end
   end
 end
-for j = 0, shards - 1 do
+for _, g in ipairs(full) do
   if want == 0 then
     break
   end
-  local g = (first + j) % shards
-  if full[g] or not visited[g] then
-    local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', KEYS[g * 7 + 1], '>')
-    if r then
-      take(g, r[1][2])
-    end
+  local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', KEYS[g * 7 + 1], '>')
+  if r then
+    take(g, r[1][2])
   end
 end
 return {finished, taken}

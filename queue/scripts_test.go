@@ -742,3 +742,50 @@ func TestTakeScript(t *testing.T) {
 		})
 	}
 }
+
+// Over several shards, a take never takes more than asked, takes all there is when asked for
+// more, and reads many shards at once: as many as messages are still wanted, then the shards
+// that gave their whole share again.
+func TestTakeScriptReadsShardsInFewReads(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name         string
+		want         int
+		taken, reads int
+	}{
+		// Shards 0 to 3 hold 3, 0, 1 and 2 messages. Asked for 4: one read of all four
+		// shards, a message apiece, gives 3; shard 0 had its share and gives the fourth.
+		{"asked for fewer than wait", 4, 4, 2},
+		// Asked for 10: all four shards, 2 apiece, give 5; shards 0 and 3 had their share,
+		// and are read again for the rest (shard 0 has one more, shard 3 none).
+		{"asked for more than wait", 10, 6, 3},
+		{"asked for one", 1, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb, q := newTestQueue(t, Options{Shards: 4, Group: tableGroup})
+			var keys []string
+			for shard, n := range []int{3, 0, 1, 2} {
+				keys = append(keys, q.keys[shard].take...)
+				for i := range n {
+					key := fmt.Sprintf("s%d-%d", shard, i)
+					id := rdb.XAdd(ctx, &redis.XAddArgs{Stream: streamKey(shard), Values: []any{"k", key}}).Val()
+					rdb.HSet(ctx, stateKey(shard), key, "q"+id)
+				}
+			}
+			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			res, err := takeScript.Run(ctx, rdb, keys, tableGroup, "c1", 3, 1000, 100, tc.want, 0, 0, 0, 0, 0).Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if taken, _ := res[1].([]any); len(taken) != tc.taken {
+				t.Errorf("took %d messages, want %d: %v", len(taken), tc.taken, taken)
+			}
+			stats := rdb.InfoMap(ctx, "commandstats").Val()["Commandstats"]["cmdstat_xreadgroup"]
+			if want := fmt.Sprintf("calls=%d,", tc.reads); !strings.HasPrefix(stats, want) {
+				t.Errorf("XREADGROUP stats %q, want %s", stats, want)
+			}
+		})
+	}
+}
