@@ -130,31 +130,35 @@ func (q *Queue) Setup(ctx context.Context) error {
 // starts by itself (the follow-up of a key added while it was handled, delayed runs, retries,
 // requeued dead letters) carry none and begin traces of their own.
 //
-// Up to four Enqueues at a time make a round trip each; those made while four are under way
-// share the next one: one script call adds them all. That round trip is not cut short by any
-// one caller's context: an Enqueue whose context ends while it waits returns the context's
-// error, and the key may be added all the same.
+// Up to four Enqueues at a time make a round trip each, which ends with the caller's context;
+// those made while four are under way share the next one: one script call adds them all, and
+// no one caller's context cuts it short. An Enqueue whose context ends while its key is on its
+// way returns the context's error, and the key may be added all the same.
 func (q *Queue) Enqueue(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("enqueue %s: %w", key, err)
 	}
-	r := &addReq{shard: q.Shard(key), key: key, fields: q.traceFields(ctx), done: make(chan error, 1)}
+	shard, fields := q.Shard(key), q.traceFields(ctx)
 	q.addMu.Lock()
-	if q.adding >= maxAdds {
-		q.added = append(q.added, r)
-		q.addMu.Unlock()
-	} else {
+	if q.adding < maxAdds {
 		q.adding++
 		q.addMu.Unlock()
-		q.add([]*addReq{r})
+		err := enqueueOneScript.Run(ctx, q.rdb, q.keys[shard].enqueue, append([]any{key}, fields...)...).Err()
 		q.addMu.Lock()
 		if len(q.added) == 0 {
 			q.adding--
 		} else {
-			go q.addWaiting()
+			go q.addWaiting() // carries this round trip's slot on
 		}
 		q.addMu.Unlock()
+		if err != nil {
+			return fmt.Errorf("enqueue %s: %w", key, err)
+		}
+		return nil
 	}
+	r := &addReq{shard: shard, key: key, fields: fields, done: make(chan error, 1)}
+	q.added = append(q.added, r)
+	q.addMu.Unlock()
 	select {
 	case err := <-r.done:
 		if err != nil {
@@ -166,7 +170,8 @@ func (q *Queue) Enqueue(ctx context.Context, key string) error {
 	}
 }
 
-// addReq is one Enqueue's key on its way to Redis; done receives Redis's answer.
+// addReq is the key of an Enqueue that waits for a shared round trip; done receives Redis's
+// answer.
 type addReq struct {
 	shard  int
 	key    string
@@ -185,16 +190,10 @@ const maxAdds = 4
 // context may cut it short.
 const addTimeout = 5 * time.Second
 
-// add runs the enqueue script for the keys in one round trip and tells each caller.
+// add runs the enqueue script for the waiting keys in one round trip and tells each caller.
 func (q *Queue) add(reqs []*addReq) {
 	ctx, cancel := context.WithTimeout(context.Background(), addTimeout)
 	defer cancel()
-	if len(reqs) == 1 {
-		// The common case, the one caller of its own round trip: no grouping by shard.
-		r := reqs[0]
-		r.done <- enqueueOneScript.Run(ctx, q.rdb, q.keys[r.shard].enqueue, append([]any{r.key}, r.fields...)...).Err()
-		return
-	}
 	var order []*addReq
 	calls := batch(q, reqs, func(r *addReq) int { return r.shard },
 		func() []any { return nil },
