@@ -434,7 +434,7 @@ func (c *Consumer) read(ctx context.Context, shards []int, work chan<- job) {
 			for _, j := range jobs {
 				work <- j
 			}
-			waiting = err == nil && len(jobs) == n
+			waiting = err == nil && keepTaking(len(jobs), n, len(shards))
 			if !waiting {
 				c.stopTaking()
 			}
@@ -459,8 +459,17 @@ func (c *Consumer) read(ctx context.Context, shards []int, work chan<- job) {
 			}
 		}
 		c.start(ctx, read, work)
-		waiting = len(read) >= int(args.Count)
+		waiting = keepTaking(len(read), int(args.Count), len(shards))
 	}
+}
+
+// keepTaking tells whether the reader's next read should be a take: the last one got all it
+// asked for, so more are likely waiting, and asked for at least one message a shard, so that
+// the take's first XREADGROUP reads every shard. Asked for fewer, a take reads a few shards at
+// a time, several XREADGROUPs in one call, where a blocking read reads every shard in one: at
+// 4 handlers, 0.4 XREADGROUPs per key against 0.13.
+func keepTaking(got, asked, shards int) bool {
+	return got >= asked && asked >= shards
 }
 
 // take finishes the runs and then reads up to n new messages of the shards and begins them,
