@@ -108,11 +108,11 @@ bench-compile:
 	cd bench/queue && $(GO) build -o /dev/null . && $(GO) vet ./...
 
 ## bench-queue: the work queue beside bare Redis Streams commands and asynq, on one
-## redis-server it starts itself on a free loopback port: 50,000 distinct keys, no-op handlers,
-## 4 and 16 handlers, ROUNDS interleaved rounds (under a minute each here), the medians of
-## items/s and Redis CPU per 1,000 items as a markdown table (docs/performance.md). bench/queue
-## is a module of its own, so that only it depends on asynq; on a fresh machine its first run
-## downloads its modules through the Go module proxy.
+## redis-server it starts itself on a free loopback port (on CPU 0, the tool on the others):
+## 50,000 distinct keys, no-op handlers, 4 and 16 handlers, ROUNDS interleaved rounds (about
+## 20 seconds each here), the medians of items/s and Redis CPU per 1,000 items as a markdown
+## table (docs/performance.md). bench/queue is a module of its own, so that only it depends on
+## asynq; on a fresh machine its first run downloads its modules through the Go module proxy.
 ROUNDS ?= 3
 bench-queue:
 	cd bench/queue && $(GO) run . -rounds $(ROUNDS)
