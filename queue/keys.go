@@ -13,10 +13,18 @@ func shardTag(shard int) string { return "{q" + strconv.Itoa(shard) + "}" }
 // streamKey is the shard's work stream: one entry per key waiting or being handled.
 func streamKey(shard int) string { return "cq:" + shardTag(shard) + ":s" }
 
-// stateKey is a hash of key → "q<message id>" (a message waits), "a<fence>" (being handled by
-// the run holding the fence) or "d<fence>" (being handled and added again meanwhile). A key
-// absent from it is idle.
+// stateKey is a hash of key → "q<message id>" (a message waits), "Q<message id>" (a message
+// waits, and the key has earlier failed deliveries), "a<fence>" (being handled by the run
+// holding the fence), "d<fence>" (being handled and added again meanwhile), "s" (idle and
+// scheduled) or "f" (idle, scheduled, with earlier failed deliveries). A key absent from it is
+// idle and not scheduled.
 func stateKey(shard int) string { return "cq:" + shardTag(shard) + ":st" }
+
+// The states of an idle key that is scheduled (stateKey).
+const (
+	scheduled       = "s"
+	scheduledFailed = "f"
+)
 
 // attemptsKey is a hash of key → deliveries of the key's messages that failed since it last
 // succeeded; the delivery of the message at hand Redis counts itself (XPENDING).

@@ -272,11 +272,14 @@ func (q *Queue) Backlog(ctx context.Context) ([]Backlog, error) {
 
 // Waiting reports whether a message for the key waits in the queue or is being handled.
 func (q *Queue) Waiting(ctx context.Context, key string) (bool, error) {
-	n, err := q.rdb.HExists(ctx, stateKey(q.Shard(key)), key).Result()
+	st, err := q.rdb.HGet(ctx, stateKey(q.Shard(key)), key).Result()
+	if errors.Is(err, redis.Nil) {
+		return false, nil
+	}
 	if err != nil {
 		return false, fmt.Errorf("waiting %s: %w", key, err)
 	}
-	return n, nil
+	return st != scheduled && st != scheduledFailed, nil
 }
 
 // ErrNotPipelined: the queue's keys are not reachable from one pipeline (a Redis Cluster,
@@ -311,7 +314,7 @@ func (q *Queue) Joined(ctx context.Context, cmd *redis.Cmd) bool {
 func (q *Queue) EnqueueAfter(ctx context.Context, key string, d time.Duration) error {
 	shard := q.Shard(key)
 	at := q.opts.Now().Add(d).UnixMilli()
-	if err := enqueueAfterScript.Run(ctx, q.rdb, []string{delayedKey(shard)}, key, at).Err(); err != nil {
+	if err := enqueueAfterScript.Run(ctx, q.rdb, []string{delayedKey(shard), stateKey(shard)}, key, at).Err(); err != nil {
 		return fmt.Errorf("enqueue %s after %s: %w", key, d, err)
 	}
 	return nil
@@ -363,7 +366,7 @@ func (q *Queue) Requeue(ctx context.Context, id string) (key string, err error) 
 	if n, _ := fmt.Sscanf(strings.Replace(id, "/", " ", 1), "%d %s", &shard, &msgID); n != 2 || shard < 0 || shard >= q.opts.Shards {
 		return "", fmt.Errorf("requeue: %q is not a dead-letter id", id)
 	}
-	key, err = requeueDeadScript.Run(ctx, q.rdb, []string{streamKey(shard), stateKey(shard), deadKey(shard)}, msgID).Text()
+	key, err = requeueDeadScript.Run(ctx, q.rdb, []string{streamKey(shard), stateKey(shard), deadKey(shard), delayedKey(shard)}, msgID).Text()
 	if errors.Is(err, redis.Nil) {
 		return "", fmt.Errorf("requeue: no dead letter %s", id)
 	}

@@ -400,6 +400,9 @@ func TestEnqueueAfterKeepsEarlierSchedule(t *testing.T) {
 	if n := totalLen(t, rdb, q); n != 0 {
 		t.Errorf("a delayed key is in the stream already (%d entries)", n)
 	}
+	if w, err := q.Waiting(ctx, "k"); err != nil || w {
+		t.Errorf("a scheduled key not yet due: Waiting = %v, %v", w, err)
+	}
 }
 
 func TestRequeueUnknownDeadLetter(t *testing.T) {

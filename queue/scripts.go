@@ -2,21 +2,28 @@ package queue
 
 import "github.com/redis/go-redis/v9"
 
-// enqueueLua is shared by the scripts that add a key. enqueue(stream, state, key, ...)
+// enqueueLua is shared by the scripts that add a key. enqueue(stream, state, delayed, key, ...)
 // appends a message only for an idle key: a key already waiting is left alone, and a key being
 // handled (its state starts with "a", byte 97) is marked to run once more when its handler
-// ends. The optional field/value pairs after the key (the adder's trace context) are stored
-// with the message; a message without them is as valid.
+// ends. A delayed run of the key is dropped: it would only repeat the run this one asks for.
+// The optional field/value pairs after the key (the adder's trace context) are stored with the
+// message; a message without them is as valid.
 //
-// The state of a waiting key names its message ("q<id>"), so that beginning it proves the
-// message is still the key's one, unbegun; a handled key's ("a<fence>", "d<fence>") names
-// its run, so that finishing it proves no later run took the key over.
+// The state of a waiting key names its message ("q<id>", or "Q<id>" when the key has earlier
+// failed deliveries to count), so that beginning it proves the message is still the key's one,
+// unbegun; a handled key's ("a<fence>", "d<fence>") names its run, so that finishing it proves
+// no later run took the key over. An idle key has no state unless it is scheduled: "s", or "f"
+// with earlier failures. So a key with no state has no delayed run to drop, and the add of a
+// fresh key, the common case, skips the sorted set.
 const enqueueLua = `
-local function enqueue(stream, state, key, ...)
+local function enqueue(stream, state, delayed, key, ...)
   local st = redis.call('HGET', state, key)
-  if not st then
+  if st then
+    redis.call('ZREM', delayed, key)
+  end
+  if not st or st == 's' or st == 'f' then
     local id = redis.call('XADD', stream, '*', 'k', key, ...)
-    redis.call('HSET', state, key, 'q' .. id)
+    redis.call('HSET', state, key, (st == 'f' and 'Q' or 'q') .. id)
     return 'queued'
   elseif string.byte(st) == 97 then
     redis.call('HSET', state, key, 'd' .. string.sub(st, 2))
@@ -55,8 +62,7 @@ local function owns(group, consumer, id)
 end
 `
 
-// enqueueScript adds keys now, of one or more shards. A delayed run of a key is dropped: it
-// would only repeat the run this one asks for.
+// enqueueScript adds keys now, of one or more shards.
 //
 // KEYS, per shard: stream, state, delayed
 // ARGV, per shard: how many keys, then per key: the key, how many field/value items follow,
@@ -67,16 +73,10 @@ local out = {}
 local a = 1
 for k = 0, #KEYS - 1, 3 do
   local n = tonumber(ARGV[a])
-  local keys, at = {}, a + 1
-  for i = 1, n do
-    keys[i] = ARGV[at]
-    at = at + 2 + tonumber(ARGV[at + 1])
-  end
-  redis.call('ZREM', KEYS[k + 3], unpack(keys))
   a = a + 1
   for _ = 1, n do
     local fields = tonumber(ARGV[a + 1])
-    out[#out + 1] = enqueue(KEYS[k + 1], KEYS[k + 2], ARGV[a], unpack(ARGV, a + 2, a + 1 + fields))
+    out[#out + 1] = enqueue(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a], unpack(ARGV, a + 2, a + 1 + fields))
     a = a + 2 + fields
   end
 end
@@ -95,16 +95,17 @@ var enqueueOneScript = redis.NewScript(enqueueLua + `
 if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 0 then
   return 'unguarded'
 end
-redis.call('ZREM', KEYS[3], ARGV[1])
-return enqueue(KEYS[1], KEYS[2], ARGV[1], unpack(ARGV, 2))
+return enqueue(KEYS[1], KEYS[2], KEYS[3], ARGV[1], unpack(ARGV, 2))
 `)
 
-// enqueueAfterScript schedules a key, keeping an earlier schedule if there is one.
+// enqueueAfterScript schedules a key, keeping an earlier schedule if there is one. An idle
+// key's state says it is scheduled (enqueueLua); a key waiting or being handled keeps its own.
 //
-// KEYS[1] delayed
+// KEYS[1] delayed, KEYS[2] state
 // ARGV[1] key, ARGV[2] when (Unix ms)
 var enqueueAfterScript = redis.NewScript(`
 redis.call('ZADD', KEYS[1], 'LT', ARGV[2], ARGV[1])
+redis.call('HSETNX', KEYS[2], ARGV[1], 's')
 return 1
 `)
 
@@ -119,7 +120,7 @@ if #due > 0 then
   redis.call('ZREM', KEYS[3], unpack(due))
 end
 for _, key in ipairs(due) do
-  enqueue(KEYS[1], KEYS[2], key)
+  enqueue(KEYS[1], KEYS[2], KEYS[3], key)
 end
 return #due
 `)
@@ -130,11 +131,12 @@ return #due
 // are the group, the consumer, max deliveries, now (Unix ms) and the dead-letter stream cap.
 //
 // A message just read was delivered once, to the caller; it begins if its key's state still
-// names it as waiting ("q<id>"; a bare "q" is an entry written before states named their
-// message). A reclaimed message begins if the caller still owns it; Redis's delivery count
-// tells how often it was delivered, crashed consumers' deliveries included. A key's attempt
-// is that count plus the deliveries of its earlier messages that failed (the attempts hash,
-// written only when a run fails). The fencing tokens of a batch are one INCRBY.
+// names it as waiting ("q<id>", "Q<id>"; a bare "q" is an entry written before states named
+// their message). A reclaimed message begins if the caller still owns it; Redis's delivery
+// count tells how often it was delivered, crashed consumers' deliveries included. A key's
+// attempt is that count plus the deliveries of its earlier messages that failed (the attempts
+// hash, written only when a run fails), read unless the state says there are none ("q<id>").
+// The fencing tokens of a batch are one INCRBY.
 //
 // Returns a verdict per message, in order: {"ok", fence, attempt, earlier failed deliveries},
 // {"lost"} or {"dead", reason, attempts}.
@@ -145,9 +147,11 @@ local function begin(stream, state, attempts, fence, dead, lastErr, msgs)
   for i, m in ipairs(msgs) do
     local id, key = m[1], m[2]
     local st = redis.call('HGET', state, key)
-    local count
+    local count, fresh
     if not m[3] then
-      if st == 'q' .. id or st == 'q' then
+      if st == 'q' .. id then
+        count, fresh = 1, true
+      elseif st == 'Q' .. id or st == 'q' then
         count = 1
       end
     else
@@ -159,7 +163,10 @@ local function begin(stream, state, attempts, fence, dead, lastErr, msgs)
     if not count then
       verdicts[i] = {'lost'}
     else
-      local earlier = tonumber(redis.call('HGET', attempts, key) or 0)
+      local earlier = 0
+      if not fresh then
+        earlier = tonumber(redis.call('HGET', attempts, key) or 0)
+      end
       local attempt = earlier + count
       if attempt > max then
         local reason = redis.call('HGET', lastErr, key) or 'its handler never finished (the worker died or timed out)'
@@ -294,7 +301,8 @@ return {finished, taken}
 
 // finishLua ends handler runs of one shard: it acknowledges and deletes their messages (so the
 // stream holds only entries still waiting or pending), records each outcome, and adds each key
-// again if it was added while being handled, or schedules it. A run whose fence no longer
+// again if it was added while being handled, or schedules it (its state then says so:
+// enqueueLua). A run whose fence no longer
 // holds its key (a later run took it over) changes nothing. batch holds the runs: {message id, key, fence,
 // "ok" (attempts reset) or "failed" (attempt and error kept), earlier failed deliveries (when
 // 0 there is nothing to reset), attempt, error message, when to run again (Unix ms; 0 for not
@@ -321,12 +329,13 @@ local function finish(stream, state, attempts, delayed, lastErr, group, batch)
         redis.call('HSET', lastErr, key, err)
       end
       if string.byte(st) == 100 then -- "d": added again while handled
-        redis.call('HSET', state, key, 'q' .. redis.call('XADD', stream, '*', 'k', key))
+        local waiting = status == 'ok' and 'q' or 'Q'
+        redis.call('HSET', state, key, waiting .. redis.call('XADD', stream, '*', 'k', key))
+      elseif at ~= '0' or status ~= 'ok' then
+        redis.call('ZADD', delayed, 'LT', at, key)
+        redis.call('HSET', state, key, status == 'ok' and 's' or 'f')
       else
         idle[#idle + 1] = key
-        if at ~= '0' then
-          redis.call('ZADD', delayed, 'LT', at, key)
-        end
       end
       verdicts[i] = 'ok'
     end
@@ -431,7 +440,7 @@ return removed
 
 // requeueDeadScript moves one dead letter back onto the work stream.
 //
-// KEYS[1] stream, KEYS[2] state, KEYS[3] dead
+// KEYS[1] stream, KEYS[2] state, KEYS[3] dead, KEYS[4] delayed
 // ARGV[1] dead-letter id
 // Returns the key, or false when there is no such dead letter.
 var requeueDeadScript = redis.NewScript(enqueueLua + `
@@ -445,7 +454,7 @@ for i = 1, #f, 2 do
   if f[i] == 'k' then key = f[i + 1] end
 end
 redis.call('XDEL', KEYS[3], ARGV[1])
-enqueue(KEYS[1], KEYS[2], key)
+enqueue(KEYS[1], KEYS[2], KEYS[4], key)
 return key
 `)
 
@@ -463,13 +472,13 @@ local n = 0
 for i = 3, #ARGV, 2 do
   local id, key = ARGV[i], ARGV[i + 1]
   local st = redis.call('HGET', KEYS[2], key)
-  if (st == 'q' .. id or st == 'q') and owns(ARGV[1], ARGV[2], id) then
+  if (st == 'q' .. id or st == 'Q' .. id or st == 'q') and owns(ARGV[1], ARGV[2], id) then
     local e = redis.call('XRANGE', KEYS[1], id, id)
     if #e == 1 then
       redis.call('XACK', KEYS[1], ARGV[1], id)
       redis.call('XDEL', KEYS[1], id)
       local new = redis.call('XADD', KEYS[1], '*', unpack(e[1][2]))
-      redis.call('HSET', KEYS[2], key, 'q' .. new)
+      redis.call('HSET', KEYS[2], key, string.sub(st, 1, 1) .. new)
       n = n + 1
     end
   end

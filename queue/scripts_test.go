@@ -21,7 +21,7 @@ import (
 // rawShard is one shard's raw state. Stream entries are named by their key: waiting are the
 // entries not delivered yet (oldest first), pending the delivered ones (key → consumer).
 // dead entries read "key|reason|attempts". A state "q@" is "q" followed by the id of the key's
-// entry in the stream: a waiting key's state names its message.
+// entry in the stream (and "Q@" is "Q" followed by it): a waiting key's state names its message.
 type rawShard struct {
 	waiting  []string
 	pending  map[string]string
@@ -74,8 +74,8 @@ func seedShard(t *testing.T, rdb *redis.Client, r rawShard) map[string]string {
 		ids[key] = rdb.XAdd(ctx, &redis.XAddArgs{Stream: streamKey(0), Values: []any{"k", key}}).Val()
 	}
 	for k, v := range r.state {
-		if v == "q@" {
-			v = "q" + ids[k]
+		if v == "q@" || v == "Q@" {
+			v = v[:1] + ids[k]
 		}
 		rdb.HSet(ctx, stateKey(0), k, v)
 	}
@@ -132,8 +132,8 @@ func dumpShard(t *testing.T, rdb *redis.Client) rawShard {
 	}
 	r.state = rdb.HGetAll(ctx, stateKey(0)).Val()
 	for k, v := range r.state {
-		if id, ok := idOf[k]; ok && v == "q"+id {
-			r.state[k] = "q@"
+		if id, ok := idOf[k]; ok && len(v) > 1 && v[1:] == id && (v[0] == 'q' || v[0] == 'Q') {
+			r.state[k] = v[:1] + "@"
 		}
 	}
 	r.attempts = rdb.HGetAll(ctx, attemptsKey(0)).Val()
@@ -219,10 +219,23 @@ func TestEnqueueScript(t *testing.T) {
 		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "d7"}},
 	}, {
 		name:       "delayed key runs now and loses its schedule",
-		init:       rawShard{delayed: map[string]int64{"k": 5000, "other": 6000}},
+		init:       rawShard{state: map[string]string{"k": "s", "other": "s"}, delayed: map[string]int64{"k": 5000, "other": 6000}},
 		key:        "k",
 		wantResult: "queued",
-		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}, delayed: map[string]int64{"other": 6000}},
+		want: rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@", "other": "s"},
+			delayed: map[string]int64{"other": 6000}},
+	}, {
+		name:       "a failed key waiting for its retry runs now, its failures to count",
+		init:       rawShard{state: map[string]string{"k": "f"}, attempts: map[string]string{"k": "2"}, delayed: map[string]int64{"k": 5000}},
+		key:        "k",
+		wantResult: "queued",
+		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "Q@"}, attempts: map[string]string{"k": "2"}},
+	}, {
+		name:       "a key with no state has no schedule to drop: an older version's stays, and runs again when due",
+		init:       rawShard{delayed: map[string]int64{"k": 5000}},
+		key:        "k",
+		wantResult: "queued",
+		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}, delayed: map[string]int64{"k": 5000}},
 	}, {
 		name:       "delayed key being handled loses its schedule",
 		init:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a7"}, delayed: map[string]int64{"k": 5000}},
@@ -254,7 +267,7 @@ func TestEnqueueScript(t *testing.T) {
 	cases = append(cases, scriptCase{
 		name: "one call adds several keys, each as alone, with its own fields",
 		init: rawShard{waiting: []string{"w"}, pending: map[string]string{"busy": "c1"},
-			state: map[string]string{"w": "q@", "busy": "a4"}, delayed: map[string]int64{"new": 5000}},
+			state: map[string]string{"w": "q@", "busy": "a4", "new": "s"}, delayed: map[string]int64{"new": 5000}},
 		run: func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
 			return enqueueScript.Run(ctx, rdb, shardKeys, 4, "new", 2, "traceparent", "00-x", "w", 0, "busy", 0, "other", 0)
 		},
@@ -263,7 +276,7 @@ func TestEnqueueScript(t *testing.T) {
 			state: map[string]string{"w": "q@", "busy": "d4", "new": "q@", "other": "q@"}},
 	}, scriptCase{
 		name: "one key with its fields",
-		init: rawShard{delayed: map[string]int64{"new": 5000}},
+		init: rawShard{state: map[string]string{"new": "s"}, delayed: map[string]int64{"new": 5000}},
 		run: func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
 			return enqueueOneScript.Run(ctx, rdb, shardKeys, "new", "traceparent", "00-x")
 		},
@@ -271,12 +284,12 @@ func TestEnqueueScript(t *testing.T) {
 		want:       rawShard{waiting: []string{"new"}, state: map[string]string{"new": "q@"}},
 	}, scriptCase{
 		name: "one key whose guard is missing is not added, nor loses its schedule",
-		init: rawShard{delayed: map[string]int64{"k": 5000}},
+		init: rawShard{state: map[string]string{"k": "s"}, delayed: map[string]int64{"k": 5000}},
 		run: func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
 			return enqueueOneScript.Run(ctx, rdb, guarded, "k")
 		},
 		wantResult: "unguarded",
-		want:       rawShard{delayed: map[string]int64{"k": 5000}},
+		want:       rawShard{state: map[string]string{"k": "s"}, delayed: map[string]int64{"k": 5000}},
 	}, scriptCase{
 		name: "one key whose guard exists is added",
 		run: func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
@@ -294,26 +307,32 @@ func TestEnqueueScript(t *testing.T) {
 func TestEnqueueAfterScript(t *testing.T) {
 	after := func(key string, at int64) func(context.Context, *redis.Client, map[string]string) *redis.Cmd {
 		return func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
-			return enqueueAfterScript.Run(ctx, rdb, []string{delayedKey(0)}, key, at)
+			return enqueueAfterScript.Run(ctx, rdb, []string{delayedKey(0), stateKey(0)}, key, at)
 		}
 	}
 	runScriptCases(t, []scriptCase{{
-		name:       "unscheduled key is scheduled",
+		name:       "unscheduled idle key is scheduled, and its state says so",
 		run:        after("k", 5000),
 		wantResult: "1",
-		want:       rawShard{delayed: map[string]int64{"k": 5000}},
+		want:       rawShard{state: map[string]string{"k": "s"}, delayed: map[string]int64{"k": 5000}},
 	}, {
 		name:       "earlier schedule is kept",
-		init:       rawShard{delayed: map[string]int64{"k": 3000}},
+		init:       rawShard{state: map[string]string{"k": "s"}, delayed: map[string]int64{"k": 3000}},
 		run:        after("k", 5000),
 		wantResult: "1",
-		want:       rawShard{delayed: map[string]int64{"k": 3000}},
+		want:       rawShard{state: map[string]string{"k": "s"}, delayed: map[string]int64{"k": 3000}},
 	}, {
-		name:       "later schedule is brought forward",
-		init:       rawShard{delayed: map[string]int64{"k": 9000}},
+		name:       "later schedule is brought forward; a failed key's state keeps its failures",
+		init:       rawShard{state: map[string]string{"k": "f"}, delayed: map[string]int64{"k": 9000}},
 		run:        after("k", 5000),
 		wantResult: "1",
-		want:       rawShard{delayed: map[string]int64{"k": 5000}},
+		want:       rawShard{state: map[string]string{"k": "f"}, delayed: map[string]int64{"k": 5000}},
+	}, {
+		name:       "a waiting key keeps its state",
+		init:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}},
+		run:        after("k", 5000),
+		wantResult: "1",
+		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}, delayed: map[string]int64{"k": 5000}},
 	}})
 }
 
@@ -327,22 +346,23 @@ func TestForwardScript(t *testing.T) {
 		name: "due keys are added, others wait",
 		init: rawShard{
 			waiting: []string{"w"}, pending: map[string]string{"busy": "c1"},
-			state:   map[string]string{"w": "q@", "busy": "a3"},
-			delayed: map[string]int64{"due": 4000, "w": 1000, "busy": 5000, "later": 6000},
+			state:   map[string]string{"w": "q@", "busy": "a3", "due": "s", "failed": "f", "later": "s"},
+			delayed: map[string]int64{"due": 4000, "w": 1000, "busy": 5000, "failed": 4500, "later": 6000},
 		},
 		run:        forward(5000, 1000),
-		wantResult: "3",
+		wantResult: "4",
 		want: rawShard{
-			waiting: []string{"w", "due"}, pending: map[string]string{"busy": "c1"},
-			state:   map[string]string{"w": "q@", "busy": "d3", "due": "q@"},
+			waiting: []string{"w", "due", "failed"}, pending: map[string]string{"busy": "c1"},
+			state:   map[string]string{"w": "q@", "busy": "d3", "due": "q@", "failed": "Q@", "later": "s"},
 			delayed: map[string]int64{"later": 6000},
 		},
 	}, {
 		name:       "at most the limit, earliest first",
-		init:       rawShard{delayed: map[string]int64{"a": 2000, "b": 1000}},
+		init:       rawShard{state: map[string]string{"a": "s", "b": "s"}, delayed: map[string]int64{"a": 2000, "b": 1000}},
 		run:        forward(5000, 1),
 		wantResult: "1",
-		want:       rawShard{waiting: []string{"b"}, state: map[string]string{"b": "q@"}, delayed: map[string]int64{"a": 2000}},
+		want: rawShard{waiting: []string{"b"}, state: map[string]string{"a": "s", "b": "q@"},
+			delayed: map[string]int64{"a": 2000}},
 	}, {
 		name:       "nothing due",
 		init:       rawShard{delayed: map[string]int64{"a": 5001}},
@@ -387,7 +407,7 @@ func TestBeginScript(t *testing.T) {
 		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "a1"}, fence: "1"},
 	}, {
 		name: "a failed key counts on; the fence grows for the shard",
-		init: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "q@"},
+		init: rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "Q@"},
 			attempts: map[string]string{"k": "2"}, lastErr: map[string]string{"k": "boom"}, fence: "41"},
 		run:        beginAs("c1", 0, "k"),
 		wantResult: "[[ok 42 3 2]]",
@@ -431,7 +451,7 @@ func TestBeginScript(t *testing.T) {
 		want:       rawShard{pending: map[string]string{"k": "c1"}, state: map[string]string{"k": "q9-9"}},
 	}, {
 		name: "past the delivery limit the key is dead-lettered with its last error",
-		init: rawShard{pending: map[string]string{"k": "c1", "x": "c1"}, state: map[string]string{"k": "q@", "x": "a1"},
+		init: rawShard{pending: map[string]string{"k": "c1", "x": "c1"}, state: map[string]string{"k": "Q@", "x": "a1"},
 			attempts: map[string]string{"k": "3", "x": "1"}, lastErr: map[string]string{"k": "boom", "x": "other"}, fence: "7"},
 		run:        beginAs("c1", 0, "k"),
 		wantResult: "[[dead boom 3]]",
@@ -488,19 +508,20 @@ func TestFinishScript(t *testing.T) {
 		init:       handling(rawShard{attempts: map[string]string{"k": "1"}, lastErr: map[string]string{"k": "old"}}),
 		run:        finishAs(finishRun{"k", 7, "failed", 1, 2, "boom", 7000}),
 		wantResult: "[ok]",
-		want:       rawShard{attempts: map[string]string{"k": "2"}, lastErr: map[string]string{"k": "boom"}, delayed: map[string]int64{"k": 7000}},
+		want: rawShard{state: map[string]string{"k": "f"}, attempts: map[string]string{"k": "2"}, lastErr: map[string]string{"k": "boom"},
+			delayed: map[string]int64{"k": 7000}},
 	}, {
 		name:       "run again later",
 		init:       handling(rawShard{}),
 		run:        finishAs(finishRun{"k", 7, "ok", 0, 1, "", 7000}),
 		wantResult: "[ok]",
-		want:       rawShard{delayed: map[string]int64{"k": 7000}},
+		want:       rawShard{state: map[string]string{"k": "s"}, delayed: map[string]int64{"k": 7000}},
 	}, {
 		name:       "an earlier schedule is kept",
 		init:       handling(rawShard{delayed: map[string]int64{"k": 3000}}),
 		run:        finishAs(finishRun{"k", 7, "ok", 0, 1, "", 7000}),
 		wantResult: "[ok]",
-		want:       rawShard{delayed: map[string]int64{"k": 3000}},
+		want:       rawShard{state: map[string]string{"k": "s"}, delayed: map[string]int64{"k": 3000}},
 	}, {
 		name:       "added while handled: one new message",
 		init:       handling(rawShard{state: map[string]string{"k": "d7"}}),
@@ -512,7 +533,7 @@ func TestFinishScript(t *testing.T) {
 		init:       handling(rawShard{state: map[string]string{"k": "d7"}}),
 		run:        finishAs(finishRun{"k", 7, "failed", 0, 1, "boom", 7000}),
 		wantResult: "[ok]",
-		want: rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"},
+		want: rawShard{waiting: []string{"k"}, state: map[string]string{"k": "Q@"},
 			attempts: map[string]string{"k": "1"}, lastErr: map[string]string{"k": "boom"}},
 	}, {
 		name:       "a run whose key a later run took over changes nothing",
@@ -560,7 +581,7 @@ func TestRequeueDeadScript(t *testing.T) {
 			if real, ok := ids[id]; ok {
 				id = real
 			}
-			return requeueDeadScript.Run(ctx, rdb, []string{streamKey(0), stateKey(0), deadKey(0)}, id)
+			return requeueDeadScript.Run(ctx, rdb, []string{streamKey(0), stateKey(0), deadKey(0), delayedKey(0)}, id)
 		}
 	}
 	runScriptCases(t, []scriptCase{{
@@ -788,4 +809,31 @@ func TestTakeScriptReadsShardsInFewReads(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestHandBackScript(t *testing.T) {
+	handBack := func(keys ...string) func(context.Context, *redis.Client, map[string]string) *redis.Cmd {
+		return func(ctx context.Context, rdb *redis.Client, ids map[string]string) *redis.Cmd {
+			args := []any{tableGroup, "c1"}
+			for _, k := range keys {
+				args = append(args, ids[k], k)
+			}
+			return handBackScript.Run(ctx, rdb, []string{streamKey(0), stateKey(0)}, args...)
+		}
+	}
+	runScriptCases(t, []scriptCase{{
+		name: "unbegun messages go back as new entries; a key with earlier failures keeps them",
+		init: rawShard{pending: map[string]string{"k": "c1", "f": "c1"}, state: map[string]string{"k": "q@", "f": "Q@"},
+			attempts: map[string]string{"f": "2"}},
+		run:        handBack("k", "f"),
+		wantResult: "2",
+		want: rawShard{waiting: []string{"k", "f"}, state: map[string]string{"k": "q@", "f": "Q@"},
+			attempts: map[string]string{"f": "2"}},
+	}, {
+		name:       "a message another consumer owns, or one its key no longer waits for, is left alone",
+		init:       rawShard{pending: map[string]string{"o": "c2", "b": "c1"}, state: map[string]string{"o": "q@", "b": "a4"}},
+		run:        handBack("o", "b"),
+		wantResult: "0",
+		want:       rawShard{pending: map[string]string{"o": "c2", "b": "c1"}, state: map[string]string{"o": "q@", "b": "a4"}},
+	}})
 }
