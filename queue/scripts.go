@@ -302,11 +302,10 @@ return {finished, taken}
 // finishLua ends handler runs of one shard: it acknowledges and deletes their messages (so the
 // stream holds only entries still waiting or pending), records each outcome, and adds each key
 // again if it was added while being handled, or schedules it (its state then says so:
-// enqueueLua). A run whose fence no longer
-// holds its key (a later run took it over) changes nothing. batch holds the runs: {message id, key, fence,
-// "ok" (attempts reset) or "failed" (attempt and error kept), earlier failed deliveries (when
-// 0 there is nothing to reset), attempt, error message, when to run again (Unix ms; 0 for not
-// at all)}, all strings.
+// enqueueLua). A run whose fence no longer holds its key (a later run took it over) changes
+// nothing. batch holds the runs: {message id, key, fence, "ok" (attempts reset) or "failed"
+// (attempt and error kept), earlier failed deliveries (when 0 there is nothing to reset),
+// attempt, error message, when to run again (Unix ms; 0 for not at all)}, all strings.
 //
 // Returns per run, in order: "ok", or "lost" when another run has the key now.
 const finishLua = runsLua + `
