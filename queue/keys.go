@@ -36,7 +36,10 @@ func lastErrorKey(shard int) string { return "cq:" + shardTag(shard) + ":er" }
 // delayedKey is a sorted set of keys to add again, scored by when (Unix milliseconds).
 func delayedKey(shard int) string { return "cq:" + shardTag(shard) + ":dl" }
 
-// fenceKey counts deliveries; each handler run gets the next value as its fencing token.
+// fenceKey counts deliveries; each handler run gets the next value as its fencing token. On a
+// standalone Redis every shard's runs count on shard 0's, so that a call that begins messages
+// of several shards takes their tokens with one INCRBY; on a Redis Cluster each shard counts on
+// its own (fenceKeyOf).
 func fenceKey(shard int) string { return "cq:" + shardTag(shard) + ":f" }
 
 // deadKey is the shard's dead-letter stream.
@@ -48,23 +51,25 @@ type shardKeys struct {
 	enqueue, begin, take, finish []string
 }
 
-func newShardKeys(shard int) shardKeys {
+func newShardKeys(shard int, fence string) shardKeys {
 	return shardKeys{
 		enqueue: slices.Clip([]string{streamKey(shard), stateKey(shard), delayedKey(shard)}),
-		begin:   slices.Clip(beginShardKeys(shard)),
-		take:    slices.Clip(takeShardKeys(shard)),
+		begin:   slices.Clip(beginShardKeys(shard, fence)),
+		take:    slices.Clip(takeShardKeys(shard, fence)),
 		finish:  slices.Clip(finishShardKeys(shard)),
 	}
 }
 
-// beginShardKeys are the KEYS of one shard in a begin script call.
-func beginShardKeys(shard int) []string {
-	return []string{streamKey(shard), stateKey(shard), attemptsKey(shard), fenceKey(shard), deadKey(shard), lastErrorKey(shard)}
+// beginShardKeys are the KEYS of one shard in a begin script call, with the fence counter its
+// runs count on.
+func beginShardKeys(shard int, fence string) []string {
+	return []string{streamKey(shard), stateKey(shard), attemptsKey(shard), fence, deadKey(shard), lastErrorKey(shard)}
 }
 
-// takeShardKeys are the KEYS of one shard in a take script call.
-func takeShardKeys(shard int) []string {
-	return append(beginShardKeys(shard), delayedKey(shard))
+// takeShardKeys are the KEYS of one shard in a take script call, with the fence counter its
+// runs count on.
+func takeShardKeys(shard int, fence string) []string {
+	return append(beginShardKeys(shard, fence), delayedKey(shard))
 }
 
 // finishShardKeys are the KEYS of one shard in a finish script call.

@@ -90,11 +90,11 @@ func New(rdb redis.UniversalClient, opts Options) (*Queue, error) {
 	if err := opts.applyDefaults(); err != nil {
 		return nil, err
 	}
-	keys := make([]shardKeys, opts.Shards)
-	for shard := range keys {
-		keys[shard] = newShardKeys(shard)
+	q := &Queue{rdb: rdb, opts: opts, keys: make([]shardKeys, opts.Shards)}
+	for shard := range q.keys {
+		q.keys[shard] = newShardKeys(shard, q.fenceKeyOf(shard))
 	}
-	return &Queue{rdb: rdb, opts: opts, keys: keys}, nil
+	return q, nil
 }
 
 // Shard returns the shard a key always maps to.
@@ -118,6 +118,43 @@ func (q *Queue) Setup(ctx context.Context) error {
 		if err := sc.Load(ctx, q.rdb).Err(); err != nil {
 			return fmt.Errorf("queue setup: load scripts: %w", err)
 		}
+	}
+	if err := q.raiseFences(ctx); err != nil {
+		return fmt.Errorf("queue setup: %w", err)
+	}
+	return nil
+}
+
+// raiseFences brings every shard's fence counter up to the highest: fences must go on
+// increasing for a shard's keys when a deployment moves between a standalone Redis, where
+// every shard counts on shard 0's counter, and a Redis Cluster, where each counts on its own.
+func (q *Queue) raiseFences(ctx context.Context) error {
+	counts := make([]*redis.StringCmd, q.opts.Shards)
+	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for shard := range counts {
+			counts[shard] = p.Get(ctx, fenceKey(shard))
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("read fence counters: %w", err)
+	}
+	var top int64
+	for _, c := range counts {
+		n, _ := c.Int64() // a counter never written is 0
+		top = max(top, n)
+	}
+	if top == 0 {
+		return nil
+	}
+	_, err = q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for shard := range counts {
+			raiseScript.Eval(ctx, p, []string{fenceKey(shard)}, top)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("raise fence counters: %w", err)
 	}
 	return nil
 }
@@ -374,6 +411,16 @@ func (q *Queue) Requeue(ctx context.Context, id string) (key string, err error) 
 		return "", fmt.Errorf("requeue %s: %w", id, err)
 	}
 	return key, nil
+}
+
+// fenceKeyOf is the fence counter the runs of the shard count on: on a standalone Redis one
+// for every shard, so that one INCRBY serves a call's messages of every shard; on a Redis
+// Cluster, which refuses a script whose keys span slots, the shard's own.
+func (q *Queue) fenceKeyOf(shard int) string {
+	if q.cluster() {
+		return fenceKey(shard)
+	}
+	return fenceKey(0)
 }
 
 // cluster reports whether the client is a Redis Cluster's, which refuses a command (or script)

@@ -124,6 +124,12 @@ func TestShardKeysShareOneHashTag(t *testing.T) {
 		}
 		return key[open+1 : open+1+end]
 	}
+	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	t.Cleanup(func() { cluster.Close() })
+	cq, err := New(cluster, Options{Shards: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, shard := range []int{0, 1, 7, 15, 1023} {
 		want := fmt.Sprintf("q%d", shard)
 		seen := map[string]string{}
@@ -137,11 +143,13 @@ func TestShardKeysShareOneHashTag(t *testing.T) {
 			}
 			seen[key] = name
 		}
-		// The consumer's script key lists are built from these helpers.
-		for name, keys := range map[string]func(int) []string{"begin": beginShardKeys, "finish": finishShardKeys, "bury": buryShardKeys} {
-			for _, k := range keys(shard) {
+		// The consumer's script key lists are built from these helpers; on a Redis Cluster
+		// each shard counts fences on its own counter.
+		for name, keys := range map[string][]string{"begin": cq.keys[shard].begin, "take": cq.keys[shard].take,
+			"finish": cq.keys[shard].finish, "enqueue": cq.keys[shard].enqueue, "bury": buryShardKeys(shard)} {
+			for _, k := range keys {
 				if tag := hashTag(k); tag != want {
-					t.Errorf("%sShardKeys(%d) holds %q with hash tag %q", name, shard, k, tag)
+					t.Errorf("%s keys of shard %d on a cluster hold %q with hash tag %q", name, shard, k, tag)
 				}
 			}
 		}

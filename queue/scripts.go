@@ -136,14 +136,16 @@ return #due
 // count tells how often it was delivered, crashed consumers' deliveries included. A key's
 // attempt is that count plus the deliveries of its earlier messages that failed (the attempts
 // hash, written only when a run fails), read unless the state says there are none ("q<id>").
-// The fencing tokens of a batch are one INCRBY.
+// The fencing tokens of every message a call began are then one INCRBY (fenceBegun) of the
+// counter its first shard's keys name: the call's shards share it (fenceKey).
 //
 // Returns a verdict per message, in order: {"ok", fence, attempt, earlier failed deliveries},
 // {"lost"} or {"dead", reason, attempts}.
 const beginLua = buryLua + `
-local function begin(stream, state, attempts, fence, dead, lastErr, msgs)
+local begun = {}
+local function begin(stream, state, attempts, dead, lastErr, msgs)
   local group, consumer, max = ARGV[1], ARGV[2], tonumber(ARGV[3])
-  local verdicts, begun = {}, {}
+  local verdicts = {}
   for i, m in ipairs(msgs) do
     local id, key = m[1], m[2]
     local st = redis.call('HGET', state, key)
@@ -174,25 +176,31 @@ local function begin(stream, state, attempts, fence, dead, lastErr, msgs)
         verdicts[i] = {'dead', reason, attempt - 1}
       else
         verdicts[i] = {'ok', 0, attempt, earlier}
-        begun[#begun + 1] = i
+        begun[#begun + 1] = {state, key, verdicts[i]}
       end
     end
   end
-  if #begun > 0 then
-    local first = redis.call('INCRBY', fence, #begun) - #begun
-    for j, i in ipairs(begun) do
-      verdicts[i][2] = first + j
-      redis.call('HSET', state, msgs[i][2], 'a' .. (first + j))
-    end
-  end
   return verdicts
+end
+
+-- fenceBegun hands out the fencing tokens of every message the call began, of every shard, with
+-- one INCRBY, and records each run in its key's state.
+local function fenceBegun(fence)
+  if #begun == 0 then
+    return
+  end
+  local first = redis.call('INCRBY', fence, #begun) - #begun
+  for j, b in ipairs(begun) do
+    b[3][2] = first + j
+    redis.call('HSET', b[1], b[2], 'a' .. (first + j))
+  end
 end
 `
 
 // beginScript begins messages the caller read (a blocking read, outside any script) or
 // reclaimed, of one or more shards, in one call (beginLua).
 //
-// KEYS, per shard: beginShardKeys
+// KEYS, per shard: beginShardKeys, each naming the same fence counter
 // ARGV[1] group, ARGV[2] consumer, ARGV[3] max deliveries, ARGV[4] now (Unix ms),
 // ARGV[5] dead-letter stream cap, then per shard: how many messages, then per message: its id,
 // key and "n" (read new) or "r" (reclaimed)
@@ -207,10 +215,11 @@ for k = 0, #KEYS - 1, 6 do
     a = a + 3
   end
   a = a + 1
-  for _, v in ipairs(begin(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6], msgs)) do
+  for _, v in ipairs(begin(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 5], KEYS[k + 6], msgs)) do
     out[#out + 1] = v
   end
 end
+fenceBegun(KEYS[4])
 return out
 `)
 
@@ -220,7 +229,7 @@ return out
 // at a time as it may: as many as messages are still wanted, from the given one on, until
 // enough are taken or every shard was read; then more of those that had their share.
 //
-// KEYS, per shard: takeShardKeys
+// KEYS, per shard: takeShardKeys, each naming the same fence counter
 // ARGV[1] group, ARGV[2] consumer, ARGV[3] max deliveries, ARGV[4] now (Unix ms),
 // ARGV[5] dead-letter stream cap, ARGV[6] most messages to take, ARGV[7] the shard (its place
 // among the call's, from 0) to read first, then per shard: how many runs to finish, then each
@@ -256,7 +265,7 @@ local function take(g, entries)
     end
     msgs[i] = {e[1], key}
   end
-  local verdicts = begin(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6], msgs)
+  local verdicts = begin(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 5], KEYS[k + 6], msgs)
   for i, e in ipairs(entries) do
     taken[#taken + 1] = {g, e[1], e[2], verdicts[i]}
   end
@@ -296,6 +305,7 @@ for _, g in ipairs(full) do
     take(g, r[1][2])
   end
 end
+fenceBegun(KEYS[4])
 return {finished, taken}
 `)
 
@@ -483,6 +493,17 @@ for i = 3, #ARGV, 2 do
   end
 end
 return n
+`)
+
+// raiseScript raises a counter to a value, never lowering it.
+//
+// KEYS[1] the counter
+// ARGV[1] the value
+var raiseScript = redis.NewScript(`
+if tonumber(redis.call('GET', KEYS[1]) or 0) < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+return 1
 `)
 
 var scripts = []*redis.Script{

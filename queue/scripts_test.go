@@ -392,7 +392,7 @@ func beginAs(consumer string, claims int, msgs ...string) func(context.Context, 
 			}
 			args = append(args, ids[key], key, mode)
 		}
-		return beginScript.Run(ctx, rdb, beginShardKeys(0), args...)
+		return beginScript.Run(ctx, rdb, beginShardKeys(0, fenceKey(0)), args...)
 	}
 }
 
@@ -729,7 +729,7 @@ func TestTakeScript(t *testing.T) {
 			rdb, _ := newTestQueue(t, Options{Shards: 1, Group: tableGroup})
 			ids := seedShard(t, rdb, rawShard{pending: map[string]string{"k": "c1"}, waiting: []string{"w1", "w2", "w3"},
 				state: map[string]string{"k": "a5", "w1": "q@", "w2": "q@", "w3": "q@"}, fence: "5"})
-			res, err := takeScript.Run(ctx, rdb, takeShardKeys(0), tableGroup, "c1", 3, 1000, 100, tc.want, 0,
+			res, err := takeScript.Run(ctx, rdb, takeShardKeys(0, fenceKey(0)), tableGroup, "c1", 3, 1000, 100, tc.want, 0,
 				1, ids["k"], "k", 5, "ok", 0, 1, "", 0).Slice()
 			if err != nil {
 				t.Fatal(err)
@@ -836,4 +836,82 @@ func TestHandBackScript(t *testing.T) {
 		wantResult: "0",
 		want:       rawShard{pending: map[string]string{"o": "c2", "b": "c1"}, state: map[string]string{"o": "q@", "b": "a4"}},
 	}})
+}
+
+// On a standalone Redis a begin of several shards' messages takes their fencing tokens from
+// shard 0's counter, with one INCRBY.
+func TestBeginFencesEveryShardWithOneCount(t *testing.T) {
+	ctx := context.Background()
+	rdb, q := newTestQueue(t, Options{Shards: 4, Group: tableGroup})
+	var keys []string
+	args := []any{tableGroup, "c1", 3, 1000, 100}
+	for shard := range 3 {
+		key := fmt.Sprintf("s%d", shard)
+		id := rdb.XAdd(ctx, &redis.XAddArgs{Stream: streamKey(shard), Values: []any{"k", key}}).Val()
+		rdb.HSet(ctx, stateKey(shard), key, "q"+id)
+		if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: tableGroup, Consumer: "c1",
+			Streams: []string{streamKey(shard), ">"}, Count: 1, Block: -1}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, q.keys[shard].begin...)
+		args = append(args, 1, id, key, "n")
+	}
+	if err := rdb.Set(ctx, fenceKey(0), 40, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := beginScript.Run(ctx, rdb, keys, args...).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(res); got != "[[ok 41 1 0] [ok 42 1 0] [ok 43 1 0]]" {
+		t.Errorf("verdicts %s, want fences 41, 42 and 43", got)
+	}
+	for shard := range 3 {
+		if st, want := rdb.HGet(ctx, stateKey(shard), fmt.Sprintf("s%d", shard)).Val(), fmt.Sprint("a", 41+shard); st != want {
+			t.Errorf("shard %d: state %q, want %q", shard, st, want)
+		}
+	}
+	if n := rdb.Get(ctx, fenceKey(0)).Val(); n != "43" {
+		t.Errorf("shard 0's counter is %s, want 43", n)
+	}
+	if n := rdb.Exists(ctx, fenceKey(1), fenceKey(2)).Val(); n != 0 {
+		t.Errorf("%d other shards' counters were written", n)
+	}
+	stats := rdb.InfoMap(ctx, "commandstats").Val()["Commandstats"]["cmdstat_incrby"]
+	if !strings.HasPrefix(stats, "calls=1,") {
+		t.Errorf("INCRBY stats %q, want one call", stats)
+	}
+}
+
+// Setup brings every shard's fence counter up to the highest, so that fences go on increasing
+// for every shard's keys when a deployment moves between a standalone Redis (one counter) and a
+// Redis Cluster (one a shard), either way.
+func TestSetupRaisesFenceCounters(t *testing.T) {
+	ctx := context.Background()
+	rdb, q := newTestQueue(t, Options{Shards: 4})
+	for shard, n := range map[int]int{0: 10, 2: 50, 3: 7} {
+		if err := rdb.Set(ctx, fenceKey(shard), n, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := q.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for shard := range 4 {
+		if n := rdb.Get(ctx, fenceKey(shard)).Val(); n != "50" {
+			t.Errorf("shard %d's counter is %q, want 50", shard, n)
+		}
+	}
+	if err := rdb.Set(ctx, fenceKey(1), 60, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := rdb.Get(ctx, fenceKey(0)).Val(); n != "60" {
+		t.Errorf("shard 0's counter is %q after another shard's reached 60", n)
+	}
 }
