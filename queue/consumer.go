@@ -23,8 +23,9 @@ import (
 // Task is one run of a handler for a key.
 type Task struct {
 	Key string
-	// Fence increases with every delivery of any key of the shard. A handler passes it on to
-	// its writes so that a stale run (one whose lease was lost) can be refused by them.
+	// Fence increases with every delivery of any key of the shard (on a standalone Redis, of any
+	// key of the queue). A handler passes it on to its writes so that a stale run (one whose
+	// lease was lost) can be refused by them.
 	Fence int64
 	// Attempt counts deliveries of the key since it last succeeded, starting at 1.
 	Attempt int
