@@ -515,11 +515,14 @@ func TestVerbOnAServerThatVanished(t *testing.T) {
 		if a := e.lastAction(t, inst.ID); a.Action != v.action || a.Outcome != instance.CodeNotFound || !strings.Contains(a.Message, "gone") {
 			t.Errorf("%s recorded as %+v, want outcome NOT_FOUND saying the server is gone", v.name, a)
 		}
-		// The worker replaces the server before the next verb.
+		// The worker replaces the server before the next verb. Wait for the new one to be
+		// built, not only created: until the worker records the new build, the instance's
+		// status still reads RUNNING from the old server, and a verb on a server being built
+		// is refused as such.
 		eventually.Holds(t, convergeLimit, func() bool {
 			srvs := e.servers(t, inst)
-			return len(srvs) == 1 && srvs[0].ID != old.ID
-		}, "a new server for %s", inst.ID)
+			return len(srvs) == 1 && srvs[0].ID != old.ID && srvs[0].State == region.ServerRunning
+		}, "a new server for %s, built", inst.ID)
 	}
 }
 
