@@ -408,6 +408,7 @@ func (c *Consumer) read(ctx context.Context, shards []int, work chan<- job) {
 	for range shards {
 		args.Streams = append(args.Streams, ">")
 	}
+	takes := newTakeSet(c.q, shards)
 	// Only a standalone Redis's one reader reads every shard, and so can finish any run.
 	finishing := !c.q.cluster()
 	defer c.stopTaking()
@@ -425,7 +426,7 @@ func (c *Consumer) read(ctx context.Context, shards []int, work chan<- job) {
 			if finishing {
 				fin = append(fin, c.startTaking()...)
 			}
-			jobs, err := c.take(ctx, shards, first, n, fin)
+			jobs, err := c.take(ctx, takes, first, n, fin)
 			for range n - len(jobs) {
 				c.room <- struct{}{}
 			}
@@ -476,18 +477,12 @@ func keepTaking(got, asked, shards int) bool {
 // take finishes the runs and then reads up to n new messages of the shards and begins them,
 // in one script call, starting with shards[first]; the runs are ended with their replies.
 // Like begin it is not cut short by ctx.
-func (c *Consumer) take(ctx context.Context, shards []int, first, n int, fin []*finishReq) ([]job, error) {
+func (c *Consumer) take(ctx context.Context, ts *takeSet, first, n int, fin []*finishReq) ([]job, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWriteTimeout)
 	defer cancel()
-	place := make(map[int]int, len(shards))
-	keys := make([]string, 0, 7*len(shards))
-	for i, shard := range shards {
-		place[shard] = i
-		keys = append(keys, c.q.keys[shard].take...)
-	}
-	byPlace := make([][]*finishReq, len(shards))
+	byPlace := make([][]*finishReq, len(ts.shards))
 	for _, r := range fin {
-		p := place[r.j.m.shard]
+		p := ts.place[r.j.m.shard]
 		byPlace[p] = append(byPlace[p], r)
 	}
 	args := []any{c.q.opts.Group, c.opts.Name, c.q.opts.MaxDeliveries, c.q.opts.Now().UnixMilli(), c.q.opts.DeadLetterMaxLen, n, first}
@@ -500,7 +495,7 @@ func (c *Consumer) take(ctx context.Context, shards []int, first, n int, fin []*
 		}
 	}
 	begun := time.Now()
-	jobs, finished, err := c.parseTake(takeScript.Run(ctx, c.q.rdb, keys, args...), shards, begun)
+	jobs, finished, err := c.parseTake(takeScript.Run(ctx, c.q.rdb, ts.keys, args...), ts.shards, begun)
 	if err == nil && len(finished) != len(order) {
 		err = fmt.Errorf("take: %d replies for %d runs", len(finished), len(order))
 	}
@@ -518,6 +513,23 @@ func (c *Consumer) take(ctx context.Context, shards []int, first, n int, fin []*
 		c.hold(j.m) // a new message: never held already
 	}
 	return jobs, nil
+}
+
+// takeSet is what every take call of one reader passes the same: its shards, in order, each
+// shard's place among them, and their KEYS.
+type takeSet struct {
+	shards []int
+	place  map[int]int
+	keys   []string
+}
+
+func newTakeSet(q *Queue, shards []int) *takeSet {
+	ts := &takeSet{shards: shards, place: make(map[int]int, len(shards)), keys: make([]string, 0, 7*len(shards))}
+	for i, shard := range shards {
+		ts.place[shard] = i
+		ts.keys = append(ts.keys, q.keys[shard].take...)
+	}
+	return ts
 }
 
 // parseTake reads the take script's reply: the messages taken, and the verdicts of the runs
