@@ -16,12 +16,13 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/computeql/computeql/roundtrip"
 )
 
 // Options configure a Queue. Every process of a deployment must use the same Shards and Group.
@@ -77,12 +78,8 @@ type Queue struct {
 	rdb  redis.UniversalClient
 	opts Options
 	keys []shardKeys // by shard
-
-	// adding counts the enqueue round trips under way, at most maxAdds; added holds the keys
-	// that wait for the next.
-	addMu  sync.Mutex
-	adding int
-	added  []*addReq
+	// adds carries the Enqueues: at most maxAdds round trips at once, then shared ones.
+	adds *roundtrip.Shared[*addReq]
 }
 
 // New returns a queue on the client with opts' defaults applied.
@@ -91,6 +88,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Queue, error) {
 		return nil, err
 	}
 	q := &Queue{rdb: rdb, opts: opts, keys: make([]shardKeys, opts.Shards)}
+	q.adds = roundtrip.Share(maxAdds, q.addOne, q.add)
 	for shard := range q.keys {
 		q.keys[shard] = newShardKeys(shard, q.fenceKeyOf(shard))
 	}
@@ -172,48 +170,23 @@ func (q *Queue) raiseFences(ctx context.Context) error {
 // no one caller's context cuts it short. An Enqueue whose context ends while its key is on its
 // way returns the context's error, and the key may be added all the same.
 func (q *Queue) Enqueue(ctx context.Context, key string) error {
-	if err := ctx.Err(); err != nil {
+	r := &addReq{shard: q.Shard(key), key: key, fields: q.traceFields(ctx)}
+	err := q.adds.Do(ctx, r)
+	if err == nil {
+		err = r.err
+	}
+	if err != nil {
 		return fmt.Errorf("enqueue %s: %w", key, err)
 	}
-	shard, fields := q.Shard(key), q.traceFields(ctx)
-	q.addMu.Lock()
-	if q.adding < maxAdds {
-		q.adding++
-		q.addMu.Unlock()
-		err := enqueueOneScript.Run(ctx, q.rdb, q.keys[shard].enqueue, append([]any{key}, fields...)...).Err()
-		q.addMu.Lock()
-		if len(q.added) == 0 {
-			q.adding--
-		} else {
-			go q.addWaiting() // carries this round trip's slot on
-		}
-		q.addMu.Unlock()
-		if err != nil {
-			return fmt.Errorf("enqueue %s: %w", key, err)
-		}
-		return nil
-	}
-	r := &addReq{shard: shard, key: key, fields: fields, done: make(chan error, 1)}
-	q.added = append(q.added, r)
-	q.addMu.Unlock()
-	select {
-	case err := <-r.done:
-		if err != nil {
-			return fmt.Errorf("enqueue %s: %w", key, err)
-		}
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("enqueue %s: %w", key, ctx.Err())
-	}
+	return nil
 }
 
-// addReq is the key of an Enqueue that waits for a shared round trip; done receives Redis's
-// answer.
+// addReq is the key of an Enqueue; err receives Redis's answer.
 type addReq struct {
 	shard  int
 	key    string
 	fields []any
-	done   chan error
+	err    error
 }
 
 // maxAdds bounds the enqueue round trips one Queue has under way. Up to it, each Enqueue
@@ -223,14 +196,13 @@ type addReq struct {
 // costs Redis a bounded number of round trips instead of one each.
 const maxAdds = 4
 
-// addTimeout bounds one shared enqueue round trip: it serves several callers, so none's
-// context may cut it short.
-const addTimeout = 5 * time.Second
+// addOne adds one key in a round trip of its own, with the one-key script.
+func (q *Queue) addOne(ctx context.Context, r *addReq) {
+	r.err = enqueueOneScript.Run(ctx, q.rdb, q.keys[r.shard].enqueue, append([]any{r.key}, r.fields...)...).Err()
+}
 
-// add runs the enqueue script for the waiting keys in one round trip and tells each caller.
-func (q *Queue) add(reqs []*addReq) {
-	ctx, cancel := context.WithTimeout(context.Background(), addTimeout)
-	defer cancel()
+// add runs the enqueue script for the waiting keys in one round trip.
+func (q *Queue) add(ctx context.Context, reqs []*addReq) {
 	var order []*addReq
 	calls := batch(q, reqs, func(r *addReq) int { return r.shard },
 		func() []any { return nil },
@@ -243,26 +215,9 @@ func (q *Queue) add(reqs []*addReq) {
 	for _, call := range calls {
 		err := call.cmd.Err()
 		for _, r := range order[:call.n] {
-			r.done <- err
+			r.err = err
 		}
 		order = order[call.n:]
-	}
-}
-
-// addWaiting adds the keys that came while a round trip was under way, batch after batch,
-// until none is left.
-func (q *Queue) addWaiting() {
-	for {
-		q.addMu.Lock()
-		reqs := q.added
-		q.added = nil
-		if len(reqs) == 0 {
-			q.adding--
-			q.addMu.Unlock()
-			return
-		}
-		q.addMu.Unlock()
-		q.add(reqs)
 	}
 }
 

@@ -311,11 +311,7 @@ func TestEnqueueRoundTripsBoundedThenShared(t *testing.T) {
 	for i := range more {
 		enqueue(fmt.Sprintf("more-%d", i))
 	}
-	eventually.Holds(t, waitLimit, func() bool {
-		q.addMu.Lock()
-		defer q.addMu.Unlock()
-		return len(q.added) == more
-	}, "the later Enqueues waiting")
+	eventually.Holds(t, waitLimit, func() bool { return q.adds.Waiting() == more }, "the later Enqueues waiting")
 	close(gate.open)
 	wg.Wait()
 	gate.mu.Lock()

@@ -1,8 +1,15 @@
 package store
 
 import (
+	"context"
+	"fmt"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/queue"
 	"github.com/computeql/computeql/redistest"
@@ -85,5 +92,106 @@ func TestCreateQueuedInOneRoundTrip(t *testing.T) {
 	}
 	if waiting(alone) {
 		t.Errorf("a store without a queue enqueued")
+	}
+}
+
+// TestConcurrentCreatesShareRoundTrips: while createTrips creates are under way, the creates
+// that come wait and go together in one pipeline; each still gets its own answer: of two
+// creates of one name exactly one is accepted and enqueued, the other refused and not.
+func TestConcurrentCreatesShareRoundTrips(t *testing.T) {
+	rdb := redisServer.Client(t)
+	q, err := queue.New(rdb, queue.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s := New(rdb, WithQueue(q))
+	if err := s.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	gate := &pipelineGate{open: make(chan struct{}), entered: make(chan struct{}, 100)}
+	rdb.AddHook(gate)
+	calls := &redistest.RoundTrips{}
+	rdb.AddHook(calls)
+
+	type outcome struct {
+		inst    *instance.Instance
+		refusal *instance.Refusal
+		queued  bool
+	}
+	const distinct = 20
+	outcomes := make(chan outcome, 2*distinct)
+	var wg sync.WaitGroup
+	create := func(name string) {
+		wg.Go(func() {
+			inst := newInstance("acme", "web", name)
+			refusal, queued, err := s.CreateQueued(ctx, inst, "claim-"+name, roomy, instance.Idempotency{})
+			if err != nil {
+				t.Errorf("create %s: %v", name, err)
+			}
+			outcomes <- outcome{inst, refusal, queued}
+		})
+	}
+	for i := range createTrips {
+		create(fmt.Sprint("n", i))
+	}
+	for range createTrips {
+		select {
+		case <-gate.entered:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the first creates did not each make a round trip")
+		}
+	}
+	// The rest of the names, then every name again.
+	for i := createTrips; i < 2*distinct; i++ {
+		create(fmt.Sprint("n", i%distinct))
+	}
+	waiting := 2*distinct - createTrips
+	eventually.Holds(t, 10*time.Second, func() bool { return s.creates.Waiting() == waiting }, "the later creates waiting")
+	before := calls.N()
+	close(gate.open)
+	wg.Wait()
+	close(outcomes)
+	if n := calls.N() - before; n != createTrips+1 {
+		t.Errorf("%d creates took %d round trips, want %d: one each for the first, one shared", 2*distinct, n, createTrips+1)
+	}
+	accepted := map[string]int{}
+	for o := range outcomes {
+		w, err := q.Waiting(ctx, o.inst.Key())
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case o.refusal == nil && o.queued && w:
+			accepted[o.inst.Name]++
+		case o.refusal != nil && o.refusal.NameTaken && !o.queued && !w:
+		default:
+			t.Errorf("create %s: refusal %+v, queued %t, waiting %t", o.inst.Name, o.refusal, o.queued, w)
+		}
+	}
+	for i := range distinct {
+		if n := accepted[fmt.Sprint("n", i)]; n != 1 {
+			t.Errorf("name n%d accepted %d times, want once", i, n)
+		}
+	}
+}
+
+// pipelineGate holds pipelines until open is closed; entered receives one value per pipeline
+// held.
+type pipelineGate struct {
+	open    chan struct{}
+	entered chan struct{}
+}
+
+func (g *pipelineGate) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (g *pipelineGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (g *pipelineGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		g.entered <- struct{}{}
+		<-g.open
+		return next(ctx, cmds)
 	}
 }

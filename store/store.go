@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,11 +18,14 @@ import (
 	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/quota"
+	"github.com/computeql/computeql/roundtrip"
 )
 
 // Store is the Redis implementation of instance.Store.
 type Store struct {
 	rdb redis.UniversalClient
+	// creates carries the creates' commands: many at once share round trips.
+	creates *roundtrip.Shared[[]redis.Cmder]
 	// queue, when set, joins a create's round trip with the enqueue of its work.
 	queue Enqueuer
 }
@@ -42,10 +46,24 @@ func WithQueue(q Enqueuer) Option { return func(s *Store) { s.queue = q } }
 
 var _ instance.Store = (*Store)(nil)
 
+// createTrips bounds the create round trips a Store has under way: up to it, each create makes
+// its own; past it, the creates that wait share the next one, in one pipeline (see roundtrip).
+const createTrips = 4
+
+// pipeline sends the commands in one pipeline; each holds its reply or error afterwards.
+func (s *Store) pipeline(ctx context.Context, cmds []redis.Cmder) {
+	p := s.rdb.Pipeline()
+	_ = p.BatchProcess(ctx, cmds...)
+	_, _ = p.Exec(ctx)
+}
+
 // New returns a store on the client. LimitCalls applies to it once the client has
 // CallLimitHook, which whoever makes the client adds once.
 func New(rdb redis.UniversalClient, opts ...Option) *Store {
 	s := &Store{rdb: rdb}
+	s.creates = roundtrip.Share(createTrips, s.pipeline, func(ctx context.Context, calls [][]redis.Cmder) {
+		s.pipeline(ctx, slices.Concat(calls...))
+	})
 	for _, o := range opts {
 		o(s)
 	}
@@ -132,11 +150,8 @@ func eventKeys(org, id string) []string {
 
 // Create implements instance.Store with createScript.
 func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim string, limits quota.Amounts, idem instance.Idempotency) (*instance.Refusal, error) {
-	keys, args, err := createCall(inst, claim, limits, idem)
-	if err != nil {
-		return nil, err
-	}
-	return createReply(createScript.Run(ctx, s.rdb, keys, args...))
+	r, _, err := s.create(ctx, inst, claim, limits, idem, nil)
+	return r, err
 }
 
 // CreateQueued implements instance.Store: with a queue that can join the pipeline, the create
@@ -144,23 +159,28 @@ func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim strin
 // only an accepted create writes), go in one round trip. Should Redis have lost the scripts,
 // the create is run again by itself (the pipelined one did nothing) and the caller enqueues.
 func (s *Store) CreateQueued(ctx context.Context, inst *instance.Instance, claim string, limits quota.Amounts, idem instance.Idempotency) (*instance.Refusal, bool, error) {
-	if s.queue == nil {
-		r, err := s.Create(ctx, inst, claim, limits, idem)
-		return r, false, err
-	}
+	return s.create(ctx, inst, claim, limits, idem, s.queue)
+}
+
+// create runs createScript, and the guarded enqueue when q is set, through the shared
+// pipeline: concurrent creates share round trips.
+func (s *Store) create(ctx context.Context, inst *instance.Instance, claim string, limits quota.Amounts, idem instance.Idempotency, q Enqueuer) (*instance.Refusal, bool, error) {
 	keys, args, err := createCall(inst, claim, limits, idem)
 	if err != nil {
 		return nil, false, err
 	}
-	var created, queued *redis.Cmd
-	var joined error
-	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		created = createScript.EvalSha(ctx, p, keys, args...)
-		queued, joined = s.queue.EnqueueIf(ctx, p, inst.Key(), keys[1])
-		return nil
-	})
+	rec := s.rdb.Pipeline() // records the commands; s.creates sends them
+	created := createScript.EvalSha(ctx, rec, keys, args...)
+	var queued *redis.Cmd
+	joined := errNoQueue
+	if q != nil {
+		queued, joined = q.EnqueueIf(ctx, rec, inst.Key(), keys[1])
+	}
+	if err := s.creates.Do(ctx, rec.Cmds()); err != nil {
+		return nil, false, failed("create", err)
+	}
 	// Asked whatever the create's fate: it loads the queue's script again if Redis lost it.
-	enqueued := joined == nil && s.queue.Joined(ctx, queued)
+	enqueued := joined == nil && q.Joined(ctx, queued)
 	if redis.HasErrorPrefix(created.Err(), "NOSCRIPT") {
 		r, err := createReply(createScript.Run(ctx, s.rdb, keys, args...))
 		return r, false, err
@@ -168,6 +188,9 @@ func (s *Store) CreateQueued(ctx context.Context, inst *instance.Instance, claim
 	r, err := createReply(created)
 	return r, enqueued && err == nil && r == nil, err
 }
+
+// errNoQueue stands for the enqueue of a create whose store has no queue to join.
+var errNoQueue = errors.New("no queue")
 
 // createCall is createScript's keys and arguments for the instance.
 func createCall(inst *instance.Instance, claim string, limits quota.Amounts, idem instance.Idempotency) ([]string, []any, error) {
