@@ -127,3 +127,21 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// CPU is the CPU time, user and system, a Redis server has used so far (INFO cpu): the
+// benchmarks' measure of the Redis work a load cost.
+func CPU(ctx context.Context, c redis.UniversalClient) (time.Duration, error) {
+	info, err := c.InfoMap(ctx, "cpu").Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO cpu: %w", err)
+	}
+	var total time.Duration
+	for _, f := range []string{"used_cpu_sys", "used_cpu_user"} {
+		s, err := strconv.ParseFloat(info["CPU"][f], 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO cpu %s: %q", f, info["CPU"][f])
+		}
+		total += time.Duration(s * float64(time.Second))
+	}
+	return total, nil
+}

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/computeql/computeql/redisproc"
 	"github.com/computeql/computeql/redistest"
 )
 
@@ -31,6 +32,10 @@ func BenchmarkCreateHTTP(b *testing.B) {
 	calls := &redistest.RoundTrips{}
 	a.rdb.AddHook(calls)
 	b.SetParallelism(32) // 32 × GOMAXPROCS concurrent clients: 64 on this 2-core machine
+	cpu0, err := redisproc.CPU(b.Context(), a.rdb)
+	if err != nil {
+		b.Fatal(err)
+	}
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -47,4 +52,9 @@ func BenchmarkCreateHTTP(b *testing.B) {
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "creates/s")
 	b.ReportMetric(float64(calls.N())/float64(b.N), "redis-roundtrips/op")
+	cpu1, err := redisproc.CPU(b.Context(), a.rdb)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64((cpu1-cpu0).Microseconds())/float64(b.N), "redis-cpu-µs/op")
 }

@@ -248,7 +248,7 @@ func measure(ctx context.Context, admin *redis.Client, addr string, sys system, 
 	}
 	// The consumers are gone before the next run's FLUSHALL.
 	stop := func() { cancel(); wait() }
-	cpu0, err := redisCPU(ctx, admin)
+	cpu0, err := redisproc.CPU(ctx, admin)
 	if err == nil {
 		err = admin.ConfigResetStat(ctx).Err()
 	}
@@ -286,7 +286,7 @@ func measure(ctx context.Context, admin *redis.Client, addr string, sys system, 
 	}
 	elapsed := time.Since(began)
 	go1 := processCPU()
-	cpu1, err := redisCPU(ctx, admin)
+	cpu1, err := redisproc.CPU(ctx, admin)
 	n := trips.Load()
 	var scripts, commands int64
 	if err == nil {
@@ -299,7 +299,7 @@ func measure(ctx context.Context, admin *redis.Client, addr string, sys system, 
 	k := float64(keys)
 	return result{
 		perSec:    k / elapsed.Seconds(),
-		cpuPer1k:  (cpu1 - cpu0) * 1000 / k * 1000,
+		cpuPer1k:  (cpu1 - cpu0).Seconds() * 1000 / k * 1000,
 		goPer1k:   (go1 - go0).Seconds() * 1000 / k * 1000,
 		wallClock: elapsed,
 		trips:     float64(n) / k, scripts: float64(scripts) / k, commands: float64(commands) / k,
@@ -421,23 +421,6 @@ func ratio(a, b float64) string {
 		return "–"
 	}
 	return fmt.Sprintf("%.2f×", a/b)
-}
-
-// redisCPU is the server's CPU time so far, user and system, in seconds (INFO cpu).
-func redisCPU(ctx context.Context, admin *redis.Client) (float64, error) {
-	info, err := admin.InfoMap(ctx, "cpu").Result()
-	if err != nil {
-		return 0, err
-	}
-	var total float64
-	for _, f := range []string{"used_cpu_sys", "used_cpu_user"} {
-		v, err := strconv.ParseFloat(info["CPU"][f], 64)
-		if err != nil {
-			return 0, fmt.Errorf("INFO cpu %s: %q", f, info["CPU"][f])
-		}
-		total += v
-	}
-	return total, nil
 }
 
 // streams is how many streams the raw system spreads its keys over: as many as the queue's
