@@ -17,18 +17,28 @@ import (
 // entries "quota", kind, requested total, limit. applyCharge adds the amounts to usage.
 const quotaLua = `
 local function overQuota(quotaKey, first)
-  local refusals = {}
+  local refusals, kinds, fields = {}, {}, {}
   for i = 0, tonumber(ARGV[first]) - 1 do
-    local kind, amount = ARGV[first + 1 + i * 3], tonumber(ARGV[first + 2 + i * 3])
-    if amount > 0 then
-      local used = tonumber(redis.call('HGET', quotaKey, 'used:' .. kind) or '0')
-      local limit = tonumber(redis.call('HGET', quotaKey, 'limit:' .. kind) or ARGV[first + 3 + i * 3])
-      if used + amount > limit then
-        table.insert(refusals, 'quota')
-        table.insert(refusals, kind)
-        table.insert(refusals, tostring(used + amount))
-        table.insert(refusals, tostring(limit))
-      end
+    local kind = ARGV[first + 1 + i * 3]
+    if tonumber(ARGV[first + 2 + i * 3]) > 0 then
+      table.insert(kinds, i)
+      table.insert(fields, 'used:' .. kind)
+      table.insert(fields, 'limit:' .. kind)
+    end
+  end
+  if #kinds == 0 then
+    return refusals
+  end
+  local got = redis.call('HMGET', quotaKey, unpack(fields))
+  for j, i in ipairs(kinds) do
+    local amount = tonumber(ARGV[first + 2 + i * 3])
+    local used = tonumber(got[2 * j - 1] or '0')
+    local limit = tonumber(got[2 * j] or ARGV[first + 3 + i * 3])
+    if used + amount > limit then
+      table.insert(refusals, 'quota')
+      table.insert(refusals, ARGV[first + 1 + i * 3])
+      table.insert(refusals, tostring(used + amount))
+      table.insert(refusals, tostring(limit))
     end
   end
   return refusals
@@ -63,8 +73,14 @@ local function trimEvents(eventsKey, bytesKey, size)
   if total <= ` + strconv.Itoa(eventsKeptBytes) + ` and len <= ` + strconv.Itoa(eventsKept) + ` then
     return
   end
+  -- Over on entries alone, the entries read are those to drop (one an append, in the steady
+  -- state): every entry read is copied whole into Lua. Over on bytes, a few more.
+  local count = 8
+  if total <= ` + strconv.Itoa(eventsKeptBytes) + ` then
+    count = math.min(count, len - ` + strconv.Itoa(eventsKept) + `)
+  end
   local cut = 0
-  for _, e in ipairs(redis.call('XRANGE', eventsKey, '-', '+', 'COUNT', 8)) do
+  for _, e in ipairs(redis.call('XRANGE', eventsKey, '-', '+', 'COUNT', count)) do
     if total - cut <= ` + strconv.Itoa(eventsKeptBytes) + ` and len <= ` + strconv.Itoa(eventsKept) + ` then
       break
     end
@@ -82,8 +98,9 @@ local function trimEvents(eventsKey, bytesKey, size)
   end
 end
 
-local function appendEvent(eventsKey, bytesKey, histKey, instKey, id, kind, changed, at, msg, actor, action, outcome)
-  local f = redis.call('HMGET', instKey, 'spec', 'status', 'gen', 'sv', 'proj', 'v')
+-- appendEntry appends the event of the instance whose stored fields are f: spec, status, gen,
+-- sv, proj and v, as appendEvent reads them.
+local function appendEntry(eventsKey, bytesKey, histKey, f, id, kind, changed, at, msg, actor, action, outcome)
   local entry = {'kind', kind, 'id', id, 'proj', f[5], 'spec', f[1], 'status', f[2], 'gen', f[3], 'sv', f[4],
     'changed', changed, 'at', at, 'msg', msg, 'v', f[6] or '1'}
   if action and action ~= '' then
@@ -100,6 +117,11 @@ local function appendEvent(eventsKey, bytesKey, histKey, instKey, id, kind, chan
   local eid = redis.call('XADD', eventsKey, '*', unpack(entry))
   redis.call('XADD', histKey, 'MAXLEN', '~', ` + strconv.Itoa(historyKept) + `, eid, 'k', kind)
   trimEvents(eventsKey, bytesKey, size)
+end
+
+local function appendEvent(eventsKey, bytesKey, histKey, instKey, id, kind, changed, at, msg, actor, action, outcome)
+  local f = redis.call('HMGET', instKey, 'spec', 'status', 'gen', 'sv', 'proj', 'v')
+  appendEntry(eventsKey, bytesKey, histKey, f, id, kind, changed, at, msg, actor, action, outcome)
 end
 `
 
@@ -157,7 +179,8 @@ redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', ARGV[3], 'gen', 1, 'sv', 
 redis.call('ZADD', KEYS[3], 0, ARGV[1])
 redis.call('ZADD', KEYS[4], 0, ARGV[1])
 applyCharge(KEYS[5], 11)
-appendEvent(KEYS[6], KEYS[7], KEYS[8], KEYS[2], ARGV[1], 'CREATED', '', ARGV[5], '')
+appendEntry(KEYS[6], KEYS[7], KEYS[8], {ARGV[2], ARGV[3], '1', '1', ARGV[4], '` + strconv.Itoa(SchemaVersion) + `'},
+  ARGV[1], 'CREATED', '', ARGV[5], '')
 recordIdem(KEYS[9], ARGV[9], ARGV[10])
 return refusals
 `)
