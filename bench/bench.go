@@ -217,7 +217,7 @@ func (r *runner) limits(ctx context.Context) error {
 	ping := func(ctx context.Context, _ int) error { return bare.post(ctx, "{ ping }", nil, nil) }
 	r.say("limits: bare gqlgen handler, %d clients for %s, then %s/s for %s", c.Concurrency, c.Duration, count(c.CreateRate), c.Duration)
 	closedLoop(ctx, c.Concurrency, 2*c.Concurrency, 0, ping) // connections and caches warm
-	l.Bare = closedLoop(ctx, c.Concurrency, 0, c.Duration, ping)
+	l.Bare = r.metered(ctx, server, func() Load { return closedLoop(ctx, c.Concurrency, 0, c.Duration, ping) })
 	l.BareRate = openLoop(ctx, c.CreateRate, c.Duration, maxInFlight, ping)
 	if err := server.stop(); err != nil {
 		return fmt.Errorf("bare graphql: %w", err)
@@ -257,7 +257,7 @@ func (r *runner) create(ctx context.Context) error {
 	closedLoop(ctx, c.Concurrency, 2*c.Concurrency, 0, named("warm"))
 	r.say("create: %d clients for %s", c.Concurrency, c.Duration)
 	prof := r.startProfile(ctx, "create", r.sys.api)
-	r.rep.Create.Concurrency = closedLoop(ctx, c.Concurrency, 0, c.Duration, named("c"))
+	r.rep.Create.Concurrency = r.metered(ctx, r.sys.api, func() Load { return closedLoop(ctx, c.Concurrency, 0, c.Duration, named("c")) })
 	prof()
 	r.say("create: %s at %d clients, p50 / p99 %s", perSecond(r.rep.Create.Concurrency.Throughput.PerSecond), c.Concurrency,
 		msPair(r.rep.Create.Concurrency.Latency.P50, r.rep.Create.Concurrency.Latency.P99))

@@ -20,6 +20,8 @@ type Load struct {
 	FirstError string     `json:"firstError,omitempty"`
 	Throughput Throughput `json:"throughput"`
 	Latency    Latency    `json:"latency"`
+	// CPU is what a request cost each process, for the runs that measure it.
+	CPU *CPUCost `json:"cpu,omitempty"`
 }
 
 // request sends request number i and returns its failure, if any.

@@ -180,6 +180,7 @@ func (r *Report) figures() []Figure {
 	add(Figure{Section: lim, Name: "XADD, " + conc + " clients", Value: perSecond(l.XAdd.PerSecond)})
 	add(Figure{Section: lim, Name: "XREADGROUP of one entry, " + conc + " clients", Value: perSecond(l.XReadGroup.PerSecond)})
 	add(Figure{Section: lim, Name: "bare gqlgen `{ ping }`, " + conc + " clients", Value: perSecond(l.Bare.Throughput.PerSecond) + ", p99 " + msOne(l.Bare.Latency.P99)})
+	add(Figure{Section: lim, Name: "bare gqlgen `{ ping }`, " + conc + " clients: CPU per request, load generator / handler / Redis", Value: cpuValue(l.Bare.CPU)})
 	add(Figure{Section: lim, Name: "bare gqlgen `{ ping }` at " + rate + ", p50 / p99", Value: msPair(l.BareRate.Latency.P50, l.BareRate.Latency.P99)})
 
 	const cr = "Create (HTTP GraphQL)"
@@ -190,6 +191,8 @@ func (r *Report) figures() []Figure {
 	add(Figure{Section: cr, Name: "createInstance, " + conc + " clients: p50 / p90 / p99 / max", Value: msAll(c.Concurrency.Latency),
 		Target: "p99 ≤ " + strconv.Itoa(targetCreateP99Ms) + " ms", Met: met(c.Concurrency.Latency.Count > 0 && c.Concurrency.Latency.P99 <= targetCreateP99Ms),
 		Limit: "bare gqlgen p99 " + msOne(l.Bare.Latency.P99), Ratio: times(c.Concurrency.Latency.P99, l.Bare.Latency.P99)})
+	add(Figure{Section: cr, Name: "createInstance, " + conc + " clients: CPU per create, load generator / API / Redis", Value: cpuValue(c.Concurrency.CPU),
+		Limit: "bare gqlgen " + cpuValue(l.Bare.CPU), Ratio: cpuRatio(c.Concurrency.CPU, l.Bare.CPU)})
 	add(Figure{Section: cr, Name: "createInstance at " + rate + " offered: p50 / p90 / p99 / max",
 		Value: fmt.Sprintf("%s (%s, %s errors)", msAll(c.Rate.Latency), perSecond(c.Rate.Throughput.PerSecond), count(float64(c.Rate.Errors))),
 		Limit: "bare gqlgen p99 " + msOne(l.BareRate.Latency.P99), Ratio: times(c.Rate.Latency.P99, l.BareRate.Latency.P99)})

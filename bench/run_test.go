@@ -61,6 +61,8 @@ func TestRun(t *testing.T) {
 		{"stream commands counted", r.Limits.XAdd.Ops == 300 && r.Limits.XReadGroup.Ops == 300},
 		{"bare handler loaded", r.Limits.Bare.Requests > 0 && r.Limits.BareRate.Requests == 15 && r.Limits.Bare.Errors == 0},
 		{"creates at a concurrency", r.Create.Concurrency.Requests > 0 && r.Create.Concurrency.Errors == 0 && r.Create.Concurrency.Concurrency == 8},
+		{"CPU per request of the bare handler and of a create", r.Limits.Bare.CPU != nil && r.Limits.Bare.CPU.Client > 0 && r.Limits.Bare.CPU.Server > 0 &&
+			r.Create.Concurrency.CPU != nil && r.Create.Concurrency.CPU.Client > 0 && r.Create.Concurrency.CPU.Server > 0 && r.Create.Concurrency.CPU.Redis > 0},
 		{"creates at a rate", r.Create.Rate.Requests == 15 && r.Create.Rate.Errors == 0},
 		{"every instance converged", r.Convergence.Instances == 20 && r.Convergence.Converged == 20 && r.Convergence.Latency.Count == 20},
 		{"probe changes reached commit and subscriber", r.Propagation.ProbeChanges == 6 && r.Propagation.Subscriber.Count == 6 &&
