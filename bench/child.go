@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -58,20 +59,13 @@ func startChild(ctx context.Context, exe, name, dir string, args, env []string, 
 	// The reader owns the log file and reaps the process: Wait must follow the last read of
 	// the pipe.
 	go func() {
-		addrs := map[string]string{}
-		sent := len(announce) == 0
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			line := sc.Text()
-			fmt.Fprintln(logFile, line)
-			if msg, addr, ok := announced(line); ok && !sent {
-				addrs[msg] = addr
-				if hasAll(addrs, announce) {
-					found <- addrs
-					sent = true
-				}
-			}
+		r := bufio.NewReader(stderr)
+		if len(announce) > 0 {
+			readAnnouncements(r, logFile, announce, found)
 		}
+		// The rest goes to the log file as it comes, unparsed: a process under load logs a
+		// line a request, and parsing each would cost the benchmark's own CPU.
+		_, _ = io.Copy(logFile, r)
 		c.waitErr = cmd.Wait()
 		logFile.Close()
 		close(c.exited)
@@ -92,6 +86,26 @@ func startChild(ctx context.Context, exe, name, dir string, args, env []string, 
 		err = ctx.Err()
 	}
 	return nil, errors.Join(err, c.stop())
+}
+
+// readAnnouncements copies log lines to the log file until the lines have announced every
+// message of announce, then sends their addresses on found; or until the log ends.
+func readAnnouncements(r *bufio.Reader, logFile io.Writer, announce []string, found chan<- map[string]string) {
+	addrs := map[string]string{}
+	for {
+		line, err := r.ReadString('\n')
+		_, _ = io.WriteString(logFile, line)
+		if msg, addr, ok := announced(strings.TrimSuffix(line, "\n")); ok {
+			addrs[msg] = addr
+			if hasAll(addrs, announce) {
+				found <- addrs
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 func hasAll(addrs map[string]string, msgs []string) bool {

@@ -67,12 +67,17 @@ func (c *client) post(ctx context.Context, query string, variables map[string]an
 	if err != nil {
 		return fmt.Errorf("read response: %w", err)
 	}
-	var out struct {
-		Data   json.RawMessage `json:"data"`
-		Errors []gqlError      `json:"errors"`
+	// One pass: data, a pointer in an interface, is decoded into; without one, an empty struct
+	// skips the data.
+	if data == nil {
+		data = &struct{}{}
 	}
+	out := struct {
+		Data   any        `json:"data"`
+		Errors []gqlError `json:"errors"`
+	}{Data: data}
 	if err := json.Unmarshal(raw, &out); err != nil {
-		return fmt.Errorf("status %d, response is not GraphQL: %.200s", res.StatusCode, raw)
+		return fmt.Errorf("status %d, response is not GraphQL (%v): %.200s", res.StatusCode, err, raw)
 	}
 	if len(out.Errors) > 0 {
 		msgs := make([]string, len(out.Errors))
@@ -83,12 +88,6 @@ func (c *client) post(ctx context.Context, query string, variables map[string]an
 	}
 	if res.StatusCode != http.StatusOK {
 		return fmt.Errorf("status %d: %.200s", res.StatusCode, raw)
-	}
-	if data == nil {
-		return nil
-	}
-	if err := json.Unmarshal(out.Data, data); err != nil {
-		return fmt.Errorf("decode data: %w", err)
 	}
 	return nil
 }
