@@ -20,18 +20,7 @@ import (
 // Redis that lost the scripts still creates, once, and leaves the enqueue to the caller, and
 // the create after it is one round trip again; a store without a queue never enqueues.
 func TestCreateQueuedInOneRoundTrip(t *testing.T) {
-	rdb := redisServer.Client(t)
-	q, err := queue.New(rdb, queue.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := q.Setup(ctx); err != nil {
-		t.Fatal(err)
-	}
-	s := New(rdb, WithQueue(q))
-	if err := s.Load(ctx); err != nil {
-		t.Fatal(err)
-	}
+	rdb, q, s := queuedStore(t)
 	calls := &redistest.RoundTrips{}
 	rdb.AddHook(calls)
 	waiting := func(inst *instance.Instance) bool {
@@ -99,18 +88,7 @@ func TestCreateQueuedInOneRoundTrip(t *testing.T) {
 // that come wait and go together in one pipeline; each still gets its own answer: of two
 // creates of one name exactly one is accepted and enqueued, the other refused and not.
 func TestConcurrentCreatesShareRoundTrips(t *testing.T) {
-	rdb := redisServer.Client(t)
-	q, err := queue.New(rdb, queue.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := q.Setup(ctx); err != nil {
-		t.Fatal(err)
-	}
-	s := New(rdb, WithQueue(q))
-	if err := s.Load(ctx); err != nil {
-		t.Fatal(err)
-	}
+	rdb, q, s := queuedStore(t)
 	gate := &pipelineGate{open: make(chan struct{}), entered: make(chan struct{}, 100)}
 	rdb.AddHook(gate)
 	calls := &redistest.RoundTrips{}
@@ -176,6 +154,24 @@ func TestConcurrentCreatesShareRoundTrips(t *testing.T) {
 			t.Errorf("name n%d accepted %d times, want once", i, n)
 		}
 	}
+}
+
+// queuedStore is a store on a fresh database whose creates join the queue's pipeline.
+func queuedStore(t *testing.T) (*redis.Client, *queue.Queue, *Store) {
+	t.Helper()
+	rdb := redisServer.Client(t)
+	q, err := queue.New(rdb, queue.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s := New(rdb, WithQueue(q))
+	if err := s.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return rdb, q, s
 }
 
 // pipelineGate holds pipelines until open is closed; entered receives one value per pipeline
