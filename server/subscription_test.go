@@ -479,7 +479,9 @@ func TestSubscriptionNoGoroutineLeak(t *testing.T) {
 			t.Fatalf("first event %+v", ev)
 		}
 	}
-	if g := runtime.NumGoroutine(); g < base+n {
+	// Each subscription shows in the count (its client's reader, at least); a short-lived
+	// goroutine of the baseline (a pooled connection's, a timer's) may have ended meanwhile.
+	if g := runtime.NumGoroutine(); g < base+n-n/20 {
 		t.Fatalf("%d goroutines with %d subscriptions open, baseline %d: the test measures nothing", g, n, base)
 	}
 	for _, c := range clients {
