@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,8 +23,8 @@ import (
 // Store is the Redis implementation of instance.Store.
 type Store struct {
 	rdb redis.UniversalClient
-	// creates carries the creates' commands: many at once share round trips.
-	creates *roundtrip.Shared[[]redis.Cmder]
+	// creates carries the creates' pipelines: many at once share round trips.
+	creates *roundtrip.Shared[redis.Pipeliner]
 	// queue, when set, joins a create's round trip with the enqueue of its work.
 	queue Enqueuer
 }
@@ -50,20 +49,21 @@ var _ instance.Store = (*Store)(nil)
 // its own; past it, the creates that wait share the next one, in one pipeline (see roundtrip).
 const createTrips = 4
 
-// pipeline sends the commands in one pipeline; each holds its reply or error afterwards.
-func (s *Store) pipeline(ctx context.Context, cmds []redis.Cmder) {
-	p := s.rdb.Pipeline()
-	_ = p.BatchProcess(ctx, cmds...)
-	_, _ = p.Exec(ctx)
+// sendTogether sends the commands of several creates' pipelines in one; each command holds its
+// reply or error afterwards.
+func (s *Store) sendTogether(ctx context.Context, pipes []redis.Pipeliner) {
+	all := s.rdb.Pipeline()
+	for _, p := range pipes {
+		_ = all.BatchProcess(ctx, p.Cmds()...)
+	}
+	_, _ = all.Exec(ctx)
 }
 
 // New returns a store on the client. LimitCalls applies to it once the client has
 // CallLimitHook, which whoever makes the client adds once.
 func New(rdb redis.UniversalClient, opts ...Option) *Store {
 	s := &Store{rdb: rdb}
-	s.creates = roundtrip.Share(createTrips, s.pipeline, func(ctx context.Context, calls [][]redis.Cmder) {
-		s.pipeline(ctx, slices.Concat(calls...))
-	})
+	s.creates = roundtrip.Share(createTrips, func(ctx context.Context, p redis.Pipeliner) { _, _ = p.Exec(ctx) }, s.sendTogether)
 	for _, o := range opts {
 		o(s)
 	}
@@ -169,18 +169,17 @@ func (s *Store) create(ctx context.Context, inst *instance.Instance, claim strin
 	if err != nil {
 		return nil, false, err
 	}
-	rec := s.rdb.Pipeline() // records the commands; s.creates sends them
-	created := createScript.EvalSha(ctx, rec, keys, args...)
+	pipe := s.rdb.Pipeline() // s.creates sends it, alone or with others
+	created := createScript.EvalSha(ctx, pipe, keys, args...)
 	var queued *redis.Cmd
-	joined := errNoQueue
 	if q != nil {
-		queued, joined = q.EnqueueIf(ctx, rec, inst.Key(), keys[1])
+		queued, _ = q.EnqueueIf(ctx, pipe, inst.Key(), keys[1]) // nil where it cannot join
 	}
-	if err := s.creates.Do(ctx, rec.Cmds()); err != nil {
+	if err := s.creates.Do(ctx, pipe); err != nil {
 		return nil, false, failed("create", err)
 	}
 	// Asked whatever the create's fate: it loads the queue's script again if Redis lost it.
-	enqueued := joined == nil && q.Joined(ctx, queued)
+	enqueued := queued != nil && q.Joined(ctx, queued)
 	if redis.HasErrorPrefix(created.Err(), "NOSCRIPT") {
 		r, err := createReply(createScript.Run(ctx, s.rdb, keys, args...))
 		return r, false, err
@@ -188,9 +187,6 @@ func (s *Store) create(ctx context.Context, inst *instance.Instance, claim strin
 	r, err := createReply(created)
 	return r, enqueued && err == nil && r == nil, err
 }
-
-// errNoQueue stands for the enqueue of a create whose store has no queue to join.
-var errNoQueue = errors.New("no queue")
 
 // createCall is createScript's keys and arguments for the instance.
 func createCall(inst *instance.Instance, claim string, limits quota.Amounts, idem instance.Idempotency) ([]string, []any, error) {
