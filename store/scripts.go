@@ -17,27 +17,26 @@ import (
 // entries "quota", kind, requested total, limit. applyCharge adds the amounts to usage.
 const quotaLua = `
 local function overQuota(quotaKey, first)
-  local refusals, kinds, fields = {}, {}, {}
+  local refusals, charged, fields = {}, {}, {}
   for i = 0, tonumber(ARGV[first]) - 1 do
-    local kind = ARGV[first + 1 + i * 3]
-    if tonumber(ARGV[first + 2 + i * 3]) > 0 then
-      table.insert(kinds, i)
+    local kind, amount = ARGV[first + 1 + i * 3], tonumber(ARGV[first + 2 + i * 3])
+    if amount > 0 then
+      table.insert(charged, {kind, amount, ARGV[first + 3 + i * 3]})
       table.insert(fields, 'used:' .. kind)
       table.insert(fields, 'limit:' .. kind)
     end
   end
-  if #kinds == 0 then
+  if #charged == 0 then
     return refusals
   end
   local got = redis.call('HMGET', quotaKey, unpack(fields))
-  for j, i in ipairs(kinds) do
-    local amount = tonumber(ARGV[first + 2 + i * 3])
+  for j, c in ipairs(charged) do
     local used = tonumber(got[2 * j - 1] or '0')
-    local limit = tonumber(got[2 * j] or ARGV[first + 3 + i * 3])
-    if used + amount > limit then
+    local limit = tonumber(got[2 * j] or c[3])
+    if used + c[2] > limit then
       table.insert(refusals, 'quota')
-      table.insert(refusals, ARGV[first + 1 + i * 3])
-      table.insert(refusals, tostring(used + amount))
+      table.insert(refusals, c[1])
+      table.insert(refusals, tostring(used + c[2]))
       table.insert(refusals, tostring(limit))
     end
   end
@@ -174,13 +173,14 @@ if #refusals > 0 then
   return refusals
 end
 redis.call('SET', KEYS[1], ARGV[1])
-redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', ARGV[3], 'gen', 1, 'sv', 1, 'proj', ARGV[4],
-  'description', ARGV[6], 'tags', ARGV[7], 'userData', ARGV[8], 'v', ` + strconv.Itoa(SchemaVersion) + `)
+-- The record's fields as appendEvent reads them: the event is written from them.
+local f = {ARGV[2], ARGV[3], '1', '1', ARGV[4], '` + strconv.Itoa(SchemaVersion) + `'}
+redis.call('HSET', KEYS[2], 'spec', f[1], 'status', f[2], 'gen', f[3], 'sv', f[4], 'proj', f[5],
+  'description', ARGV[6], 'tags', ARGV[7], 'userData', ARGV[8], 'v', f[6])
 redis.call('ZADD', KEYS[3], 0, ARGV[1])
 redis.call('ZADD', KEYS[4], 0, ARGV[1])
 applyCharge(KEYS[5], 11)
-appendEntry(KEYS[6], KEYS[7], KEYS[8], {ARGV[2], ARGV[3], '1', '1', ARGV[4], '` + strconv.Itoa(SchemaVersion) + `'},
-  ARGV[1], 'CREATED', '', ARGV[5], '')
+appendEntry(KEYS[6], KEYS[7], KEYS[8], f, ARGV[1], 'CREATED', '', ARGV[5], '')
 recordIdem(KEYS[9], ARGV[9], ARGV[10])
 return refusals
 `)
