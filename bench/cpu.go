@@ -33,20 +33,26 @@ type cpuTimes struct {
 // Redis.
 func readCPU(ctx context.Context, server int, rdb redis.UniversalClient) (cpuTimes, error) {
 	var t cpuTimes
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return t, fmt.Errorf("getrusage: %w", err)
+	var err error
+	if t.client, err = selfCPU(); err != nil {
+		return t, err
 	}
-	t.client = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	if server != 0 {
-		var err error
 		if t.server, err = processCPU(server); err != nil {
 			return t, err
 		}
 	}
-	var err error
 	t.redis, err = redisproc.CPU(ctx, rdb)
 	return t, err
+}
+
+// selfCPU is this process's CPU time so far, user and system.
+func selfCPU() (time.Duration, error) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, fmt.Errorf("getrusage: %w", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
 }
 
 // clockTicks is the unit of /proc/PID/stat's times (USER_HZ), 100 a second on Linux.
