@@ -35,13 +35,13 @@ type waiter[T any] struct {
 	done chan struct{}
 }
 
-// SharedTimeout bounds one shared round trip: it serves several callers, so no one caller's
+// sharedTimeout bounds one shared round trip: it serves several callers, so no one caller's
 // context may cut it short.
-const SharedTimeout = 5 * time.Second
+const sharedTimeout = 5 * time.Second
 
 // Share returns a Shared that has at most most round trips under way at once: alone makes one
 // for a single item, under its caller's context; together makes one for the items of several
-// callers, in the order they came, under a context that ends after SharedTimeout. Each leaves
+// callers, in the order they came, under a context that ends after sharedTimeout. Each leaves
 // its outcome in the items, for the callers to read.
 func Share[T any](most int, alone func(context.Context, T), together func(context.Context, []T)) *Shared[T] {
 	return &Shared[T]{most: max(most, 1), alone: alone, together: together}
@@ -98,7 +98,7 @@ func (s *Shared[T]) runWaiting() {
 		for i, w := range waiting {
 			items[i] = w.item
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), SharedTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), sharedTimeout)
 		s.together(ctx, items)
 		cancel()
 		for _, w := range waiting {
