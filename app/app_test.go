@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime/metrics"
 	"strings"
 	"testing"
 	"time"
@@ -445,5 +446,43 @@ func TestDemoInstances(t *testing.T) {
 	}
 	if got, want := runEmbedded(t, "--demo-instances=false").postData(t, list), `{"data":{"a":{"totalCount":0},"g":{"totalCount":0}}}`; got != want {
 		t.Errorf("with --demo-instances=false: %s, want %s", got, want)
+	}
+}
+
+// gogc is the process's GOGC percent in force.
+func gogc() uint64 {
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// A serving process raises GOGC while its live heap is below the floor, puts it back when it
+// stops, and refuses a negative floor; --heap-floor-mib 0 leaves GOGC alone.
+func TestHeapFloor(t *testing.T) {
+	before := gogc()
+	e := runEmbedded(t, "--demo-instances=false")
+	if got := gogc(); got <= before {
+		t.Errorf("serving with the default floor: GOGC %d, want above %d", got, before)
+	}
+	e.cancel()
+	if err := <-e.done; err != nil {
+		t.Errorf("shutdown: %v", err)
+	}
+	e.done <- nil // for the cleanup
+	if got := gogc(); got != before {
+		t.Errorf("after shutdown: GOGC %d, want %d back", got, before)
+	}
+
+	off := runEmbedded(t, "--demo-instances=false", "--heap-floor-mib", "0")
+	if got := gogc(); got != before {
+		t.Errorf("--heap-floor-mib 0: GOGC %d, want %d untouched", got, before)
+	}
+	off.cancel()
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := Run(ctx, []string{"--listen", "127.0.0.1:0", "--token-secret", secret, "--heap-floor-mib", "-1"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "--heap-floor-mib") {
+		t.Errorf("a negative floor: %v, want an error naming --heap-floor-mib", err)
 	}
 }
