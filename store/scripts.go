@@ -13,42 +13,50 @@ import (
 // position first: n, then n triples of kind, amount and default limit (the limit used when
 // none was set with setQuota).
 //
-// overQuota returns, for each kind a positive amount would take over its limit, the four
-// entries "quota", kind, requested total, limit. applyCharge adds the amounts to usage.
+// readCharge reads, in one HMGET, the usage of every kind the charge changes and the limit of
+// every kind it raises. It returns the refusals, for each kind a positive amount would take
+// over its limit the four entries "quota", kind, requested total, limit; and the usage after
+// the charge, as HSET's field/value pairs, which applyCharge writes in one command. A script
+// reads and applies in one run, so nothing changes the usage between the two.
 const quotaLua = `
-local function overQuota(quotaKey, first)
-  local refusals, charged, fields = {}, {}, {}
+local function readCharge(quotaKey, first)
+  local refusals, usage, kinds, fields = {}, {}, {}, {}
   for i = 0, tonumber(ARGV[first]) - 1 do
     local kind, amount = ARGV[first + 1 + i * 3], tonumber(ARGV[first + 2 + i * 3])
-    if amount > 0 then
-      table.insert(charged, {kind, amount, ARGV[first + 3 + i * 3]})
+    if amount ~= 0 then
+      table.insert(kinds, {kind, amount, ARGV[first + 3 + i * 3]})
       table.insert(fields, 'used:' .. kind)
-      table.insert(fields, 'limit:' .. kind)
+      if amount > 0 then
+        table.insert(fields, 'limit:' .. kind)
+      end
     end
   end
-  if #charged == 0 then
-    return refusals
+  if #kinds == 0 then
+    return refusals, usage
   end
-  local got = redis.call('HMGET', quotaKey, unpack(fields))
-  for j, c in ipairs(charged) do
-    local used = tonumber(got[2 * j - 1] or '0')
-    local limit = tonumber(got[2 * j] or c[3])
-    if used + c[2] > limit then
-      table.insert(refusals, 'quota')
-      table.insert(refusals, c[1])
-      table.insert(refusals, tostring(used + c[2]))
-      table.insert(refusals, tostring(limit))
+  local got, g = redis.call('HMGET', quotaKey, unpack(fields)), 1
+  for _, c in ipairs(kinds) do
+    local used = tonumber(got[g] or '0') + c[2]
+    g = g + 1
+    if c[2] > 0 then
+      local limit = tonumber(got[g] or c[3])
+      g = g + 1
+      if used > limit then
+        table.insert(refusals, 'quota')
+        table.insert(refusals, c[1])
+        table.insert(refusals, tostring(used))
+        table.insert(refusals, tostring(limit))
+      end
     end
+    table.insert(usage, 'used:' .. c[1])
+    table.insert(usage, string.format('%d', used))
   end
-  return refusals
+  return refusals, usage
 end
 
-local function applyCharge(quotaKey, first)
-  for i = 0, tonumber(ARGV[first]) - 1 do
-    local amount = tonumber(ARGV[first + 2 + i * 3])
-    if amount ~= 0 then
-      redis.call('HINCRBY', quotaKey, 'used:' .. ARGV[first + 1 + i * 3], amount)
-    end
+local function applyCharge(quotaKey, usage)
+  if #usage > 0 then
+    redis.call('HSET', quotaKey, unpack(usage))
   end
 end
 `
@@ -159,27 +167,30 @@ end
 // for none), ARGV[10] its time to live in seconds, ARGV[11..] the charge
 // Returns an empty array on success (a CREATED event appended), {"replay", value} when the
 // idempotency key records a write already, else the refusals: "name" when the claim is
-// taken, and the quota refusals of overQuota.
+// taken, and the quota refusals of readCharge.
 var createScript = redis.NewScript(quotaLua + eventLua + idemLua + `
 local prior = priorIdem(KEYS[9], ARGV[9])
 if prior then
   return {'replay', prior}
 end
-local refusals = overQuota(KEYS[5], 11)
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  table.insert(refusals, 1, 'name')
-end
+local refusals, usage = readCharge(KEYS[5], 11)
 if #refusals > 0 then
+  if redis.call('EXISTS', KEYS[1]) == 1 then
+    table.insert(refusals, 1, 'name')
+  end
   return refusals
 end
-redis.call('SET', KEYS[1], ARGV[1])
+-- Claimed only if free: the claim is its own check when quota allows.
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+  return {'name'}
+end
 -- The record's fields as appendEvent reads them: the event is written from them.
 local f = {ARGV[2], ARGV[3], '1', '1', ARGV[4], '` + strconv.Itoa(SchemaVersion) + `'}
 redis.call('HSET', KEYS[2], 'spec', f[1], 'status', f[2], 'gen', f[3], 'sv', f[4], 'proj', f[5],
   'description', ARGV[6], 'tags', ARGV[7], 'userData', ARGV[8], 'v', f[6])
 redis.call('ZADD', KEYS[3], 0, ARGV[1])
 redis.call('ZADD', KEYS[4], 0, ARGV[1])
-applyCharge(KEYS[5], 11)
+applyCharge(KEYS[5], usage)
 appendEntry(KEYS[6], KEYS[7], KEYS[8], f, ARGV[1], 'CREATED', '', ARGV[5], '')
 recordIdem(KEYS[9], ARGV[9], ARGV[10])
 return refusals
@@ -200,7 +211,7 @@ return refusals
 // for none), ARGV[17] its time to live in seconds, ARGV[18..] the quota delta (negative
 // amounts release)
 // Returns {"ok"} (the event appended), {"replay", value}, {"gone"}, {"stale"},
-// {"statusstale"}, or the quota refusals of overQuota.
+// {"statusstale"}, or the quota refusals of readCharge.
 var updateSpecScript = redis.NewScript(quotaLua + eventLua + idemLua + `
 local prior = priorIdem(KEYS[6], ARGV[16])
 if prior then
@@ -216,7 +227,7 @@ end
 if ARGV[3] ~= '' and cur[2] ~= ARGV[3] then
   return {'statusstale'}
 end
-local refusals = overQuota(KEYS[2], 18)
+local refusals, usage = readCharge(KEYS[2], 18)
 if #refusals > 0 then
   return refusals
 end
@@ -226,7 +237,7 @@ if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[1], 'status', ARGV[4])
   redis.call('HINCRBY', KEYS[1], 'sv', 1)
 end
-applyCharge(KEYS[2], 18)
+applyCharge(KEYS[2], usage)
 appendEvent(KEYS[3], KEYS[4], KEYS[5], KEYS[1], ARGV[5], ARGV[8], ARGV[6], ARGV[7], ARGV[12], ARGV[9], ARGV[10], ARGV[11])
 recordIdem(KEYS[6], ARGV[16], ARGV[17])
 return {'ok'}
@@ -277,7 +288,9 @@ if gen ~= ARGV[1] then
   return 0
 end
 appendEvent(KEYS[6], KEYS[7], KEYS[8], KEYS[1], ARGV[2], 'DELETED', '', ARGV[3], '')
-applyCharge(KEYS[5], 4)
+-- A release has no positive amount: it is never refused.
+local _, usage = readCharge(KEYS[5], 4)
+applyCharge(KEYS[5], usage)
 if redis.call('GET', KEYS[2]) == ARGV[2] then
   redis.call('DEL', KEYS[2])
 end
