@@ -23,7 +23,7 @@ import (
 const waitLimit = 15 * time.Second
 
 // newTestQueue returns a client of a flushed database and a set-up queue on it.
-func newTestQueue(t *testing.T, opts Options) (*redis.Client, *Queue) {
+func newTestQueue(t testing.TB, opts Options) (*redis.Client, *Queue) {
 	t.Helper()
 	rdb := redisServer.Client(t)
 	q, err := New(rdb, opts)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/computeql/computeql/redisproc"
 )
 
 // benchConsumers and benchProducers shape both throughput benchmarks alike, so the ratio of
@@ -145,4 +147,41 @@ func produce(b *testing.B, add func(i int) error) {
 		})
 	}
 	producers.Wait()
+}
+
+// BenchmarkAdds is the producers' side alone, with no consumer: 4 producers adding b.N
+// distinct keys with XADD, the limit, and with Enqueue, whose script checks and records the
+// key's state besides. It reports Redis's CPU per add (INFO cpu), where the script's cost
+// shows: the end-to-end benchmarks above are bound by how fast the producers' adds return.
+func BenchmarkAdds(b *testing.B) {
+	adds := []struct {
+		name string
+		add  func(ctx context.Context, rdb *redis.Client, q *Queue, i int) error
+	}{
+		{"XADD", func(ctx context.Context, rdb *redis.Client, _ *Queue, i int) error {
+			return rdb.XAdd(ctx, &redis.XAddArgs{Stream: rawStream(i % 16), Values: []any{"k", "k" + strconv.Itoa(i)}}).Err()
+		}},
+		{"Enqueue", func(ctx context.Context, _ *redis.Client, q *Queue, i int) error {
+			return q.Enqueue(ctx, "k"+strconv.Itoa(i))
+		}},
+	}
+	for _, a := range adds {
+		b.Run(a.name, func(b *testing.B) {
+			rdb, q := newTestQueue(b, Options{Shards: 16})
+			ctx := b.Context()
+			cpu0, err := redisproc.CPU(ctx, rdb)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			produce(b, func(i int) error { return a.add(ctx, rdb, q, i) })
+			b.StopTimer()
+			cpu1, err := redisproc.CPU(ctx, rdb)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "adds/s")
+			b.ReportMetric(float64((cpu1-cpu0).Microseconds())/float64(b.N), "redis-cpu-µs/op")
+		})
+	}
 }
