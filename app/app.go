@@ -93,6 +93,10 @@ type config struct {
 	demoInstances bool
 }
 
+// maxHeapFloorMiB bounds --heap-floor-mib at 1 TiB, far past any machine's memory and far
+// below where the floor in bytes would overflow.
+const maxHeapFloorMiB = 1 << 20
+
 // flags defines the flags of the serving commands (all, api, worker, region). A flag's
 // COMPUTEQL_<FLAG> environment variable, when set, replaces its default and is parsed like the
 // flag itself, so a malformed value is an error rather than silently the default.
@@ -246,8 +250,8 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	if err != nil {
 		return err
 	}
-	if c.heapFloorMiB < 0 {
-		return fmt.Errorf("--heap-floor-mib must not be negative, got %d", c.heapFloorMiB)
+	if c.heapFloorMiB < 0 || c.heapFloorMiB > maxHeapFloorMiB {
+		return fmt.Errorf("--heap-floor-mib must be from 0 to %d, got %d", maxHeapFloorMiB, c.heapFloorMiB)
 	}
 	// A serving process keeps little live and allocates fast: without a floor, collecting takes
 	// a fifth of its CPU.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
 	"runtime/metrics"
 	"strings"
 	"testing"
@@ -457,8 +458,10 @@ func gogc() uint64 {
 }
 
 // A serving process raises GOGC while its live heap is below the floor, puts it back when it
-// stops, and refuses a negative floor; --heap-floor-mib 0 leaves GOGC alone.
+// stops, and refuses a floor out of range; --heap-floor-mib 0 leaves GOGC alone.
 func TestHeapFloor(t *testing.T) {
+	old := debug.SetGCPercent(100) // whatever GOGC the tests run with
+	t.Cleanup(func() { debug.SetGCPercent(old) })
 	before := gogc()
 	e := runEmbedded(t, "--demo-instances=false")
 	if got := gogc(); got <= before {
@@ -481,8 +484,10 @@ func TestHeapFloor(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err := Run(ctx, []string{"--listen", "127.0.0.1:0", "--token-secret", secret, "--heap-floor-mib", "-1"}, io.Discard)
-	if err == nil || !strings.Contains(err.Error(), "--heap-floor-mib") {
-		t.Errorf("a negative floor: %v, want an error naming --heap-floor-mib", err)
+	for _, floor := range []string{"-1", "1048577"} {
+		err := Run(ctx, []string{"--listen", "127.0.0.1:0", "--token-secret", secret, "--heap-floor-mib", floor}, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "--heap-floor-mib") {
+			t.Errorf("--heap-floor-mib %s: %v, want an error naming the flag", floor, err)
+		}
 	}
 }

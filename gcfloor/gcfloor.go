@@ -10,50 +10,67 @@
 // live heap is larger than the floor, GOGC alone decides as before, so memory still grows with
 // the live heap in the same proportion and never more than the floor above it.
 //
-// The percent is set again after every collection, from the live heap that collection found,
-// so a live heap that grows fast (thousands of subscribers connecting) never runs on a percent
-// meant for a small one for longer than one cycle.
+// The percent is set again after every collection, from what that collection found, so a
+// live heap that grows fast (thousands of subscribers connecting) runs on a percent meant for a
+// small one only from the end of that collection to the moment its finalizer runs. A process has one floor at a time: Start is called once, by main's wiring.
 package gcfloor
 
 import (
 	"math"
+	"math/bits"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"sync"
+	"sync/atomic"
 )
 
 // minHeap is the Go runtime's least heap goal at GOGC=100 (4 MiB), which it scales with GOGC:
-// a percent computed for a live heap smaller than it would raise that least goal past the
-// floor.
+// a percent computed for less than it would raise that least goal past the floor.
 const minHeap = 4 << 20
 
-// Percent returns the GOGC percent with which the next heap goal (the live heap plus percent
-// of it) is at least the live heap plus floor, and never less than base.
-func Percent(base int, live, floor uint64) int {
-	live = max(live, minHeap)
-	p := (floor*100 + live - 1) / live // rounded up: the goal reaches the floor
+// Percent returns the GOGC percent with which the next heap goal is at least the live heap
+// plus floor, and never less than base. The runtime's goal is the live heap plus percent of
+// what a collection scans (the live heap, goroutine stacks and globals), so scanned is that
+// sum.
+func Percent(base int, scanned, floor uint64) int {
+	scanned = max(scanned, minHeap)
+	hi, lo := bits.Mul64(floor, 100)
+	if hi != 0 {
+		return math.MaxInt32
+	}
+	p := lo / scanned
+	if lo%scanned != 0 {
+		p++ // rounded up: the goal reaches the floor
+	}
 	if p > math.MaxInt32 {
 		return math.MaxInt32
 	}
 	return max(base, int(p))
 }
 
+// active is set while a floor is kept: the state is the process's.
+var active atomic.Bool
+
 // Start keeps a floor of floor bytes under every heap goal until the returned stop is called,
-// which restores GOGC to what it was. GOGC=off (the collector turned off) and a floor of 0
-// leave GOGC alone. It starts no goroutine: the runtime calls it back after each collection.
+// which restores GOGC to what it was. GOGC=off (the collector turned off), a floor of 0 and a
+// second Start while one floor is kept leave GOGC alone. It starts no goroutine of its own:
+// the runtime's finalizer goroutine calls it back after each collection, so a finalizer that
+// blocks (none of this program's does) would hold the floor where it was.
 func Start(floor uint64) (stop func()) {
 	return start(floor, nil)
 }
 
-// start is Start with tuned, when not nil, called with each percent set (tests await it).
+// start is Start with tuned, when not nil, called after each tune with the percent set, or -1
+// once stopped (tests await it).
 func start(floor uint64, tuned func(percent int)) (stop func()) {
 	base := readGOGC()
-	if floor == 0 || base < 0 {
+	if floor == 0 || base < 0 || !active.CompareAndSwap(false, true) {
 		return func() {}
 	}
-	t := &tuner{base: base, floor: floor, tuned: tuned, percent: base,
-		samples: []metrics.Sample{{Name: "/gc/heap/live:bytes"}}}
+	t := &tuner{base: base, floor: floor, tuned: tuned, percent: base, samples: []metrics.Sample{
+		{Name: "/gc/heap/live:bytes"}, {Name: "/gc/scan/stack:bytes"}, {Name: "/gc/scan/globals:bytes"},
+	}}
 	t.tune()
 	t.arm()
 	return t.stop
@@ -75,6 +92,9 @@ type tuner struct {
 // unreachable, and arms the next one.
 type sentinel struct{ _ [16]byte } // neither zero-sized nor tiny: the runtime may never finalize those
 
+// arm has the runtime call tune after the next collection, on its finalizer goroutine. (A
+// cleanup, runtime.AddCleanup, would not wait behind other finalizers, but one queued after a
+// collection was seen to wait for the next collection before it ran.)
 func (t *tuner) arm() {
 	runtime.SetFinalizer(&sentinel{}, func(*sentinel) {
 		if t.tune() {
@@ -83,24 +103,27 @@ func (t *tuner) arm() {
 	})
 }
 
-// tune sets the percent for the live heap the last collection found; it reports false once
-// stopped.
+// tune sets the percent for what the last collection found; it reports false once stopped.
 func (t *tuner) tune() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.stopped {
-		return false
-	}
-	metrics.Read(t.samples)
-	p := Percent(t.base, t.samples[0].Value.Uint64(), t.floor)
-	if p != t.percent {
-		debug.SetGCPercent(p)
-		t.percent = p
+	p := -1
+	if !t.stopped {
+		metrics.Read(t.samples)
+		var scanned uint64
+		for _, s := range t.samples {
+			scanned += s.Value.Uint64()
+		}
+		p = Percent(t.base, scanned, t.floor)
+		if p != t.percent {
+			debug.SetGCPercent(p)
+			t.percent = p
+		}
 	}
 	if t.tuned != nil {
 		t.tuned(p)
 	}
-	return true
+	return !t.stopped
 }
 
 func (t *tuner) stop() {
@@ -110,6 +133,7 @@ func (t *tuner) stop() {
 		t.stopped = true
 		t.percent = t.base
 		debug.SetGCPercent(t.base)
+		active.Store(false)
 	}
 }
 
