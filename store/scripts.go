@@ -287,9 +287,10 @@ local gen = redis.call('HGET', KEYS[1], 'gen')
 if gen ~= ARGV[1] then
   return 0
 end
-appendEvent(KEYS[6], KEYS[7], KEYS[8], KEYS[1], ARGV[2], 'DELETED', '', ARGV[3], '')
--- A release has no positive amount: it is never refused.
+-- Read before anything is written, so that an error reading leaves nothing half done. A
+-- release has no positive amount: it is never refused.
 local _, usage = readCharge(KEYS[5], 4)
+appendEvent(KEYS[6], KEYS[7], KEYS[8], KEYS[1], ARGV[2], 'DELETED', '', ARGV[3], '')
 applyCharge(KEYS[5], usage)
 if redis.call('GET', KEYS[2]) == ARGV[2] then
   redis.call('DEL', KEYS[2])
