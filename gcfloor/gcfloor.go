@@ -1,18 +1,19 @@
 // Package gcfloor keeps the Go heap from being collected while it has grown by less than a
 // floor since the last collection.
 //
-// Go collects when the heap has grown by GOGC percent of what the last collection left live.
-// A serving process keeps little live (a few MiB) and allocates fast (a request's parse,
-// validation and answer), so at the default GOGC of 100 it collects every few MiB, dozens of
-// times a second, and the collector's fixed work per cycle (stacks, globals, the stop-the-world
-// phases) takes a fifth of its CPU. The floor lets the heap grow by at least its size between
-// collections: with a small live heap Go collects a few times a second instead, and once the
-// live heap is larger than the floor, GOGC alone decides as before, so memory still grows with
-// the live heap in the same proportion and never more than the floor above it.
+// Go collects when the heap has grown by GOGC percent of what the last collection scanned (the
+// live heap, goroutine stacks, globals). A serving process keeps little live (a few MiB) and
+// allocates fast (a request's parse, validation and answer), so at the default GOGC of 100 it
+// collects every few MiB, dozens of times a second, and the collector's fixed work per cycle
+// takes a fifth of its CPU. The floor lets the heap grow by at least its size between
+// collections: with little live Go collects a few times a second instead, and once what is
+// scanned is larger than the floor, GOGC alone decides as before, so memory still grows with
+// it in the same proportion and never more than the floor above it.
 //
 // The percent is set again after every collection, from what that collection found, so a
 // live heap that grows fast (thousands of subscribers connecting) runs on a percent meant for a
-// small one only from the end of that collection to the moment its finalizer runs. A process has one floor at a time: Start is called once, by main's wiring.
+// small one only from the end of that collection to the moment its finalizer runs. A process
+// has one floor at a time: Start is called once, by main's wiring.
 package gcfloor
 
 import (
