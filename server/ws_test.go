@@ -193,6 +193,8 @@ func (c *wsClient) dataType() string {
 }
 
 // next returns the next queued message, failing the test when none comes or the socket closes.
+// It waits as long as any wait for the workers and the region (verbLimit): a message may be
+// the change a worker makes, slow under -race beside other packages' tests.
 func (c *wsClient) next() wsMessage {
 	c.tb.Helper()
 	select {
@@ -200,8 +202,8 @@ func (c *wsClient) next() wsMessage {
 		return m
 	case <-c.done:
 		c.tb.Fatalf("socket closed while waiting for a message: %v", c.err)
-	case <-time.After(5 * time.Second):
-		c.tb.Fatal("no message within 5s")
+	case <-time.After(verbLimit):
+		c.tb.Fatalf("no message within %s", verbLimit)
 	}
 	return wsMessage{}
 }
