@@ -30,11 +30,11 @@ import (
 // a percent computed for less than it would raise that least goal past the floor.
 const minHeap = 4 << 20
 
-// Percent returns the GOGC percent with which the next heap goal is at least the live heap
+// goalPercent returns the GOGC percent with which the next heap goal is at least the live heap
 // plus floor, and never less than base. The runtime's goal is the live heap plus percent of
 // what a collection scans (the live heap, goroutine stacks and globals), so scanned is that
 // sum.
-func Percent(base int, scanned, floor uint64) int {
+func goalPercent(base int, scanned, floor uint64) int {
 	scanned = max(scanned, minHeap)
 	hi, lo := bits.Mul64(floor, 100)
 	if hi != 0 {
@@ -115,7 +115,7 @@ func (t *tuner) tune() bool {
 		for _, s := range t.samples {
 			scanned += s.Value.Uint64()
 		}
-		p = Percent(t.base, scanned, t.floor)
+		p = goalPercent(t.base, scanned, t.floor)
 		if p != t.percent {
 			debug.SetGCPercent(p)
 			t.percent = p
@@ -142,9 +142,6 @@ func (t *tuner) stop() {
 func readGOGC() int {
 	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
 	metrics.Read(s)
-	if s[0].Value.Kind() != metrics.KindUint64 {
-		return 100
-	}
 	v := s[0].Value.Uint64()
 	if v > math.MaxInt32 {
 		return -1

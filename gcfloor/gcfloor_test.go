@@ -11,7 +11,7 @@ import (
 
 const mib = 1 << 20
 
-func TestPercent(t *testing.T) {
+func TestGoalPercent(t *testing.T) {
 	tests := []struct {
 		name           string
 		base           int
@@ -30,8 +30,8 @@ func TestPercent(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := Percent(tt.base, tt.scanned, tt.floor); got != tt.want {
-				t.Errorf("Percent(%d, %d, %d) = %d, want %d", tt.base, tt.scanned, tt.floor, got, tt.want)
+			if got := goalPercent(tt.base, tt.scanned, tt.floor); got != tt.want {
+				t.Errorf("goalPercent(%d, %d, %d) = %d, want %d", tt.base, tt.scanned, tt.floor, got, tt.want)
 			}
 		})
 	}
@@ -39,11 +39,11 @@ func TestPercent(t *testing.T) {
 
 // The runtime's goal is the live heap plus percent of the live heap, stacks and globals; with
 // the percent for their sum it is never below the live heap plus the floor.
-func TestPercentReachesTheFloor(t *testing.T) {
+func TestGoalPercentReachesTheFloor(t *testing.T) {
 	for live := uint64(minHeap); live < 512*mib; live = live*3/2 + 12345 {
 		for _, stacks := range []uint64{0, 10 * mib} {
 			for _, floor := range []uint64{1 * mib, 64 * mib, 300*mib + 7} {
-				p := Percent(100, live+stacks, floor)
+				p := goalPercent(100, live+stacks, floor)
 				if goal := live + (live+stacks)*uint64(p)/100; goal < live+floor {
 					t.Errorf("live %d, stacks %d, floor %d: percent %d gives goal %d, below %d", live, stacks, floor, p, goal, live+floor)
 				}
