@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,75 +35,100 @@ const childStartLimit = 30 * time.Second
 // process has logged an address for each. The environment's COMPUTEQL_ variables are not
 // passed on, so that only the benchmark's settings apply; env adds to the environment (for
 // what should not show in the process list, such as the token secret).
+//
+// The process writes its log straight to its file. Through a pipe, this process (the load
+// generator) would copy every line: a process under load logs a line or two a request, and
+// the copying would be counted as the load's cost.
 func startChild(ctx context.Context, exe, name, dir string, args, env []string, announce ...string) (*child, error) {
 	logPath := filepath.Join(dir, name+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return nil, fmt.Errorf("%s: log file: %w", name, err)
 	}
+	// The process's own descriptors share the file's offset: its lines never overwrite.
 	cmd := exec.Command(exe, args...)
 	cmd.Env = append(childEnv(os.Environ()), env...)
-	stderr, err := cmd.StderrPipe()
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	err = cmd.Start()
+	logFile.Close() // the process has its own
 	if err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	cmd.Stdout = logFile
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	c := &child{name: name, cmd: cmd, logPath: logPath, addrs: map[string]string{}, exited: make(chan struct{})}
-	found := make(chan map[string]string, 1)
-	// The reader owns the log file and reaps the process: Wait must follow the last read of
-	// the pipe.
 	go func() {
-		r := bufio.NewReader(stderr)
-		if len(announce) > 0 {
-			readAnnouncements(r, logFile, announce, found)
-		}
-		// The rest goes to the log file as it comes, unparsed: a process under load logs a
-		// line a request, and parsing each would cost the benchmark's own CPU.
-		_, _ = io.Copy(logFile, r)
 		c.waitErr = cmd.Wait()
-		logFile.Close()
 		close(c.exited)
 	}()
 	if len(announce) == 0 {
 		return c, nil
 	}
-	timer := time.NewTimer(childStartLimit)
-	defer timer.Stop()
-	select {
-	case c.addrs = <-found:
+	if c.addrs, err = awaitAnnouncements(ctx, logPath, announce, c.exited); err == nil {
 		return c, nil
+	}
+	select {
 	case <-c.exited:
 		return nil, fmt.Errorf("%s exited at start (%v):\n%s", name, c.waitErr, lastLines(logPath, 20))
-	case <-timer.C:
-		err = fmt.Errorf("%s did not start within %s:\n%s", name, childStartLimit, lastLines(logPath, 20))
-	case <-ctx.Done():
-		err = ctx.Err()
+	default:
 	}
-	return nil, errors.Join(err, c.stop())
+	return nil, errors.Join(fmt.Errorf("%s: %w:\n%s", name, err, lastLines(logPath, 20)), c.stop())
 }
 
-// readAnnouncements copies log lines to the log file until the lines have announced every
-// message of announce, then sends their addresses on found; or until the log ends.
-func readAnnouncements(r *bufio.Reader, logFile io.Writer, announce []string, found chan<- map[string]string) {
+// announcePoll is how often the log file is read for announcements while a process starts: a
+// file gives no notice of a write.
+const announcePoll = 10 * time.Millisecond
+
+// awaitAnnouncements reads the log file as it grows until its lines have announced every
+// message of announce, and returns their addresses; or fails when exited closes first, after
+// childStartLimit, or when ctx ends.
+func awaitAnnouncements(ctx context.Context, path string, announce []string, exited <-chan struct{}) (map[string]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	lines := logLines{r: bufio.NewReader(f)}
 	addrs := map[string]string{}
+	timer := time.NewTimer(childStartLimit)
+	defer timer.Stop()
+	tick := time.NewTicker(announcePoll)
+	defer tick.Stop()
 	for {
-		line, err := r.ReadString('\n')
-		_, _ = io.WriteString(logFile, line)
-		if msg, addr, ok := announced(strings.TrimSuffix(line, "\n")); ok {
-			addrs[msg] = addr
-			if hasAll(addrs, announce) {
-				found <- addrs
-				return
+		lines.read(func(line string) {
+			if msg, addr, ok := announced(line); ok {
+				addrs[msg] = addr
 			}
+		})
+		if hasAll(addrs, announce) {
+			return addrs, nil
 		}
+		select {
+		case <-tick.C:
+		case <-exited:
+			return nil, errors.New("exited before announcing its addresses")
+		case <-timer.C:
+			return nil, fmt.Errorf("did not start within %s", childStartLimit)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// logLines reads the lines of a file that another process is writing.
+type logLines struct {
+	r       *bufio.Reader
+	partial string // the start of a line still being written when the file was read
+}
+
+// read calls fn with each whole line written since the last read, without its newline.
+func (l *logLines) read(fn func(line string)) {
+	for {
+		line, err := l.r.ReadString('\n')
 		if err != nil {
+			l.partial += line
 			return
 		}
+		line, l.partial = l.partial+line, ""
+		fn(strings.TrimSuffix(line, "\n"))
 	}
 }
 

@@ -1,6 +1,12 @@
 package bench
 
 import (
+	"bufio"
+	"context"
+	"errors"
+	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -61,5 +67,60 @@ computeql_requests_total{op="create"} 12
 	}
 	if _, err := parseMemory(strings.NewReader("go_memstats_heap_inuse_bytes 1\n")); err == nil || !strings.Contains(err.Error(), "lacks 2") {
 		t.Errorf("missing gauges: err = %v", err)
+	}
+}
+
+// A line is read once it is whole, however many writes it took.
+func TestLogLines(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "api.log")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	lines := logLines{r: bufio.NewReader(r)}
+	var got []string
+	for _, write := range []string{"one\ntw", "", "o\nthree", "\n\nfour"} {
+		if _, err := f.WriteString(write); err != nil {
+			t.Fatal(err)
+		}
+		lines.read(func(line string) { got = append(got, line) })
+	}
+	if want := []string{"one", "two", "three", ""}; !slices.Equal(got, want) {
+		t.Errorf("lines %q, want %q", got, want)
+	}
+}
+
+// The announcements are found in the log file, and a process that exits first, or a wait
+// cut short, is a failure.
+func TestAwaitAnnouncements(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "api.log")
+	log := `{"msg":"starting"}` + "\n" + `{"msg":"serving","addr":"127.0.0.1:8080"}` + "\n" +
+		`{"msg":"serving","flag":"--pprof","addr":"127.0.0.1:6060"}` + "\n"
+	if err := os.WriteFile(path, []byte(log), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := awaitAnnouncements(t.Context(), path, []string{servingAPI, servingPprof}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]string{servingAPI: "127.0.0.1:8080", servingPprof: "127.0.0.1:6060"}; !maps.Equal(addrs, want) {
+		t.Errorf("addresses %v, want %v", addrs, want)
+	}
+
+	exited := make(chan struct{})
+	close(exited)
+	if _, err := awaitAnnouncements(t.Context(), path, []string{"serving --metrics"}, exited); err == nil || !strings.Contains(err.Error(), "exited") {
+		t.Errorf("a process that exited: err %v, want it to say so", err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := awaitAnnouncements(ctx, path, []string{"serving --metrics"}, nil); !errors.Is(err, context.Canceled) {
+		t.Errorf("a cancelled wait: err %v, want context.Canceled", err)
 	}
 }
