@@ -48,9 +48,9 @@ func (d *hostDriver) ConsoleOutput(ctx context.Context, id string, tailBytes int
 		return region.ConsoleOutput{}, d.fault("console output", err)
 	}
 	// The file's own size: a pool that probed the guest's output as some disk format would
-	// report that format's capacity. It is where the download starts, not where it ends: the
-	// size libvirt reports may be older than the file (a run read 0 bytes of a booted guest's
-	// console), so the download goes on to the file's end, keeping only the tail.
+	// report that format's capacity. The download is of the tail up to it; a size of 0 may be
+	// older than the file (a run read 0 bytes of a booted guest's console), and then the
+	// download goes on to the file's end, keeping only the tail.
 	_, _, size, err := conn.StorageVolGetInfoFlags(vol, uint32(golibvirt.StorageVolGetPhysical))
 	if err != nil {
 		return region.ConsoleOutput{}, d.fault("console output", err)
@@ -60,10 +60,10 @@ func (d *hostDriver) ConsoleOutput(ctx context.Context, id string, tailBytes int
 	// drop a character the tail would split.
 	keep := &lastBytes{max: int(tail + 1)}
 	from := size - min(size, tail+1)
-	err = conn.StorageVolDownload(vol, keep, from, 0, 0) // 0: to the end
+	err = d.download(ctx, vol, keep, from, size-from)
 	if err == nil && from > 0 && len(keep.buf) == 0 {
 		// The file is shorter than libvirt said (the log was rotated): its whole tail.
-		err = conn.StorageVolDownload(vol, keep, 0, 0, 0)
+		err = d.download(ctx, vol, keep, 0, 0)
 		from = 0
 	}
 	if err != nil {
@@ -72,6 +72,86 @@ func (d *hostDriver) ConsoleOutput(ctx context.Context, id string, tailBytes int
 	out := region.TailText(keep.buf, int(tail), now)
 	out.Truncated = out.Truncated || keep.dropped || from > 0
 	return out, nil
+}
+
+// consoleDownloads is how many console downloads may run at once against a host, each on a
+// connection of its own.
+const consoleDownloads = 4
+
+// downloadLimit bounds a console download: a log's tail is at most ConsoleOutputMax bytes.
+const downloadLimit = 30 * time.Second
+
+// download writes length bytes of vol from offset into w (0: to its end), on a connection of
+// its own.
+//
+// go-libvirt can wedge a connection at the end of a download: it takes the empty packet
+// libvirt sends at the end of the file as the end of the call, and should libvirt's next
+// packet for the call arrive before the call has forgotten its serial, the connection's reader
+// waits for ever to hand it over, and with it every later call on that connection (a CI run
+// of the Debian guest's console output hung so, and took the host's whole session with it).
+// On a connection of its own only the download waits: w has every byte by then, so a download
+// of a length is over once w has it, whether or not the call returns. A call that never returns keeps its connection and its slot of downloads: no more
+// than consoleDownloads are ever stuck, after which console output answers unavailable.
+func (d *hostDriver) download(ctx context.Context, vol golibvirt.StorageVol, w io.Writer, offset, length uint64) error {
+	select {
+	case d.downloads <- struct{}{}:
+	default:
+		return fmt.Errorf("console output: %d console downloads are under way on the host: %w", consoleDownloads, region.ErrUnavailable)
+	}
+	cut := d.dialer()
+	conn := golibvirt.NewWithDialer(cut)
+	watchdog := time.AfterFunc(d.opts.ConnectTimeout, cut.Cut)
+	err := conn.ConnectToURI(golibvirt.ConnectURI(d.uri.Name))
+	watchdog.Stop()
+	if err != nil {
+		cut.Cut()
+		<-d.downloads
+		return fmt.Errorf("console output: connect: %w", err)
+	}
+	counted := &countingWriter{w: w, want: length, got: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() {
+		err := conn.StorageVolDownload(vol, counted, offset, length, 0)
+		done <- err
+		if err == nil {
+			err = conn.Disconnect()
+		}
+		cut.Cut()
+		<-d.downloads
+	}()
+	timer := time.NewTimer(downloadLimit)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-counted.got:
+		cut.Cut()
+		return nil
+	case <-timer.C:
+		cut.Cut()
+		return fmt.Errorf("console output: the download took longer than %s: %w", downloadLimit, region.ErrUnavailable)
+	case <-ctx.Done():
+		cut.Cut()
+		return ctx.Err()
+	}
+}
+
+// countingWriter passes writes on to w and closes got once want bytes went through (never
+// when want is 0).
+type countingWriter struct {
+	w       io.Writer
+	want, n uint64
+	got     chan struct{}
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	before := c.n
+	c.n += uint64(n)
+	if c.want > 0 && before < c.want && c.n >= c.want {
+		close(c.got)
+	}
+	return n, err
 }
 
 // lastBytes keeps the last max bytes written to it: a download of a whole log costs no more

@@ -1,8 +1,12 @@
 package libvirt
 
 import (
+	"bytes"
 	"errors"
+	"io"
 	"testing"
+
+	golibvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/computeql/computeql/region"
 )
@@ -56,5 +60,53 @@ func TestLastBytesKeepsTheTail(t *testing.T) {
 				t.Errorf("kept %q (dropped %t), want %q (dropped %t)", l.buf, l.dropped, tt.want, tt.dropped)
 			}
 		})
+	}
+}
+
+// TestDownloadsAreBounded: console downloads, each on a connection of its own, never hold more
+// than consoleDownloads connections to a host (one that go-libvirt wedged keeps its slot for
+// ever): past them a download is refused as unavailable before it dials.
+func TestDownloadsAreBounded(t *testing.T) {
+	d := &hostDriver{downloads: make(chan struct{}, consoleDownloads)}
+	for range consoleDownloads {
+		d.downloads <- struct{}{} // downloads under way, or stuck
+	}
+	err := d.download(t.Context(), golibvirt.StorageVol{}, io.Discard, 0, 0)
+	if !errors.Is(err, region.ErrUnavailable) {
+		t.Fatalf("a download past %d at once: %v, want ErrUnavailable", consoleDownloads, err)
+	}
+}
+
+// TestCountingWriterSaysWhenAllCame: a download of a length is over once that many bytes went
+// through, and not before; one of the whole file (want 0) never says so.
+func TestCountingWriterSaysWhenAllCame(t *testing.T) {
+	var buf bytes.Buffer
+	c := &countingWriter{w: &buf, want: 5, got: make(chan struct{})}
+	for i, p := range []string{"ab", "cd", "e", "f"} {
+		if _, err := c.Write([]byte(p)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-c.got:
+			if i < 2 {
+				t.Fatalf("over after %q, with %d of 5 bytes", buf.String(), c.n)
+			}
+		default:
+			if i >= 2 {
+				t.Fatalf("not over after %q", buf.String())
+			}
+		}
+	}
+	whole := &countingWriter{w: io.Discard, got: make(chan struct{})}
+	if _, err := whole.Write([]byte("everything")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-whole.got:
+		t.Error("a download to the file's end said it was over")
+	default:
+	}
+	if buf.String() != "abcdef" {
+		t.Errorf("passed on %q, want every byte", buf.String())
 	}
 }

@@ -86,6 +86,9 @@ type hostDriver struct {
 	// building are the servers this process watches for the lease that makes them RUNNING:
 	// the host has no event for it.
 	building idSet
+	// downloads holds a slot per console download running, each on a connection of its own
+	// (download); one stuck for ever keeps its slot.
+	downloads chan struct{}
 	// allocate serialises this process's address reservations; the host refuses a duplicate
 	// reservation from another process, and the next address is tried.
 	allocate sync.Mutex
@@ -131,7 +134,7 @@ func newHost(opts Options, cfg region.LibvirtHost, keyHost string, watches *broa
 	}
 	return &hostDriver{
 		opts: opts, cfg: cfg, keyHost: keyHost, uri: uri, stopTimeout: stop, buildTimeout: build, log: log,
-		index: newIndex(), watches: watches, unowned: map[string]time.Time{},
+		index: newIndex(), watches: watches, unowned: map[string]time.Time{}, downloads: make(chan struct{}, consoleDownloads),
 	}, nil
 }
 
@@ -203,12 +206,18 @@ func (d *hostDriver) Run(ctx context.Context) error {
 	return nil
 }
 
-// session is one connection's life.
-func (d *hostDriver) session(parent context.Context) error {
+// dialer reaches the host's daemon; Cut ends the connection it made.
+func (d *hostDriver) dialer() *dial.CutDialer {
 	cut := &dial.CutDialer{Network: d.uri.Network, Address: d.uri.Address, Timeout: heartbeat}
 	if d.uri.Network == "ssh" {
 		cut.Network, cut.Through = "tcp", sshThrough(d.uri.SSH, d.uri.Address, heartbeat)
 	}
+	return cut
+}
+
+// session is one connection's life.
+func (d *hostDriver) session(parent context.Context) error {
+	cut := d.dialer()
 	// go-libvirt's calls carry no deadline, and a host that accepts the connection without
 	// answering (a libvirtd still starting, or hung) would hold the connecting calls below for
 	// ever; cutting the connection fails them all. The heartbeat takes over once connected.
