@@ -83,7 +83,8 @@ type LibvirtRegion struct {
 	// host's KVM can run guests, else TCG). Defaults to auto.
 	Accel string `json:"accel,omitempty"`
 	// StopTimeout is how long a graceful stop waits for the guest to power off after the ACPI
-	// power button before it is forced off, as a Go duration. Defaults to 60s.
+	// power button before it is forced off, and a soft reboot before it resets the guest, as a
+	// Go duration. Defaults to 60s.
 	StopTimeout string `json:"stopTimeout,omitempty"`
 	// BuildTimeout is how long a new server's guest has to take its network address after
 	// the domain started before the server shows ERROR, as a Go duration. Defaults to 10m.

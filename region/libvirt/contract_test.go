@@ -45,10 +45,10 @@ func busybox(t testing.TB) (kernel, initrd string) {
 // labCatalog is a libvirt region on the host with one network, a tiny flavor, the busybox
 // guest and an SSH certificate authority for the project.
 // more is what a test adds to the lab catalogue: JSON objects of flavors and images, and the
-// region's buildTimeout.
+// region's buildTimeout and stopTimeout.
 type more struct {
-	flavors, images []string
-	buildTimeout    string
+	flavors, images           []string
+	buildTimeout, stopTimeout string
 	// hosts, when given, are the region's hosts (rack1, rack2, …) instead of the one host.
 	hosts []*virttest.Host
 	// uri, when given, reaches the one host instead of its own URI.
@@ -63,9 +63,12 @@ func labCatalog(t testing.TB, host *virttest.Host, kernel, initrd string, add ..
 	if m.buildTimeout == "" {
 		m.buildTimeout = "10m"
 	}
+	if m.stopTimeout == "" {
+		m.stopTimeout = "20s"
+	}
 	doc := fmt.Sprintf(`{
   "regions": [{"id": "lab", "name": "Lab", "driver": "libvirt",
-    "libvirt": {%s, "accel": "tcg", "stopTimeout": "20s", "buildTimeout": %q}}],
+    "libvirt": {%s, "accel": "tcg", "stopTimeout": %q, "buildTimeout": %q}}],
   "organizations": [{"id": "acme", "name": "Acme", "projects": [{"id": "web", "name": "Web"}]}],
   "networks": [{"id": "lab-web", "name": "web", "organizationId": "acme", "projectId": "web", "region": "lab", "prefix": "10.91.0.0/24"}],
   "securityGroups": [],
@@ -75,7 +78,7 @@ func labCatalog(t testing.TB, host *virttest.Host, kernel, initrd string, add ..
     {"id": "huge", "name": "huge", "cpus": 1, "memoryGiB": 4096, "diskGB": 1, "architecture": "x86_64", "regions": ["lab"]}%s],
   "images": [{"id": "busybox", "name": "busybox", "architecture": "x86_64", "sizeGiB": 1, "virtualization": "virtualized",
     "state": "ready", "regions": ["lab"], "kernel": %q, "initrd": %q, "cmdline": "console=ttyS0"}%s]
-}`, hostsJSON(host, m.uri, m.hosts), m.buildTimeout, sshtest.PublicKey(t), extra(m.flavors),
+}`, hostsJSON(host, m.uri, m.hosts), m.stopTimeout, m.buildTimeout, sshtest.PublicKey(t), extra(m.flavors),
 		kernel, initrd, extra(m.images))
 	cat, err := region.Parse([]byte(doc))
 	if err != nil {

@@ -44,6 +44,10 @@ type record struct {
 	Error string `json:"error,omitempty"`
 	// StopBy is when a graceful stop turns into a forced one.
 	StopBy time.Time `json:"stopBy,omitzero"`
+	// RebootBy is set while a soft reboot waits for the guest to power off, to be started
+	// again: it is when the wait ends in a reset instead. The server is REBOOTING meanwhile,
+	// whether the domain still runs or is shut off between the two.
+	RebootBy time.Time `json:"rebootBy,omitzero"`
 	// Volumes are the pool volumes the server owns, deleted with it.
 	Volumes []string `json:"volumes,omitempty"`
 	// Network is the libvirt network holding the server's DHCP reservation.
@@ -167,8 +171,19 @@ func writeRecord(conn *golibvirt.Libvirt, s *server) error {
 		golibvirt.OptString{metadataKey}, golibvirt.OptString{metadataNS}, impact)
 }
 
-// regionState is what the region says of the domain's state.
+// regionState is what the region says of the domain's state. A soft reboot shows REBOOTING
+// whatever the guest's way down and up passes through (shutting down, paused by QEMU as it
+// powers off, shut off until started again), unless it ends in an error.
 func (s *server) regionState() (region.ServerState, string) {
+	state, msg := s.domainState()
+	if state != region.ServerError && !s.rec.RebootBy.IsZero() {
+		return region.ServerRebooting, ""
+	}
+	return state, msg
+}
+
+// domainState is what the domain's state alone says.
+func (s *server) domainState() (region.ServerState, string) {
 	if s.rec.Error != "" {
 		return region.ServerError, s.rec.Error
 	}

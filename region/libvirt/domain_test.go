@@ -31,6 +31,11 @@ func TestRegionState(t *testing.T) {
 		{"failed to start", golibvirt.DomainShutoff, int32(golibvirt.DomainShutoffFailed), record{}, region.ServerError, "failed to start"},
 		{"crashed", golibvirt.DomainCrashed, 0, record{Built: true}, region.ServerError, "crashed"},
 		{"could not be made", golibvirt.DomainShutoff, 0, record{Error: "no volume"}, region.ServerError, "no volume"},
+		{"running with a soft reboot under way", golibvirt.DomainRunning, 0, record{Built: true, RebootBy: stopBy}, region.ServerRebooting, ""},
+		{"shutting down for a soft reboot", golibvirt.DomainShutdown, 0, record{Built: true, RebootBy: stopBy}, region.ServerRebooting, ""},
+		{"paused as it powers off for a soft reboot", golibvirt.DomainPaused, int32(golibvirt.DomainPausedShuttingDown), record{Built: true, RebootBy: stopBy}, region.ServerRebooting, ""},
+		{"shut off by a soft reboot, to be started again", golibvirt.DomainShutoff, int32(golibvirt.DomainShutoffShutdown), record{Built: true, RebootBy: stopBy}, region.ServerRebooting, ""},
+		{"crashed during a soft reboot", golibvirt.DomainCrashed, 0, record{Built: true, RebootBy: stopBy}, region.ServerError, "crashed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -42,7 +42,8 @@ type Options struct {
 	// Retry is how long to wait before dialling the host again after it went away. Defaults
 	// to 2s.
 	Retry time.Duration
-	// Tick is how often stops past their timeout are forced. Defaults to 1s.
+	// Tick is how often stops past their timeout are forced, and soft reboots looked at (a
+	// guest that powered off is started, one past the timeout reset). Defaults to 1s.
 	Tick time.Duration
 	// ConnectTimeout bounds connecting to the host and reading its state at the start of each
 	// connection; a host that takes longer is dialled again. Defaults to 1m.
@@ -83,6 +84,8 @@ type hostDriver struct {
 	// stopping are the servers whose graceful stop this process watches, to force them off
 	// after the stop timeout.
 	stopping idSet
+	// rebooting are the servers whose soft reboot this process watches (RebootServer).
+	rebooting idSet
 	// building are the servers this process watches for the lease that makes them RUNNING:
 	// the host has no event for it.
 	building idSet
@@ -290,6 +293,9 @@ func (d *hostDriver) session(parent context.Context) error {
 		if !s.rec.StopBy.IsZero() {
 			d.stopping.add(s.id) // a stop whose process went away is finished here
 		}
+		if !s.rec.RebootBy.IsZero() {
+			d.rebooting.add(s.id) // and so is a reboot
+		}
 		if !s.rec.Built && s.rec.Error == "" {
 			d.building.add(s.id)
 		}
@@ -376,6 +382,7 @@ func (d *hostDriver) session(parent context.Context) error {
 			}
 		case <-tick.C:
 			d.forceStops(ctx, conn)
+			d.finishReboots(ctx, conn)
 			d.watchBuilds(conn)
 		case <-collect.C:
 			n, err := d.collectVolumes(conn, pool)

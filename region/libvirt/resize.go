@@ -20,7 +20,7 @@ func (d *hostDriver) ResizeServer(ctx context.Context, id, flavorID string) (reg
 	if err != nil {
 		return region.Server{}, err
 	}
-	if s.state != golibvirt.DomainShutoff {
+	if !stopped(s) {
 		return region.Server{}, fmt.Errorf("resize server: the server is not stopped: %w", region.ErrRefused)
 	}
 	cat, r := d.opts.Catalog, &d.opts.Region

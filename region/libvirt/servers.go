@@ -556,6 +556,11 @@ func (d *hostDriver) DeleteServer(ctx context.Context, id string) error {
 	if err := conn.DomainUndefineFlags(s.dom, flags); err != nil && !golibvirt.IsNotFound(err) {
 		return d.fault("delete server: undefine", err)
 	}
+	// A domain started meanwhile (the end of a soft reboot, in this process or another) runs
+	// on, transient, after its undefine: it goes too.
+	if err := conn.DomainDestroy(s.dom); err != nil && !golibvirt.IsNotFound(err) && !isCode(err, golibvirt.ErrOperationInvalid) {
+		return d.fault("delete server: power off", err)
+	}
 	// Only now: a filter a domain refers to cannot be undefined.
 	if err := undefineFilter(conn, s.id); err != nil {
 		return d.fault("delete server", err)
@@ -587,13 +592,18 @@ func running(s *server) bool {
 	return s.state == golibvirt.DomainRunning || s.state == golibvirt.DomainBlocked
 }
 
+// stopped is a domain shut off, and not by a soft reboot that will start it again.
+func stopped(s *server) bool {
+	return s.state == golibvirt.DomainShutoff && s.rec.RebootBy.IsZero()
+}
+
 // StartServer implements region.Client.
 func (d *hostDriver) StartServer(ctx context.Context, id string) (region.Server, error) {
 	conn, s, err := d.verb("start server", id)
 	if err != nil {
 		return region.Server{}, err
 	}
-	if s.state != golibvirt.DomainShutoff {
+	if !stopped(s) {
 		return region.Server{}, fmt.Errorf("start server: the server is not stopped: %w", region.ErrRefused)
 	}
 	if err := conn.DomainCreate(s.dom); err != nil {
@@ -633,33 +643,51 @@ func (d *hostDriver) StopServer(ctx context.Context, id string) (region.Server, 
 	if !s.rec.StopBy.IsZero() {
 		return region.Server{}, fmt.Errorf("stop server: the server is stopping already: %w", region.ErrRefused)
 	}
-	stopBy := d.opts.Now().Add(d.stopTimeout).UTC()
-	if err := d.updateRecord(conn, s, func(r *record) { r.StopBy = stopBy }); err != nil {
-		return region.Server{}, d.fault("stop server", err)
+	if !s.rec.RebootBy.IsZero() {
+		return region.Server{}, fmt.Errorf("stop server: the server is rebooting: %w", region.ErrRefused)
 	}
-	d.stopping.add(s.id)
-	if err := conn.DomainShutdownFlags(s.dom, golibvirt.DomainShutdownAcpiPowerBtn); err != nil {
+	if err := d.pressPowerButton(conn, s, &d.stopping, func(r *record, by time.Time) { r.StopBy = by }); err != nil {
 		return region.Server{}, d.fault("stop server", err)
 	}
 	return d.observe(conn, s), nil
 }
 
-// forceStops powers off every server whose graceful stop outlived the stop timeout, and
-// forgets the stops that completed. Only servers marked stopping are read.
-func (d *hostDriver) forceStops(ctx context.Context, conn *golibvirt.Libvirt) {
-	for _, id := range d.stopping.list() {
+// pressPowerButton records in the server's record, with mark, when what the ACPI power button
+// starts (a stop, a soft reboot) stops waiting for the guest, has this process watch it in
+// marks, and presses the button.
+func (d *hostDriver) pressPowerButton(conn *golibvirt.Libvirt, s *server, marks *idSet, mark func(r *record, by time.Time)) error {
+	by := d.opts.Now().Add(d.stopTimeout).UTC()
+	if err := d.updateRecord(conn, s, func(r *record) { mark(r, by) }); err != nil {
+		return err
+	}
+	marks.add(s.id)
+	return conn.DomainShutdownFlags(s.dom, golibvirt.DomainShutdownAcpiPowerBtn)
+}
+
+// eachMarked reads each server of marks whose record is still marked, and hands it to act;
+// the rest (gone, or no longer marked) leave marks.
+func (d *hostDriver) eachMarked(ctx context.Context, conn *golibvirt.Libvirt, marks *idSet, marked func(*record) bool, act func(*server)) {
+	for _, id := range marks.list() {
 		if ctx.Err() != nil {
 			return
 		}
 		s, err := d.lookup(conn, id)
-		if err != nil || s.rec.StopBy.IsZero() {
-			d.stopping.remove(id)
+		if err != nil || !marked(&s.rec) {
+			marks.remove(id)
 			continue
 		}
+		act(s)
+	}
+}
+
+// forceStops powers off every server whose graceful stop outlived the stop timeout, and
+// forgets the stops that completed. Only servers marked stopping are read.
+func (d *hostDriver) forceStops(ctx context.Context, conn *golibvirt.Libvirt) {
+	d.eachMarked(ctx, conn, &d.stopping, func(r *record) bool { return !r.StopBy.IsZero() }, func(s *server) {
 		switch {
 		case s.state == golibvirt.DomainShutoff:
 			if err := d.updateRecord(conn, s, func(r *record) { r.StopBy = time.Time{} }); err == nil {
-				d.stopping.remove(id)
+				d.stopping.remove(s.id)
 			}
 		case d.opts.Now().After(s.rec.StopBy):
 			d.log.InfoContext(ctx, "graceful stop timed out; forcing the server off", "server", s.id, "timeout", d.stopTimeout)
@@ -667,7 +695,7 @@ func (d *hostDriver) forceStops(ctx context.Context, conn *golibvirt.Libvirt) {
 				d.log.WarnContext(ctx, "force a server off", "server", s.id, "err", err)
 			}
 		}
-	}
+	})
 }
 
 // watchBuilds looks for the lease of every server still building. The first process to see
@@ -719,27 +747,92 @@ func (d *hostDriver) stall(conn *golibvirt.Libvirt, s *server) {
 	d.log.Warn("a server's guest did not take its address in time", "server", s.id, "timeout", d.buildTimeout)
 }
 
-// RebootServer implements region.Client: soft is the ACPI power button, after which the host
-// starts the guest again; hard is a reset.
+// RebootServer implements region.Client. A soft reboot is the ACPI power button; once the
+// guest has powered off it is started again, and a guest that has not within the region's
+// stop timeout is reset, as a hard reboot is at once. A hard reboot during a soft one ends
+// the wait.
 func (d *hostDriver) RebootServer(ctx context.Context, id string, hard bool) (region.Server, error) {
 	conn, s, err := d.verb("reboot server", id)
 	if err != nil {
 		return region.Server{}, err
 	}
-	if !running(s) || !s.rec.StopBy.IsZero() {
+	switch {
+	case !s.rec.RebootBy.IsZero() && hard:
+		if err := d.endReboot(conn, s); err != nil {
+			return region.Server{}, d.fault("reboot server", err)
+		}
+	case !s.rec.RebootBy.IsZero():
+		return region.Server{}, fmt.Errorf("reboot server: the server is rebooting already: %w", region.ErrRefused)
+	case !running(s) || !s.rec.StopBy.IsZero():
 		return region.Server{}, fmt.Errorf("reboot server: the server is not running: %w", region.ErrRefused)
-	}
-	if hard {
-		err = conn.DomainReset(s.dom, 0)
-	} else {
-		err = conn.DomainReboot(s.dom, golibvirt.DomainRebootAcpiPowerBtn)
-	}
-	if err != nil {
-		return region.Server{}, d.fault("reboot server", err)
+	case hard:
+		if err := conn.DomainReset(s.dom, 0); err != nil {
+			return region.Server{}, d.fault("reboot server", err)
+		}
+	default:
+		if err := d.pressPowerButton(conn, s, &d.rebooting, func(r *record, by time.Time) { r.RebootBy = by }); err != nil {
+			return region.Server{}, d.fault("reboot server", err)
+		}
 	}
 	srv := d.observe(conn, s)
 	srv.State = region.ServerRebooting
 	return srv, nil
+}
+
+// finishReboots starts again every soft-rebooted server whose guest has powered off, resets
+// those past their timeout, and forgets the reboots that ended. Only servers marked
+// rebooting are read.
+func (d *hostDriver) finishReboots(ctx context.Context, conn *golibvirt.Libvirt) {
+	d.eachMarked(ctx, conn, &d.rebooting, func(r *record) bool { return !r.RebootBy.IsZero() }, func(s *server) {
+		if s.state != golibvirt.DomainShutoff && !d.opts.Now().After(s.rec.RebootBy) {
+			return
+		}
+		if s.state != golibvirt.DomainShutoff {
+			d.log.InfoContext(ctx, "the guest did not power off for its reboot in time; resetting the server", "server", s.id, "timeout", d.stopTimeout)
+		}
+		if err := d.endReboot(conn, s); err != nil {
+			d.log.WarnContext(ctx, "end a server's reboot", "server", s.id, "err", err)
+			return
+		}
+		d.rebooting.remove(s.id)
+	})
+}
+
+// endReboot ends a soft reboot: a guest that powered off is started, one still running is
+// reset; then the record forgets the reboot. In that order, so that the server never shows
+// STOPPED on its way back; and on the domain as the host has it now, under this process's
+// record lock, so that a reboot another call ended meanwhile is not ended twice. Another
+// process that ends it at the same moment makes the host refuse the second start, which is
+// no failure; a process that dies between the two leaves the reboot to the next, which resets
+// the guest once more at the timeout.
+func (d *hostDriver) endReboot(conn *golibvirt.Libvirt, s *server) error {
+	d.records.Lock()
+	defer d.records.Unlock()
+	fresh, err := readServer(conn, s.dom)
+	if err != nil {
+		return err
+	}
+	if fresh.rec.RebootBy.IsZero() {
+		*s = *fresh
+		return nil
+	}
+	if fresh.state == golibvirt.DomainShutoff {
+		err = conn.DomainCreate(fresh.dom)
+	} else {
+		err = conn.DomainReset(fresh.dom, 0)
+	}
+	if err != nil && !isCode(err, golibvirt.ErrOperationInvalid) {
+		return err
+	}
+	if fresh, err = readServer(conn, s.dom); err != nil {
+		return err
+	}
+	fresh.rec.RebootBy = time.Time{}
+	if err := writeRecord(conn, fresh); err != nil {
+		return err
+	}
+	*s = *fresh
+	return nil
 }
 
 // UpdateNetworking implements region.Client. The server keeps its domain, MAC and address;
