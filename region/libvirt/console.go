@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
@@ -75,11 +76,32 @@ func (d *hostDriver) ConsoleOutput(ctx context.Context, id string, tailBytes int
 }
 
 // consoleDownloads is how many console downloads may run at once against a host, each on a
-// connection of its own.
-const consoleDownloads = 4
+// connection of its own; abandonedDownloads is how many of those left behind (download) may
+// still hold their connection before console output answers unavailable.
+const (
+	consoleDownloads   = 4
+	abandonedDownloads = 64
+)
 
 // downloadLimit bounds a console download: a log's tail is at most ConsoleOutputMax bytes.
 const downloadLimit = 30 * time.Second
+
+// downloads bounds a host's console downloads: those running, and those left behind.
+type downloads struct {
+	running   chan struct{}
+	abandoned atomic.Int64
+}
+
+func newDownloads() *downloads {
+	return &downloads{running: make(chan struct{}, consoleDownloads)}
+}
+
+// A download's fate, settled once: finished by its call, or abandoned by its caller first.
+const (
+	downloading int32 = iota
+	downloadFinished
+	downloadAbandoned
+)
 
 // download writes length bytes of vol from offset into w (0: to its end), on a connection of
 // its own.
@@ -90,13 +112,18 @@ const downloadLimit = 30 * time.Second
 // waits for ever to hand it over, and with it every later call on that connection (a CI run
 // of the Debian guest's console output hung so, and took the host's whole session with it).
 // On a connection of its own only the download waits: w has every byte by then, so a download
-// of a length is over once w has it, whether or not the call returns. A call that never returns keeps its connection and its slot of downloads: no more
-// than consoleDownloads are ever stuck, after which console output answers unavailable.
+// of a length is over once w has it, whether or not the call returns. The connection is cut
+// then; a call still not returned is left behind, its goroutines with it, counted until it
+// returns: past abandonedDownloads, console output answers unavailable.
 func (d *hostDriver) download(ctx context.Context, vol golibvirt.StorageVol, w io.Writer, offset, length uint64) error {
 	select {
-	case d.downloads <- struct{}{}:
+	case d.downloads.running <- struct{}{}:
 	default:
 		return fmt.Errorf("console output: %d console downloads are under way on the host: %w", consoleDownloads, region.ErrUnavailable)
+	}
+	defer func() { <-d.downloads.running }()
+	if n := d.downloads.abandoned.Load(); n >= abandonedDownloads {
+		return fmt.Errorf("console output: %d console downloads are stuck on the host's connections: %w", n, region.ErrUnavailable)
 	}
 	cut := d.dialer()
 	conn := golibvirt.NewWithDialer(cut)
@@ -105,19 +132,21 @@ func (d *hostDriver) download(ctx context.Context, vol golibvirt.StorageVol, w i
 	watchdog.Stop()
 	if err != nil {
 		cut.Cut()
-		<-d.downloads
 		return fmt.Errorf("console output: connect: %w", err)
 	}
 	counted := &countingWriter{w: w, want: length, got: make(chan struct{})}
+	var fate atomic.Int32
 	done := make(chan error, 1)
 	go func() {
 		err := conn.StorageVolDownload(vol, counted, offset, length, 0)
+		if !fate.CompareAndSwap(downloading, downloadFinished) {
+			d.downloads.abandoned.Add(-1)
+		}
 		done <- err
 		if err == nil {
 			err = conn.Disconnect()
 		}
 		cut.Cut()
-		<-d.downloads
 	}()
 	timer := time.NewTimer(downloadLimit)
 	defer timer.Stop()
@@ -125,15 +154,17 @@ func (d *hostDriver) download(ctx context.Context, vol golibvirt.StorageVol, w i
 	case err := <-done:
 		return err
 	case <-counted.got:
-		cut.Cut()
-		return nil
+		err = nil
 	case <-timer.C:
-		cut.Cut()
-		return fmt.Errorf("console output: the download took longer than %s: %w", downloadLimit, region.ErrUnavailable)
+		err = fmt.Errorf("console output: the download took longer than %s: %w", downloadLimit, region.ErrUnavailable)
 	case <-ctx.Done():
-		cut.Cut()
-		return ctx.Err()
+		err = ctx.Err()
 	}
+	cut.Cut()
+	if fate.CompareAndSwap(downloading, downloadAbandoned) {
+		d.downloads.abandoned.Add(1)
+	}
+	return err
 }
 
 // countingWriter passes writes on to w and closes got once want bytes went through (never

@@ -63,17 +63,25 @@ func TestLastBytesKeepsTheTail(t *testing.T) {
 	}
 }
 
-// TestDownloadsAreBounded: console downloads, each on a connection of its own, never hold more
-// than consoleDownloads connections to a host (one that go-libvirt wedged keeps its slot for
-// ever): past them a download is refused as unavailable before it dials.
+// TestDownloadsAreBounded: console downloads, each on a connection of its own, never run more
+// than consoleDownloads at once against a host, nor once abandonedDownloads were left behind
+// (go-libvirt wedged their connections): past either a download is refused as unavailable,
+// before it dials.
 func TestDownloadsAreBounded(t *testing.T) {
-	d := &hostDriver{downloads: make(chan struct{}, consoleDownloads)}
+	running := &hostDriver{downloads: newDownloads()}
 	for range consoleDownloads {
-		d.downloads <- struct{}{} // downloads under way, or stuck
+		running.downloads.running <- struct{}{}
 	}
-	err := d.download(t.Context(), golibvirt.StorageVol{}, io.Discard, 0, 0)
-	if !errors.Is(err, region.ErrUnavailable) {
-		t.Fatalf("a download past %d at once: %v, want ErrUnavailable", consoleDownloads, err)
+	abandoned := &hostDriver{downloads: newDownloads()}
+	abandoned.downloads.abandoned.Store(abandonedDownloads)
+	for name, d := range map[string]*hostDriver{"running": running, "abandoned": abandoned} {
+		err := d.download(t.Context(), golibvirt.StorageVol{}, io.Discard, 0, 0)
+		if !errors.Is(err, region.ErrUnavailable) {
+			t.Errorf("a download past the %s ones: %v, want ErrUnavailable", name, err)
+		}
+	}
+	if n := len(abandoned.downloads.running); n != 0 {
+		t.Errorf("a refused download holds %d slots, want none", n)
 	}
 }
 

@@ -89,9 +89,8 @@ type hostDriver struct {
 	// building are the servers this process watches for the lease that makes them RUNNING:
 	// the host has no event for it.
 	building idSet
-	// downloads holds a slot per console download running, each on a connection of its own
-	// (download); one stuck for ever keeps its slot.
-	downloads chan struct{}
+	// downloads bounds the console downloads, each on a connection of its own (download).
+	downloads *downloads
 	// allocate serialises this process's address reservations; the host refuses a duplicate
 	// reservation from another process, and the next address is tried.
 	allocate sync.Mutex
@@ -137,7 +136,7 @@ func newHost(opts Options, cfg region.LibvirtHost, keyHost string, watches *broa
 	}
 	return &hostDriver{
 		opts: opts, cfg: cfg, keyHost: keyHost, uri: uri, stopTimeout: stop, buildTimeout: build, log: log,
-		index: newIndex(), watches: watches, unowned: map[string]time.Time{}, downloads: make(chan struct{}, consoleDownloads),
+		index: newIndex(), watches: watches, unowned: map[string]time.Time{}, downloads: newDownloads(),
 	}, nil
 }
 
