@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"os"
@@ -134,16 +135,25 @@ func (b *browser) do(t *testing.T, what string, actions ...chromedp.Action[chrom
 	}
 }
 
-// text returns the visible text of the first element matching the CSS selector.
+// text returns the visible text of the first element matching the CSS selector, once there
+// is one. The page finds the element and reads it in one step: the dashboard renders afresh
+// what its subscription changes, and an element found by one call may be gone by the next.
 func (b *browser) text(t *testing.T, sel string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, pageTimeout)
 	defer cancel()
-	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+	quoted, err := json.Marshal(sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expr := fmt.Sprintf(`(() => { const e = document.querySelector(%s); return e ? {text: e.innerText} : null; })()`, quoted)
+	found, err := chromedp.Run(ctx, chromedp.Poll[struct {
+		Text string `json:"text"`
+	}](expr))
 	if err != nil {
 		t.Fatalf("read %s: %v", sel, err)
 	}
-	return s
+	return found.Text
 }
 
 // eval evaluates a JavaScript expression in the page.
