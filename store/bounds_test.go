@@ -122,7 +122,9 @@ func TestEventInstancesReadTheirLargeFieldsFromTheInstance(t *testing.T) {
 }
 
 // TestLogIsBoundedInBytesAndCount: the log drops its oldest events past eventsKeptBytes or
-// eventsKept, whichever comes first, and its byte count stays the sum of what it holds.
+// eventsKept, whichever comes first, and its byte count stays the sum of what it holds. It
+// drops them in batches: a trim reads the log once for eventsTrimmed appends and more, not
+// once an append.
 func TestLogIsBoundedInBytesAndCount(t *testing.T) {
 	rdb := redisServer.Client(t)
 	s := New(rdb)
@@ -142,7 +144,7 @@ func TestLogIsBoundedInBytesAndCount(t *testing.T) {
 			t.Fatalf("log of %d events, %d bytes counted, %d held; want at most %d events and %d bytes, counted as held",
 				len(msgs), counted, sum, eventsKept, eventsKeptBytes)
 		}
-		if wantLenBound != (len(msgs) == eventsKept) {
+		if lenBound := len(msgs) >= eventsKept-eventsTrimmed; wantLenBound != lenBound {
 			t.Fatalf("log of %d events after %s", len(msgs), map[bool]string{true: "many small events", false: "large events"}[wantLenBound])
 		}
 	}
@@ -158,12 +160,19 @@ func TestLogIsBoundedInBytesAndCount(t *testing.T) {
 	check(false)
 
 	small := create(t, s, newInstance("acme", "web", "s"))
-	for range eventsKept + 100 {
+	before := xrangeCalls(t, rdb)
+	const appends = eventsKept + 100
+	for range appends {
 		if ok, err := s.Warn(ctx, small, eventTime, ""); err != nil || !ok {
 			t.Fatal(err, ok)
 		}
 	}
 	check(true)
+	// Each trim drops eventsTrimmed+1 small events, or eventsTrimmedBytes of the large ones
+	// (some 50): once per 32 appends at most, where it was once per append.
+	if trims, most := xrangeCalls(t, rdb)-before, appends/(eventsTrimmed/2); trims > most {
+		t.Errorf("%d trims for %d appends; want at most %d", trims, appends, most)
+	}
 }
 
 // xrangeCalls is how many XRANGE commands Redis has run, from scripts included.

@@ -69,10 +69,14 @@ end
 // called which verb and its outcome.
 //
 // Each entry records its size in n, and the bytes key sums them: the log keeps at most
-// eventsKept entries and eventsKeptBytes bytes per organization, the oldest dropped first, a
-// few per append so that every append does bounded work. The instance's history index gets
-// an entry with the event's id, so that one instance's history is read without reading the
-// organization's (it keeps about historyKept).
+// eventsKept entries and eventsKeptBytes bytes per organization, the oldest dropped first.
+// An append that takes the log over a bound drops a batch, eventsTrimmed entries (and enough
+// bytes) below it, in one XRANGE and one exact XTRIM: the next appends find room and trim
+// nothing. Trimming one entry per append cost Redis a third of a create's work, as XDEL
+// scans its node from the start for each entry. Every append still does bounded work: it
+// reads at most eventsTrimRead entries. The instance's history index gets an entry with the
+// event's id, so that one instance's history is read without reading the organization's (it
+// keeps about historyKept).
 var eventLua = `
 local function trimEvents(eventsKey, bytesKey, size)
   local total = redis.call('INCRBY', bytesKey, size)
@@ -80,15 +84,15 @@ local function trimEvents(eventsKey, bytesKey, size)
   if total <= ` + strconv.Itoa(eventsKeptBytes) + ` and len <= ` + strconv.Itoa(eventsKept) + ` then
     return
   end
-  -- Over on entries alone, the entries read are those to drop (one an append, in the steady
-  -- state): every entry read is copied whole into Lua. Over on bytes, a few more.
-  local count = 8
-  if total <= ` + strconv.Itoa(eventsKeptBytes) + ` then
-    count = math.min(count, len - ` + strconv.Itoa(eventsKept) + `)
+  -- Every entry read is copied whole into Lua: only those the batch drops are read.
+  local keepLen = ` + strconv.Itoa(eventsKept-eventsTrimmed) + `
+  local count = ` + strconv.Itoa(eventsTrimRead) + `
+  if total <= ` + strconv.Itoa(eventsKeptBytes-eventsTrimmedBytes) + ` then
+    count = math.min(count, len - keepLen)
   end
-  local cut = 0
-  for _, e in ipairs(redis.call('XRANGE', eventsKey, '-', '+', 'COUNT', count)) do
-    if total - cut <= ` + strconv.Itoa(eventsKeptBytes) + ` and len <= ` + strconv.Itoa(eventsKept) + ` then
+  local cut, dropped = 0, 0
+  for _, e in ipairs(redis.call('XRANGE', eventsKey, '-', '+', 'COUNT', tostring(count))) do
+    if total - cut <= ` + strconv.Itoa(eventsKeptBytes-eventsTrimmedBytes) + ` and len - dropped <= keepLen then
       break
     end
     local fields = e[2]
@@ -97,11 +101,11 @@ local function trimEvents(eventsKey, bytesKey, size)
         cut = cut + tonumber(fields[i + 1])
       end
     end
-    redis.call('XDEL', eventsKey, e[1])
-    len = len - 1
+    dropped = dropped + 1
   end
-  if cut > 0 then
-    redis.call('DECRBY', bytesKey, cut)
+  if dropped > 0 then
+    redis.call('XTRIM', eventsKey, 'MAXLEN', tostring(len - dropped))
+    redis.call('DECRBY', bytesKey, tostring(cut))
   end
 end
 
@@ -119,11 +123,13 @@ local function appendEntry(eventsKey, bytesKey, histKey, f, id, kind, changed, a
   for _, v in ipairs(entry) do
     size = size + #v
   end
+  -- Formatted once, as %d: a Lua number given to redis.call is formatted as %.17g, slower.
+  local n = string.format('%d', size)
   table.insert(entry, 'n')
-  table.insert(entry, tostring(size))
+  table.insert(entry, n)
   local eid = redis.call('XADD', eventsKey, '*', unpack(entry))
-  redis.call('XADD', histKey, 'MAXLEN', '~', ` + strconv.Itoa(historyKept) + `, eid, 'k', kind)
-  trimEvents(eventsKey, bytesKey, size)
+  redis.call('XADD', histKey, 'MAXLEN', '~', '` + strconv.Itoa(historyKept) + `', eid, 'k', kind)
+  trimEvents(eventsKey, bytesKey, n)
 end
 
 local function appendEvent(eventsKey, bytesKey, histKey, instKey, id, kind, changed, at, msg, actor, action, outcome)
@@ -188,8 +194,8 @@ end
 local f = {ARGV[2], ARGV[3], '1', '1', ARGV[4], '` + strconv.Itoa(SchemaVersion) + `'}
 redis.call('HSET', KEYS[2], 'spec', f[1], 'status', f[2], 'gen', f[3], 'sv', f[4], 'proj', f[5],
   'description', ARGV[6], 'tags', ARGV[7], 'userData', ARGV[8], 'v', f[6])
-redis.call('ZADD', KEYS[3], 0, ARGV[1])
-redis.call('ZADD', KEYS[4], 0, ARGV[1])
+redis.call('ZADD', KEYS[3], '0', ARGV[1])
+redis.call('ZADD', KEYS[4], '0', ARGV[1])
 applyCharge(KEYS[5], usage)
 appendEntry(KEYS[6], KEYS[7], KEYS[8], f, ARGV[1], 'CREATED', '', ARGV[5], '')
 recordIdem(KEYS[9], ARGV[9], ARGV[10])
@@ -232,10 +238,10 @@ if #refusals > 0 then
   return refusals
 end
 redis.call('HSET', KEYS[1], 'spec', ARGV[2], 'description', ARGV[13], 'tags', ARGV[14], 'userData', ARGV[15])
-redis.call('HINCRBY', KEYS[1], 'gen', 1)
+redis.call('HINCRBY', KEYS[1], 'gen', '1')
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[1], 'status', ARGV[4])
-  redis.call('HINCRBY', KEYS[1], 'sv', 1)
+  redis.call('HINCRBY', KEYS[1], 'sv', '1')
 end
 applyCharge(KEYS[2], usage)
 appendEvent(KEYS[3], KEYS[4], KEYS[5], KEYS[1], ARGV[5], ARGV[8], ARGV[6], ARGV[7], ARGV[12], ARGV[9], ARGV[10], ARGV[11])
@@ -261,7 +267,7 @@ if sv ~= ARGV[1] then
   return 0
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[2])
-redis.call('HINCRBY', KEYS[1], 'sv', 1)
+redis.call('HINCRBY', KEYS[1], 'sv', '1')
 appendEvent(KEYS[2], KEYS[3], KEYS[4], KEYS[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 return 1
 `)

@@ -102,6 +102,11 @@ func chargeArgs(args []any, amounts, limits quota.Amounts) []any {
 const (
 	eventsKept      = 10_000
 	eventsKeptBytes = 16 << 20
+	// eventsTrimmed and eventsTrimmedBytes are how far below its bounds a trim takes the log,
+	// eventsTrimRead the most entries one reads (see eventLua).
+	eventsTrimmed      = 64
+	eventsTrimmedBytes = eventsKeptBytes / 64
+	eventsTrimRead     = 2 * eventsTrimmed
 	// eventOverhead is what Redis spends on an entry beyond its fields' bytes, counted with
 	// them so that the bytes bound holds for many small events too.
 	eventOverhead = 64
