@@ -10,6 +10,7 @@ import (
 	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/graph/model"
 	"github.com/computeql/computeql/instance"
+	"github.com/computeql/computeql/logline"
 )
 
 // Audit logs every mutation once, after it ran: who asked (the token's subject), which
@@ -70,6 +71,6 @@ func (a Audit) InterceptField(ctx context.Context, next graphql.Resolver) (any, 
 		attrs = append(attrs, slog.Any("codes", codes))
 	}
 	attrs = append(attrs, slog.String("outcome", outcome), slog.Duration("duration", time.Since(start)))
-	a.Log.LogAttrs(ctx, slog.LevelInfo, "audit", attrs...)
+	logline.Write(ctx, a.Log, slog.LevelInfo, "audit", attrs...)
 	return res, err
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/computeql/computeql/graph"
+	"github.com/computeql/computeql/logline"
 )
 
 // requestInfo is what the layers of one request learn about it, for its log line: the
@@ -142,7 +143,7 @@ func (l requestLine) log(ctx context.Context, log *slog.Logger, ri *requestInfo)
 	ri.mu.Lock()
 	subject, operation := ri.subject, ri.operation
 	ri.mu.Unlock()
-	log.LogAttrs(ctx, level, "request",
+	logline.Write(ctx, log, level, "request",
 		slog.String("method", l.method), slog.String("path", l.path), slog.Int("status", l.status),
 		slog.Int64("bytes", l.bytes), slog.Duration("duration", time.Since(l.start)),
 		slog.String("subject", subject), slog.String("operation", operation), slog.String("remote", l.remote))
