@@ -4,7 +4,7 @@ PKGS := ./...
 # Where make images writes the guest images the libvirt tests boot (ignored by git).
 IMAGES_DIR ?= $(CURDIR)/images
 
-.PHONY: run test clients images virt-test openstack-test bench-virt bench-openstack bench-publish cluster-test chaos vet fmt-check generate generate-check bench gobench bench-compile bench-queue fuzz lint
+.PHONY: run test clients images virt-test openstack-test bench-virt bench-openstack bench-publish cluster-test chaos vet fmt-check generate generate-check bench gobench bench-compile bench-instructions bench-queue fuzz lint
 
 ## run: the whole system in one process with an embedded in-memory Redis and demo data.
 run:
@@ -106,6 +106,13 @@ generate-check: generate
 bench-compile:
 	$(GO) test -run='^$$' -bench=. -benchtime=1x $(PKGS)
 	cd bench/queue && $(GO) build -o /dev/null . && $(GO) vet ./...
+
+## bench-instructions: the instructions one create costs the API and Redis, and one request
+## the bare gqlgen handler, counted under valgrind's callgrind: the same from run to run on a
+## noisy machine, where CPU times are not (docs/performance.md).
+REQUESTS ?= 2000
+bench-instructions:
+	$(GO) run . bench --instructions $(REQUESTS)
 
 ## bench-queue: the work queue beside bare Redis Streams commands and asynq, on one
 ## redis-server it starts itself on a free loopback port (on CPU 0, the tool on the others):

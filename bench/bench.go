@@ -62,6 +62,13 @@ func Main(ctx context.Context, args []string, out io.Writer) error {
 		_, err = fmt.Fprintf(out, "%s\n", data)
 		return err
 	}
+	if cfg.Instructions > 0 {
+		in, err := countInstructions(ctx, cfg, cfg.Instructions)
+		if err != nil {
+			return err
+		}
+		return writeInstructions(out, in)
+	}
 	return run(ctx, cfg, strings.Join(append([]string{"computeql bench"}, args...), " "), out)
 }
 

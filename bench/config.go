@@ -67,6 +67,10 @@ type Config struct {
 	// during the create and fan-out runs, and of the first worker during convergence, are
 	// written to (embedded only).
 	Profile string
+	// Instructions, when above 0, makes the run count the instructions of that many creates
+	// in the API and Redis, and of as many requests to the bare handler, under valgrind's
+	// callgrind, instead of timing anything (embedded only).
+	Instructions int
 	// ServeBare makes this process the bare GraphQL server of the limits, which the
 	// benchmark starts as a process of its own, instead of a benchmark.
 	ServeBare bool
@@ -111,6 +115,7 @@ func parseConfig(args []string, env func(string) (string, bool), usage io.Writer
 	fs.DurationVar(&c.Timeout, "timeout", time.Minute, "longest wait for the system to catch up")
 	fs.StringVar(&c.Out, "out", "bench-results", "directory of the report files latest.json and latest.md (docs/bench: the committed report)")
 	fs.StringVar(&c.Profile, "profile", "", "directory for CPU and memory profiles of the API (create, fan-out) and a worker (convergence) (embedded only)")
+	fs.IntVar(&c.Instructions, "instructions", 0, "count the instructions of this many creates in the API and Redis, and of as many requests to the bare handler, under valgrind's callgrind, instead of timing (slow; 0: time as usual)")
 	fs.BoolVar(&c.ServeBare, "serve-bare-graphql", false, "internal: serve the bare gqlgen handler of the limits on a free loopback port until stopped")
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
@@ -147,6 +152,7 @@ func (c Config) validate() error {
 		check(c.RedisURL != "", "--target needs --redis: the benchmark changes the region and reads the event log there")
 		check(c.TokenSecret != "", "--target needs --token-secret: the benchmark mints its tokens")
 		check(c.Profile == "", "--profile needs the embedded system: it reads the profiler of the API process it starts")
+		check(c.Instructions == 0, "--instructions needs the embedded system: it runs the processes it counts under valgrind")
 	} else {
 		check(c.RedisURL == "", "--redis (or COMPUTEQL_REDIS) is for --target; the embedded system starts its own redis-server")
 	}
@@ -163,6 +169,7 @@ func (c Config) validate() error {
 	check(c.FanOutRate > 0, "--fanout-rate must be positive")
 	check(c.RedisOps >= 1, "--redis-ops must be at least 1")
 	check(c.Pings >= 1, "--pings must be at least 1")
+	check(c.Instructions >= 0, "--instructions must not be negative")
 	check(c.Timeout > 0, "--timeout must be positive")
 	check(c.Out != "", "--out must name a directory")
 	return errors.Join(errs...)

@@ -105,21 +105,31 @@ func newSystem(ctx context.Context, cfg Config) (*system, error) {
 // startRedis prepares the embedded system: the catalogue file its processes read, and a real
 // redis-server. The in-memory Redis that `computeql` embeds would measure nothing real.
 func (s *system) startRedis() error {
-	var err error
-	if s.cfg.CatalogFile == "" {
-		s.cfg.CatalogFile = filepath.Join(s.dir, "catalog.json")
-		data, err := benchCatalog()
-		if err == nil {
-			err = os.WriteFile(s.cfg.CatalogFile, data, 0o600)
-		}
-		if err != nil {
-			return fmt.Errorf("write catalogue: %w", err)
-		}
+	if err := s.writeCatalog(); err != nil {
+		return err
 	}
+	var err error
 	if s.redis, err = redisproc.Start(); err != nil {
 		return fmt.Errorf("the embedded benchmark needs a real redis-server on the PATH, as the in-memory Redis of `computeql` would measure nothing real; install one (apt-get install redis-server) or point --target and --redis at a running system: %w", err)
 	}
 	s.redisURL = "redis://" + s.redis.Addr + "/0"
+	return nil
+}
+
+// writeCatalog writes the benchmark's catalogue to the run's directory for the processes to
+// read, unless --catalog names one.
+func (s *system) writeCatalog() error {
+	if s.cfg.CatalogFile != "" {
+		return nil
+	}
+	s.cfg.CatalogFile = filepath.Join(s.dir, "catalog.json")
+	data, err := benchCatalog()
+	if err == nil {
+		err = os.WriteFile(s.cfg.CatalogFile, data, 0o600)
+	}
+	if err != nil {
+		return fmt.Errorf("write catalogue: %w", err)
+	}
 	return nil
 }
 

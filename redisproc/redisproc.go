@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -32,13 +33,26 @@ type Server struct {
 // answers PING. Picking a free port races with other processes, so a lost race is retried.
 // extraArgs are passed to redis-server (e.g. "--appendonly", "yes").
 func Start(extraArgs ...string) (*Server, error) {
+	return StartUnder(nil, extraArgs...)
+}
+
+// startLimit is how long a server may take to answer its first PING; under a wrapper, which
+// may slow it fifty times (valgrind), startWrappedLimit.
+const (
+	startLimit        = 10 * time.Second
+	startWrappedLimit = time.Minute
+)
+
+// StartUnder is Start with redis-server run by a wrapper command, such as valgrind with its
+// options: the wrapper's words come first, then redis-server and its arguments.
+func StartUnder(wrapper []string, extraArgs ...string) (*Server, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("redisproc: redis-server is not installed (apt-get install -y redis-server): %w", err)
 	}
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
-		s, err := start(bin, extraArgs)
+		s, err := start(append(slices.Clip(wrapper), bin), extraArgs)
 		if err == nil {
 			return s, nil
 		}
@@ -47,7 +61,7 @@ func Start(extraArgs ...string) (*Server, error) {
 	return nil, lastErr
 }
 
-func start(bin string, extraArgs []string) (*Server, error) {
+func start(command, extraArgs []string) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -64,14 +78,18 @@ func start(bin string, extraArgs []string) (*Server, error) {
 		"--appendonly", "no",
 		"--logfile", filepath.Join(dir, "redis.log"),
 	}, extraArgs...)
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(command[0], append(command[1:], args...)...)
 	if err := cmd.Start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("redisproc: start redis-server: %w", err)
 	}
 	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir, cmd: cmd, done: make(chan error, 1)}
 	go func() { s.done <- cmd.Wait() }()
-	if err := s.waitReady(10 * time.Second); err != nil {
+	limit := startLimit
+	if len(command) > 1 {
+		limit = startWrappedLimit
+	}
+	if err := s.waitReady(limit); err != nil {
 		s.Stop()
 		return nil, err
 	}
@@ -92,8 +110,15 @@ func (s *Server) waitReady(limit time.Duration) error {
 			return fmt.Errorf("redisproc: redis-server exited early (%v): %s", err, log)
 		default:
 		}
+		// A port not yet open is found without go-redis, which would log every refused dial.
+		conn, err := net.DialTimeout("tcp", s.Addr, 200*time.Millisecond)
+		if err != nil {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		conn.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := c.Ping(ctx).Err()
+		err = c.Ping(ctx).Err()
 		cancel()
 		// A server loading its data answers LOADING: it listens, which is what is awaited.
 		if err == nil || redis.IsLoadingError(err) {
