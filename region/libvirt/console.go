@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
@@ -75,78 +74,34 @@ func (d *hostDriver) ConsoleOutput(ctx context.Context, id string, tailBytes int
 	return out, nil
 }
 
-// consoleDownloads is how many console downloads may run at once against a host, each on a
-// connection of its own; abandonedDownloads is how many of those left behind (download) may
-// still hold their connection before console output answers unavailable.
+// consoleDownloads is how many console downloads may run at once against a host, and
+// consoleStreams how many consoles may be attached, each on a connection of its own (see
+// streams); past abandonedStreams of either kind left behind, more of that kind are refused.
 const (
-	consoleDownloads   = 4
-	abandonedDownloads = 64
+	consoleDownloads = 4
+	consoleStreams   = 64
+	abandonedStreams = 64
 )
 
 // downloadLimit bounds a console download: a log's tail is at most ConsoleOutputMax bytes.
 const downloadLimit = 30 * time.Second
 
-// downloads bounds a host's console downloads: those running, and those left behind.
-type downloads struct {
-	running   chan struct{}
-	abandoned atomic.Int64
-}
-
-func newDownloads() *downloads {
-	return &downloads{running: make(chan struct{}, consoleDownloads)}
-}
-
-// A download's fate, settled once: finished by its call, or abandoned by its caller first.
-const (
-	downloading int32 = iota
-	downloadFinished
-	downloadAbandoned
-)
-
 // download writes length bytes of vol from offset into w (0: to its end), on a connection of
-// its own.
-//
-// go-libvirt can wedge a connection at the end of a download: it takes the empty packet
-// libvirt sends at the end of the file as the end of the call, and should libvirt's next
-// packet for the call arrive before the call has forgotten its serial, the connection's reader
-// waits for ever to hand it over, and with it every later call on that connection (a CI run
-// of the Debian guest's console output hung so, and took the host's whole session with it).
-// On a connection of its own only the download waits: w has every byte by then, so a download
-// of a length is over once w has it, whether or not the call returns. The connection is cut
-// then; a call still not returned is left behind, its goroutines with it, counted until it
-// returns: past abandonedDownloads, console output answers unavailable.
+// its own (streams). w has every byte by the time go-libvirt could wedge the connection, so a
+// download of a length is over once w has it, whether or not the call returns; the connection
+// is cut then.
 func (d *hostDriver) download(ctx context.Context, vol golibvirt.StorageVol, w io.Writer, offset, length uint64) error {
-	select {
-	case d.downloads.running <- struct{}{}:
-	default:
-		return fmt.Errorf("console output: %d console downloads are under way on the host: %w", consoleDownloads, region.ErrUnavailable)
-	}
-	defer func() { <-d.downloads.running }()
-	if n := d.downloads.abandoned.Load(); n >= abandonedDownloads {
-		return fmt.Errorf("console output: %d console downloads are stuck on the host's connections: %w", n, region.ErrUnavailable)
-	}
-	cut := d.dialer()
-	conn := golibvirt.NewWithDialer(cut)
-	watchdog := time.AfterFunc(d.opts.ConnectTimeout, cut.Cut)
-	err := conn.ConnectToURI(golibvirt.ConnectURI(d.uri.Name))
-	watchdog.Stop()
+	st, err := d.openStream(d.downloads)
 	if err != nil {
-		cut.Cut()
-		return fmt.Errorf("console output: connect: %w", err)
+		return fmt.Errorf("console output: %w", err)
 	}
 	counted := &countingWriter{w: w, want: length, got: make(chan struct{})}
-	var fate atomic.Int32
 	done := make(chan error, 1)
 	go func() {
-		err := conn.StorageVolDownload(vol, counted, offset, length, 0)
-		if !fate.CompareAndSwap(downloading, downloadFinished) {
-			d.downloads.abandoned.Add(-1)
-		}
+		err := st.conn.StorageVolDownload(vol, counted, offset, length, 0)
+		st.release() // before the answer: a caller's next download finds the slot free
 		done <- err
-		if err == nil {
-			err = conn.Disconnect()
-		}
-		cut.Cut()
+		st.returned(err)
 	}()
 	timer := time.NewTimer(downloadLimit)
 	defer timer.Stop()
@@ -160,10 +115,7 @@ func (d *hostDriver) download(ctx context.Context, vol golibvirt.StorageVol, w i
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
-	cut.Cut()
-	if fate.CompareAndSwap(downloading, downloadAbandoned) {
-		d.downloads.abandoned.Add(1)
-	}
+	st.abandon()
 	return err
 }
 
@@ -225,15 +177,21 @@ func hasConsoleLog(s *server) bool {
 // port, forced: a newer attachment takes the console from an older one, whose reads then end,
 // as virsh console --force does (libvirt serves one at a time).
 func (d *hostDriver) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser, error) {
-	conn, s, err := d.verb("open console", id)
+	_, s, err := d.verb("open console", id)
 	if err != nil {
 		return nil, err
 	}
 	if !running(s) {
 		return nil, fmt.Errorf("open console: the server is not running: %w", region.ErrRefused)
 	}
+	// On a connection of its own (streams): a console closed while the guest writes is the
+	// race that wedges go-libvirt's connections.
+	st, err := d.openStream(d.consoles)
+	if err != nil {
+		return nil, fmt.Errorf("open console: %w", err)
+	}
 	typed, typing := io.Pipe()
-	c := &console{out: region.NewConsoleBuffer(region.ConsoleBacklog), typing: typing, done: make(chan struct{})}
+	c := &console{out: region.NewConsoleBuffer(region.ConsoleBacklog), typing: typing, done: make(chan struct{}), stream: st}
 	// The stream runs until either end finishes it: the guest's console going away, or Close,
 	// whose end of the typed input makes the connection finish the stream. The output is
 	// written from the connection's receive loop, which must never wait on a slow reader, nor
@@ -245,7 +203,8 @@ func (d *hostDriver) OpenConsole(ctx context.Context, id string) (io.ReadWriteCl
 	sink := consoleSink{out: c.out, finish: func() { typing.Close() }}
 	go func() {
 		defer close(c.done)
-		err := conn.DomainOpenConsoleBidirectional(s.dom, golibvirt.OptString{}, typed, sink, uint32(golibvirt.DomainConsoleForce))
+		err := st.conn.DomainOpenConsoleBidirectional(s.dom, golibvirt.OptString{}, typed, sink, uint32(golibvirt.DomainConsoleForce))
+		st.returned(err)
 		if err != nil {
 			err = d.fault("console of server "+id, err)
 		}
@@ -278,6 +237,7 @@ type console struct {
 	out    *region.ConsoleBuffer
 	typing *io.PipeWriter
 	done   chan struct{}
+	stream *stream
 	close  sync.Once
 }
 
@@ -286,7 +246,8 @@ func (c *console) Read(p []byte) (int, error) { return c.out.Read(p) }
 // Write types p into the console; it waits for the connection to send it.
 func (c *console) Write(p []byte) (int, error) { return c.typing.Write(p) }
 
-// Close finishes the stream and waits, at most consoleCloseWait, for the host to end it.
+// Close finishes the stream and waits, at most consoleCloseWait, for the host to end it; past
+// that, the stream is left behind and its connection cut.
 func (c *console) Close() error {
 	c.close.Do(func() {
 		c.typing.Close()
@@ -295,6 +256,7 @@ func (c *console) Close() error {
 		select {
 		case <-c.done:
 		case <-t.C:
+			c.stream.abandon()
 			c.out.CloseWithError(fmt.Errorf("the host did not finish the console stream within %s: %w", consoleCloseWait, region.ErrUnavailable))
 		}
 	})

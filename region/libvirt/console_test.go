@@ -9,6 +9,7 @@ import (
 	golibvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/computeql/computeql/region"
+	"github.com/computeql/computeql/region/libvirt/dial"
 )
 
 // TestConsoleSinkNeverFails: the receiving end of a console stream takes every packet the
@@ -63,25 +64,67 @@ func TestLastBytesKeepsTheTail(t *testing.T) {
 	}
 }
 
-// TestDownloadsAreBounded: console downloads, each on a connection of its own, never run more
-// than consoleDownloads at once against a host, nor once abandonedDownloads were left behind
-// (go-libvirt wedged their connections): past either a download is refused as unavailable,
-// before it dials.
-func TestDownloadsAreBounded(t *testing.T) {
-	running := &hostDriver{downloads: newDownloads()}
-	for range consoleDownloads {
-		running.downloads.running <- struct{}{}
+// TestStreamsAreBounded: streams, each on a connection of its own, never run more than their
+// kind's bound at once against a host, nor once its bound of streams were left behind
+// (go-libvirt wedged their connections): past either a stream is refused as unavailable,
+// before it dials, whether a console download or an attached console.
+func TestStreamsAreBounded(t *testing.T) {
+	full := func() *hostDriver {
+		d := &hostDriver{downloads: newStreams("console downloads", consoleDownloads, abandonedStreams),
+			consoles: newStreams("consoles", consoleStreams, abandonedStreams)}
+		for range consoleDownloads {
+			d.downloads.running <- struct{}{}
+		}
+		for range consoleStreams {
+			d.consoles.running <- struct{}{}
+		}
+		return d
 	}
-	abandoned := &hostDriver{downloads: newDownloads()}
-	abandoned.downloads.abandoned.Store(abandonedDownloads)
-	for name, d := range map[string]*hostDriver{"running": running, "abandoned": abandoned} {
-		err := d.download(t.Context(), golibvirt.StorageVol{}, io.Discard, 0, 0)
-		if !errors.Is(err, region.ErrUnavailable) {
+	stuck := func() *hostDriver {
+		d := &hostDriver{downloads: newStreams("console downloads", consoleDownloads, abandonedStreams),
+			consoles: newStreams("consoles", consoleStreams, abandonedStreams)}
+		d.downloads.abandoned.Store(abandonedStreams)
+		d.consoles.abandoned.Store(abandonedStreams)
+		return d
+	}
+	for name, d := range map[string]*hostDriver{"running": full(), "abandoned": stuck()} {
+		running := len(d.downloads.running)
+		if err := d.download(t.Context(), golibvirt.StorageVol{}, io.Discard, 0, 0); !errors.Is(err, region.ErrUnavailable) {
 			t.Errorf("a download past the %s ones: %v, want ErrUnavailable", name, err)
 		}
+		if _, err := d.openStream(d.consoles); !errors.Is(err, region.ErrUnavailable) {
+			t.Errorf("a console past the %s ones: %v, want ErrUnavailable", name, err)
+		}
+		if len(d.downloads.running) != running {
+			t.Errorf("past the %s ones, a refused download left %d slots taken, want %d", name, len(d.downloads.running), running)
+		}
 	}
-	if n := len(abandoned.downloads.running); n != 0 {
-		t.Errorf("a refused download holds %d slots, want none", n)
+}
+
+// TestStreamLeftBehindIsCountedUntilItReturns: a stream left behind gives its slot back at
+// once and is counted as abandoned until its call returns, in either order; its slot is given
+// back once only.
+func TestStreamLeftBehindIsCountedUntilItReturns(t *testing.T) {
+	of := newStreams("consoles", 2, abandonedStreams)
+	open := func() *stream {
+		of.running <- struct{}{}
+		return &stream{cut: &dial.CutDialer{}, of: of}
+	}
+	left := open()
+	left.abandon()
+	if n, running := of.abandoned.Load(), len(of.running); n != 1 || running != 0 {
+		t.Fatalf("left behind: %d abandoned, %d running; want 1 and 0", n, running)
+	}
+	left.returned(errors.New("connection cut"))
+	if n, running := of.abandoned.Load(), len(of.running); n != 0 || running != 0 {
+		t.Fatalf("its call returned: %d abandoned, %d running; want 0 and 0", n, running)
+	}
+
+	done := open()
+	done.returned(errors.New("the guest went away"))
+	done.abandon() // a Close after the stream ended on its own
+	if n, running := of.abandoned.Load(), len(of.running); n != 0 || running != 0 {
+		t.Fatalf("returned, then closed: %d abandoned, %d running; want 0 and 0", n, running)
 	}
 }
 

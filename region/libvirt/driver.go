@@ -89,8 +89,9 @@ type hostDriver struct {
 	// building are the servers this process watches for the lease that makes them RUNNING:
 	// the host has no event for it.
 	building idSet
-	// downloads bounds the console downloads, each on a connection of its own (download).
-	downloads *downloads
+	// downloads and consoles bound the console downloads and attached consoles, each on a
+	// connection of its own (streams).
+	downloads, consoles *streams
 	// allocate serialises this process's address reservations; the host refuses a duplicate
 	// reservation from another process, and the next address is tried.
 	allocate sync.Mutex
@@ -136,7 +137,9 @@ func newHost(opts Options, cfg region.LibvirtHost, keyHost string, watches *broa
 	}
 	return &hostDriver{
 		opts: opts, cfg: cfg, keyHost: keyHost, uri: uri, stopTimeout: stop, buildTimeout: build, log: log,
-		index: newIndex(), watches: watches, unowned: map[string]time.Time{}, downloads: newDownloads(),
+		index: newIndex(), watches: watches, unowned: map[string]time.Time{},
+		downloads: newStreams("console downloads", consoleDownloads, abandonedStreams),
+		consoles:  newStreams("consoles", consoleStreams, abandonedStreams),
 	}, nil
 }
 
