@@ -72,7 +72,7 @@ end
 // eventsKept entries and eventsKeptBytes bytes per organization, the oldest dropped first.
 // An append that takes the log over a bound drops a batch, eventsTrimmed entries (and enough
 // bytes) below it, in one XRANGE and one exact XTRIM: the next appends find room and trim
-// nothing. Trimming one entry per append cost Redis a third of a create's work, as XDEL
+// nothing. Trimming one entry per append cost Redis a seventh of a create's work, as XDEL
 // scans its node from the start for each entry. Every append still does bounded work: it
 // reads at most eventsTrimRead entries. The instance's history index gets an entry with the
 // event's id, so that one instance's history is read without reading the organization's (it
