@@ -204,12 +204,9 @@ func (d *hostDriver) OpenConsole(ctx context.Context, id string) (io.ReadWriteCl
 	go func() {
 		defer close(c.done)
 		err := st.conn.DomainOpenConsoleBidirectional(s.dom, golibvirt.OptString{}, typed, sink, uint32(golibvirt.DomainConsoleForce))
-		st.returned(err)
-		if err != nil {
-			err = d.fault("console of server "+id, err)
-		}
-		c.out.CloseWithError(err)
+		c.out.CloseWithError(d.fault("console of server "+id, err)) // nil for a stream that ended well
 		typed.Close()
+		st.returned(err)
 	}()
 	return c, nil
 }

@@ -78,16 +78,19 @@ func (d *hostDriver) openStream(of *streams) (*stream, error) {
 }
 
 // returned ends a stream whose call returned (with err): a stream left behind stops being
-// counted; one that went well says goodbye to the host first.
+// counted; one that went well says goodbye to the host first, for a heartbeat at most (a host
+// that stopped answering would hold the goodbye for ever; the cut fails it).
 func (s *stream) returned(err error) {
 	if !s.fate.CompareAndSwap(streaming, streamReturned) {
 		s.of.abandoned.Add(-1)
 	}
+	s.release()
 	if err == nil {
+		bye := time.AfterFunc(heartbeat, s.cut.Cut)
 		_ = s.conn.Disconnect()
+		bye.Stop()
 	}
 	s.cut.Cut()
-	s.release()
 }
 
 // abandon leaves the stream's call behind: the connection is cut, and the call is counted
