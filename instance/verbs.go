@@ -355,6 +355,11 @@ func (s *Service) undoPower(ctx context.Context, written *Instance, before Power
 	case refusal != nil && !refusal.Gone:
 		// Changed since: the newer intent stands.
 		return s.record(ctx, written, ev, verbErr)
+	case refusal == nil:
+		// A worker may have acted on the intent while it was written (stopped the server a
+		// stop failed to reach, or built a new one stopped): it reconciles to the intent put
+		// back, rather than at the next resync.
+		s.enqueue(rctx, &back)
 	}
 	return verbErr
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/region"
+	"github.com/computeql/computeql/store"
 )
 
 // The operational verbs at the service level: who may call them, and what input they refuse.
@@ -324,5 +326,56 @@ func TestSSHKeyRefusedForAnInstanceWithACertificateAuthority(t *testing.T) {
 	}
 	if acts := e.actions(t, inst.ID); len(acts) != 1 || acts[0].Action != instance.ActionSSHKey || acts[0].Outcome != instance.CodeUnprocessable {
 		t.Errorf("recorded %+v, want one SSH_KEY refused as UNPROCESSABLE", acts)
+	}
+}
+
+// foundThenGone is a region whose one server of every instance is RUNNING when found and gone
+// when stopped: a stop fails after it wrote its intent.
+type foundThenGone struct{ region.Client }
+
+func (foundThenGone) FindServers(_ context.Context, _ region.Scope, _, value string) ([]region.Server, error) {
+	return []region.Server{{ID: "srv-" + value, State: region.ServerRunning}}, nil
+}
+
+func (foundThenGone) StopServer(context.Context, string) (region.Server, error) {
+	return region.Server{}, region.ErrServerNotFound
+}
+
+// A stop the region fails puts the intent back and asks the workers to reconcile: one may have
+// acted on the intent while it was written (stopped the server, or built its replacement
+// stopped), and without a run it would stay so until the next resync.
+func TestFailedPowerVerbPutsTheIntentBackAndEnqueues(t *testing.T) {
+	e := newEnv(t)
+	created, err := e.svc.Create(acmeMember, validCreate())
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := instance.NewService(instance.Options{
+		Catalog: region.Demo(), Store: store.New(e.rdb), Queue: e.q, Region: foundThenGone{e.region},
+		Now: func() time.Time { return e.now }, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.q.mu.Lock()
+	before := e.q.calls[created.Key()]
+	e.q.mu.Unlock()
+
+	_, err = svc.Stop(acmeOperator, created.ID, nil)
+	if code := instance.CodeOf(err); code != instance.CodeNotFound {
+		t.Fatalf("stop of a server gone: %v, want NOT_FOUND", err)
+	}
+	got, err := e.svc.Get(acmeOperator, created.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.DesiredPower() != instance.IntentRunning {
+		t.Errorf("desired power after the failed stop: %s, want RUNNING again", got.DesiredPower())
+	}
+	e.q.mu.Lock()
+	after := e.q.calls[created.Key()]
+	e.q.mu.Unlock()
+	if after != before+1 {
+		t.Errorf("enqueued %d times by the failed stop, want once", after-before)
 	}
 }
