@@ -144,6 +144,7 @@ type Host struct {
 	cmd     *exec.Cmd
 	exited  chan struct{} // closed when libvirtd (our child) has been waited for
 	waitErr error         // libvirtd's exit status, valid once exited is closed
+	killed  bool          // we sent libvirtd SIGKILL, so waitErr says so and is no crash
 
 	closeOnce sync.Once
 	closeErr  error
@@ -199,11 +200,12 @@ func launch(ctx context.Context, opts Options) (*Host, error) {
 	h := &Host{opts: opts, bins: bins, exited: make(chan struct{})}
 	close(h.exited) // nothing to wait for until libvirtd is started
 	if err := h.launch(ctx); err != nil {
-		if tail := h.LogTail(); tail != "" {
-			err = fmt.Errorf("%w\nlast lines of %s:\n%s", err, h.LogPath, tail)
-		}
+		tail := h.LogTail()
+		// A failed undo's error carries the log's tail already.
 		if cerr := h.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("virttest: undo: %w", cerr))
+		} else if tail != "" {
+			err = fmt.Errorf("%w\nlast lines of %s:\n%s", err, h.LogPath, tail)
 		}
 		return nil, err
 	}
@@ -269,7 +271,7 @@ func (h *Host) startDaemon(ctx context.Context) error {
 		return fmt.Errorf("virttest: start libvirtd: %w", err)
 	}
 	exited := make(chan struct{})
-	h.cmd, h.exited = cmd, exited
+	h.cmd, h.exited, h.killed = cmd, exited, false
 	go func() {
 		h.waitErr = cmd.Wait()
 		close(exited)
@@ -303,10 +305,16 @@ func (h *Host) StopDaemon() error {
 	select {
 	case <-h.exited:
 	case <-time.After(10 * time.Second):
-		_ = h.cmd.Process.Kill()
+		h.kill()
 		<-h.exited
 	}
 	return nil
+}
+
+// kill sends libvirtd SIGKILL, noting that its end is ours.
+func (h *Host) kill() {
+	h.killed = true
+	_ = h.cmd.Process.Kill()
 }
 
 // Freeze stops libvirtd's process (SIGSTOP) without closing anything: its clients stay
@@ -464,7 +472,7 @@ func (h *Host) close() error {
 		select {
 		case <-h.exited:
 		case <-time.After(min(5*time.Second, time.Until(deadline))):
-			_ = h.cmd.Process.Kill()
+			h.kill()
 		}
 	}
 	if h.netIno != 0 || h.mntIno != 0 {
@@ -478,6 +486,15 @@ func (h *Host) close() error {
 		case <-time.After(max(time.Until(deadline), time.Second)):
 			errs = append(errs, fmt.Errorf("virttest: libvirtd (pid %d) did not exit", h.cmd.Process.Pid))
 		}
+		// SIGTERM ends libvirtd with status 0: any other end is a crash (SIGSEGV, SIGABRT),
+		// which would otherwise pass unseen if the test had nothing left to ask of it.
+		if h.hasExited() && h.waitErr != nil && !h.killed {
+			errs = append(errs, fmt.Errorf("virttest: libvirtd ended by itself: %w", h.waitErr))
+		}
+	}
+	// The log goes with the directory; what it says of the failure goes with the error.
+	if tail := h.LogTail(); len(errs) > 0 && tail != "" {
+		errs = append(errs, fmt.Errorf("virttest: last lines of %s:\n%s", h.LogPath, tail))
 	}
 	if h.name != "" {
 		if out, err := exec.Command(h.bins.ip, "netns", "del", h.name).CombinedOutput(); err != nil {

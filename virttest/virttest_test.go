@@ -434,3 +434,46 @@ func TestHostNetworkSharesOnlyTheNetwork(t *testing.T) {
 		t.Errorf("the test's parent process is gone after Close: %v", err)
 	}
 }
+
+// A libvirtd that ends by itself (here SIGABRT, as its own abort() would) fails Close with its
+// exit status and the tail of its log, even when the test had nothing left to ask of it; one
+// the test stopped with StopDaemon, or that SIGTERM ended, does not.
+func TestCloseReportsADaemonThatCrashed(t *testing.T) {
+	Require(t)
+	for _, tc := range []struct {
+		name    string
+		end     func(h *Host) error
+		crashed bool
+	}{
+		{"aborted", func(h *Host) error { return h.signal(syscall.SIGABRT) }, true},
+		{"stopped by the test", (*Host).StopDaemon, false},
+		{"left running", func(*Host) error { return nil }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, closed := launchClosedByTest(t, Options{})
+			exited := h.exited
+			if err := tc.end(h); err != nil {
+				t.Fatal(err)
+			}
+			if tc.crashed {
+				<-exited // the crash is over before Close begins
+			}
+			*closed = true
+			err := h.Close()
+			if !tc.crashed {
+				if err != nil {
+					t.Fatalf("close: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("close of a libvirtd that aborted: no error")
+			}
+			for _, want := range []string{"libvirtd ended by itself: signal: aborted", "last lines of " + h.LogPath} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("close: %v\nwant it to say %q", err, want)
+				}
+			}
+		})
+	}
+}
