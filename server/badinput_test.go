@@ -76,8 +76,8 @@ func TestMalformedOperationsAreRefusedWithGraphQLCodes(t *testing.T) {
 	}
 }
 
-// TestBadRequestBodies: bodies that are not a GraphQL request at all are refused with 400
-// (invalid JSON with code BAD_USER_INPUT) before authentication matters.
+// TestBadRequestBodies: bodies that are not a GraphQL request are refused with 400 and code
+// BAD_USER_INPUT, and bodies in another media type with 415.
 func TestBadRequestBodies(t *testing.T) {
 	a := newAPI(t)
 	tok := a.admin(t)
@@ -85,7 +85,7 @@ func TestBadRequestBodies(t *testing.T) {
 		name        string
 		contentType string
 		body        string
-		code        string // "" when the refusal comes from gqlgen, which sets none
+		code        string
 	}{
 		{"invalid JSON", "application/json", `{"query": "{ me { subject } }"`, "BAD_USER_INPUT"},
 		{"empty body", "application/json", ``, "BAD_USER_INPUT"},
@@ -95,8 +95,10 @@ func TestBadRequestBodies(t *testing.T) {
 		{"JSON nested past the decoder's limit", "application/json", `{"query": "{ me { subject } }", "variables": {"a": ` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}}`, "BAD_USER_INPUT"},
 		{"a JSON array (batch)", "application/json", `[{"query": "{ me { subject } }"}]`, "BAD_USER_INPUT"},
 		{"a JSON string", "application/json", `"{ me { subject } }"`, "BAD_USER_INPUT"},
-		{"query not a string", "application/json", `{"query": 42}`, ""},
-		{"variables not an object", "application/json", `{"query": "{ me { subject } }", "variables": [1]}`, ""},
+		{"query not a string", "application/json", `{"query": 42}`, "BAD_USER_INPUT"},
+		{"operationName not a string", "application/json", `{"query": "{ me { subject } }", "operationName": ["a"]}`, "BAD_USER_INPUT"},
+		{"variables not an object", "application/json", `{"query": "{ me { subject } }", "variables": [1]}`, "BAD_USER_INPUT"},
+		{"extensions not an object", "application/json", `{"query": "{ me { subject } }", "extensions": "x"}`, "BAD_USER_INPUT"},
 		{"text/plain", "text/plain", `{"query": "{ me { subject } }"}`, "BAD_USER_INPUT"},
 		{"application/graphql", "application/graphql", `{ me { subject } }`, "BAD_USER_INPUT"},
 		{"form", "application/x-www-form-urlencoded", `query=%7B+me+%7B+subject+%7D+%7D`, "BAD_USER_INPUT"},
@@ -109,26 +111,33 @@ func TestBadRequestBodies(t *testing.T) {
 		}
 		return http.StatusBadRequest
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			req := httptest.NewRequest(http.MethodPost, "/graphql", strings.NewReader(tt.body))
-			if tt.contentType != "" {
-				req.Header.Set("Content-Type", tt.contentType)
-			}
-			res := a.send(t, tok, req)
-			if want := wantStatus(tt.contentType); res.Status != want {
-				t.Errorf("status = %d, want %d; body %s", res.Status, want, res.Raw)
-			}
-			if len(res.Errors) != 1 {
-				t.Fatalf("want one error: %s", res.Raw)
-			}
-			if tt.code != "" && res.codes()[0] != tt.code {
-				t.Errorf("code = %q, want %s", res.codes()[0], tt.code)
-			}
-			if res.Data != nil {
-				t.Errorf("data = %v", res.Data)
-			}
-		})
+	// Each body as a query or mutation (POST) and as a subscription's (SSE): both transports
+	// refuse the same bodies alike.
+	for _, accept := range []string{"", "text/event-stream"} {
+		for _, tt := range tests {
+			t.Run(tt.name+" "+accept, func(t *testing.T) {
+				req := httptest.NewRequest(http.MethodPost, "/graphql", strings.NewReader(tt.body))
+				if tt.contentType != "" {
+					req.Header.Set("Content-Type", tt.contentType)
+				}
+				if accept != "" {
+					req.Header.Set("Accept", accept)
+				}
+				res := a.send(t, tok, req)
+				if want := wantStatus(tt.contentType); res.Status != want {
+					t.Errorf("status = %d, want %d; body %s", res.Status, want, res.Raw)
+				}
+				if len(res.Errors) != 1 {
+					t.Fatalf("want one error: %s", res.Raw)
+				}
+				if res.codes()[0] != tt.code {
+					t.Errorf("code = %q, want %s", res.codes()[0], tt.code)
+				}
+				if res.Data != nil {
+					t.Errorf("data = %v", res.Data)
+				}
+			})
+		}
 	}
 }
 

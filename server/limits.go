@@ -186,18 +186,6 @@ func (d depthLimit) MutateOperationContext(_ context.Context, oc *graphql.Operat
 	return nil
 }
 
-// postTransport is gqlgen's POST transport refusing subscriptions, which it would otherwise
-// serve by holding the request open until the first event, however long that takes, and
-// answering with that event alone. Subscriptions stream over a WebSocket or SSE, and those
-// transports are tried first.
-type postTransport struct{ transport.POST }
-
-func (t postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
-	answerToSpec(w, r, func(w http.ResponseWriter, r *http.Request) {
-		t.POST.Do(w, r, refuseOperations{exec, map[ast.Operation]string{ast.Subscription: streamOnly}})
-	})
-}
-
 // getTransport is gqlgen's GET transport refusing what GET must not carry, with a code: gqlgen
 // itself answers 406 with an error that has none.
 type getTransport struct{ transport.GET }

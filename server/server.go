@@ -6,13 +6,11 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
-	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -361,8 +359,8 @@ func authenticate(keys *auth.Keys, redeem func(context.Context, string) (auth.Pr
 }
 
 // limitBody refuses bodies over max bytes, at once when the length is declared and otherwise
-// when reading passes it, and refuses a JSON body that does not parse. Reading the (bounded)
-// body here gives both failures a status and a code, which gqlgen's transport does not.
+// when reading passes it. Reading the (bounded) body here gives the refusal a status and a
+// code; the transports refuse a body that is not a GraphQL request (decodeRequest).
 func limitBody(max int64, next http.Handler) http.Handler {
 	tooLarge := "request body is larger than the limit of " + strconv.FormatInt(max, 10) + " bytes"
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -383,17 +381,6 @@ func limitBody(max int64, next http.Handler) http.Handler {
 		case err != nil:
 			writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, "could not read the request body")
 			return
-		}
-		if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == "application/json" {
-			// gqlgen would answer these without a code, echoing the whole body back.
-			if !json.Valid(body) {
-				writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, "request body is not valid JSON")
-				return
-			}
-			if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) == 0 || trimmed[0] != '{' {
-				writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, "request body must be a JSON object {\"query\", \"variables\", \"operationName\"}; batches are not supported")
-				return
-			}
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		next.ServeHTTP(w, r)

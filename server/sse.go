@@ -70,6 +70,19 @@ func (t sseTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 		exec = refuseOperations{exec, map[ast.Operation]string{
 			ast.Mutation: "mutations change state and are sent with POST, never GET (which caches and crawlers may repeat)",
 		}}
+	} else {
+		// gqlgen's transport decodes the body again; a body it cannot take is refused here,
+		// with a code, as the POST transport refuses it.
+		body, err := io.ReadAll(r.Body) // bounded by limitBody
+		if err != nil {
+			writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, "could not read the request body")
+			return
+		}
+		if _, err := decodeRequest(body); err != nil {
+			writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, err.Error())
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
 	}
 	t.SSE.Do(completeWithData{w}, r, exec)
 }
