@@ -1,8 +1,10 @@
 // Package jsonvalue decodes a JSON document into the Go values encoding/json decodes into an
-// any with UseNumber: map[string]any, []any, string, json.Number, bool and nil. It does so in
-// one pass and without reflection, where encoding/json scans a document once to validate it
-// and again to decode it. GraphQL requests arrive as such documents, one per request, and
-// gqlgen takes their variables in exactly these types.
+// any with UseNumber (map[string]any, []any, string, json.Number, bool and nil), and appends
+// strings and times as encoding/json encodes them. It does so in one pass and without
+// reflection, where encoding/json scans a document once to validate it and again to decode
+// it, and scans again what a type's MarshalJSON returned. GraphQL requests arrive as such
+// documents, one per request, and gqlgen takes their variables in exactly these types; every
+// instance written is encoded.
 package jsonvalue
 
 import (

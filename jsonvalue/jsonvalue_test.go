@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 // reference decodes data as encoding/json does into an any with UseNumber, the decoding Parse
@@ -138,4 +139,42 @@ func BenchmarkCreateBody(b *testing.B) {
 			}
 		}
 	})
+}
+
+// AppendString writes what encoding/json writes for the same string, byte for byte.
+func checkAppendString(t *testing.T, s string) {
+	want, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := AppendString([]byte("x"), s); string(got) != "x"+string(want) {
+		t.Fatalf("AppendString(%q) = %s, want x%s", s, got, want)
+	}
+}
+
+func TestAppendStringIsEncodingJSONs(t *testing.T) {
+	for _, s := range []string{"", "plain", "a\"b\\c/", "<a href='x'>&amp;</a>", "\x00\x01\b\f\n\r\t\x1f\x7f",
+		"é中😀", "\u2028\u2029", "\xff", "a\xc3", "\xed\xa0\x80", "\xef\xbf\xbd"} {
+		checkAppendString(t, s)
+	}
+}
+
+func FuzzAppendStringIsEncodingJSONs(f *testing.F) {
+	for _, s := range samples {
+		f.Add(s)
+	}
+	f.Fuzz(checkAppendString)
+}
+
+// AppendTime writes what encoding/json writes for a time, and refuses what it refuses.
+func TestAppendTimeIsEncodingJSONs(t *testing.T) {
+	for _, at := range []time.Time{{}, time.Date(2026, 11, 27, 12, 0, 0, 1, time.UTC),
+		time.Date(1999, 1, 2, 3, 4, 5, 120000000, time.FixedZone("", -(9*3600+30*60))),
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 1, 1, 0, 0, 0, 0, time.FixedZone("", 24*3600))} {
+		want, wantErr := json.Marshal(at)
+		got, err := AppendTime(nil, at)
+		if (err != nil) != (wantErr != nil) || err == nil && string(got) != string(want) {
+			t.Errorf("AppendTime(%v) = %s, %v; encoding/json: %s, %v", at, got, err, want, wantErr)
+		}
+	}
 }

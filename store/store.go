@@ -119,7 +119,7 @@ const (
 // them: description and user data as they are, tags as JSON.
 func encodeSpec(spec *instance.Spec) (specJSON []byte, large [3]any, err error) {
 	small, l := instance.SplitLarge(*spec)
-	specJSON, err1 := json.Marshal(&small)
+	specJSON, err1 := small.AppendJSON(make([]byte, 0, 512))
 	tags := []byte("")
 	var err2 error
 	if len(l.Tags) > 0 {
@@ -199,7 +199,7 @@ func createCall(inst *instance.Instance, claim string, limits quota.Amounts, ide
 	if err != nil {
 		return nil, nil, fmt.Errorf("create: encode spec: %w", err)
 	}
-	status, err := json.Marshal(&inst.Status)
+	status, err := inst.Status.AppendJSON(make([]byte, 0, 256))
 	if err != nil {
 		return nil, nil, fmt.Errorf("create: encode status: %w", err)
 	}
@@ -291,7 +291,7 @@ func (s *Store) updateSpec(ctx context.Context, inst *instance.Instance, delta, 
 	expectSV, statusJSON := "", []byte("")
 	if status != nil {
 		expectSV = strconv.FormatInt(inst.StatusVersion, 10)
-		if statusJSON, err = json.Marshal(status); err != nil {
+		if statusJSON, err = status.AppendJSON(make([]byte, 0, 256)); err != nil {
 			return nil, fmt.Errorf("update spec: encode status: %w", err)
 		}
 	}
@@ -330,7 +330,7 @@ func (s *Store) updateSpec(ctx context.Context, inst *instance.Instance, delta, 
 // written is false, with no error, when the status version moved on or the instance is gone:
 // a stale writer never overwrites a newer status. inst is not changed.
 func (s *Store) WriteStatus(ctx context.Context, inst *instance.Instance, status instance.Status, ev instance.Event) (written bool, err error) {
-	statusJSON, err := json.Marshal(&status)
+	statusJSON, err := status.AppendJSON(make([]byte, 0, 256))
 	if err != nil {
 		return false, fmt.Errorf("write status: encode status: %w", err)
 	}

@@ -38,8 +38,8 @@ var migrations = map[int]func(fields map[string]string) error{
 		if err := errors.Join(json.Unmarshal([]byte(f["spec"]), &spec), json.Unmarshal([]byte(f["status"]), &status)); err != nil {
 			return err
 		}
-		specJSON, err1 := json.Marshal(&spec)
-		statusJSON, err2 := json.Marshal(&status)
+		specJSON, err1 := spec.AppendJSON(nil)
+		statusJSON, err2 := status.AppendJSON(nil)
 		if err := errors.Join(err1, err2); err != nil {
 			return err
 		}
