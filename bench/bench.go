@@ -100,7 +100,7 @@ func run(ctx context.Context, cfg Config, command string, out io.Writer) (err er
 	r := &runner{
 		cfg: cfg, out: out, start: time.Now(), ch: newChanges(),
 		rep:   &Report{Date: time.Now().UTC(), Command: command, Machine: machine(), Sizes: sizesOf(cfg), Errors: []string{}},
-		where: where{Org: cfg.Org, Project: cfg.Project, Network: cfg.Network, Flavor: cfg.Flavor, Image: cfg.Image},
+		where: cfg.where(),
 		runID: "b" + strings.ReplaceAll(uuid.NewString(), "-", "")[:8],
 	}
 	// Before any process starts: the processes inherit the limit.

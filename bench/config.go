@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 )
@@ -78,6 +79,23 @@ type Config struct {
 	// exe is the binary whose roles the embedded system runs; empty means this one. Tests
 	// set it to a computeql they built.
 	exe string
+}
+
+// binary is the binary whose processes a run starts: Config.exe, or this one.
+func (c Config) binary() (string, error) {
+	if c.exe != "" {
+		return c.exe, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find this binary to run its processes: %w", err)
+	}
+	return exe, nil
+}
+
+// where names the catalogue entries the run's instances are created with.
+func (c Config) where() where {
+	return where{Org: c.Org, Project: c.Project, Network: c.Network, Flavor: c.Flavor, Image: c.Image}
 }
 
 // subscribersPerInstance is how many fan-out subscribers watch each instance, as in the

@@ -41,10 +41,8 @@ func countInstructions(ctx context.Context, cfg Config, n int) (Instructions, er
 	}
 	s := &system{cfg: cfg, embedded: true, secret: string(auth.RandomSecret())}
 	var err error
-	if s.exe = cfg.exe; s.exe == "" {
-		if s.exe, err = os.Executable(); err != nil {
-			return got, fmt.Errorf("find this binary to run its processes: %w", err)
-		}
+	if s.exe, err = cfg.binary(); err != nil {
+		return got, err
 	}
 	if s.dir, err = os.MkdirTemp("", "computeql-instructions-"); err != nil {
 		return got, fmt.Errorf("run directory: %w", err)
@@ -83,7 +81,7 @@ func countInstructions(ctx context.Context, cfg Config, n int) (Instructions, er
 		api.kill()
 		return got, err
 	}
-	w := where{Org: cfg.Org, Project: cfg.Project, Network: cfg.Network, Flavor: cfg.Flavor, Image: cfg.Image}
+	w := cfg.where()
 	create := func(kind string) request {
 		return func(ctx context.Context, i int) error {
 			_, err := gql.create(ctx, w, "i-"+kind+"-"+strconv.Itoa(i))

@@ -60,10 +60,8 @@ func newSystem(ctx context.Context, cfg Config) (*system, error) {
 		return nil, err
 	}
 	s.secret = cfg.TokenSecret
-	if s.exe = cfg.exe; s.exe == "" {
-		if s.exe, err = os.Executable(); err != nil {
-			return nil, fmt.Errorf("find this binary to run its processes: %w", err)
-		}
+	if s.exe, err = cfg.binary(); err != nil {
+		return nil, err
 	}
 	if s.dir, err = os.MkdirTemp("", "computeql-bench-"); err != nil {
 		return nil, fmt.Errorf("run directory: %w", err)
