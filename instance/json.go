@@ -22,20 +22,12 @@ func (s *Spec) AppendJSON(b []byte) ([]byte, error) {
 	if s.Description != "" {
 		w.str("description", s.Description)
 	}
-	if len(s.Tags) > 0 {
-		w.key("tags")
-		w.b = append(w.b, '[')
-		for i, t := range s.Tags {
-			if i > 0 {
-				w.b = append(w.b, ',')
-			}
-			tag := jsonObject{b: w.b}
-			tag.str("name", t.Name)
-			tag.str("value", t.Value)
-			w.b = tag.end()
-		}
-		w.b = append(w.b, ']')
-	}
+	array(&w, "tags", s.Tags, func(b []byte, t Tag) ([]byte, error) {
+		o := jsonObject{b: b}
+		o.str("name", t.Name)
+		o.str("value", t.Value)
+		return o.end(), nil
+	})
 	w.str("region", s.RegionID)
 	w.str("networkId", s.NetworkID)
 	w.str("flavorId", s.FlavorID)
@@ -91,26 +83,15 @@ func (s *Status) AppendJSON(b []byte) ([]byte, error) {
 			w.str(f.key, f.v)
 		}
 	}
-	if len(s.Conditions) > 0 {
-		w.key("conditions")
-		w.b = append(w.b, '[')
-		for i, c := range s.Conditions {
-			if i > 0 {
-				w.b = append(w.b, ',')
-			}
-			cond := jsonObject{b: w.b}
-			cond.str("type", c.Type)
-			cond.str("status", string(c.Status))
-			cond.str("reason", c.Reason)
-			cond.str("message", c.Message)
-			cond.time("lastTransitionTime", c.LastTransitionTime)
-			w.b = cond.end()
-			if cond.err != nil {
-				w.err = cond.err
-			}
-		}
-		w.b = append(w.b, ']')
-	}
+	array(&w, "conditions", s.Conditions, func(b []byte, c Condition) ([]byte, error) {
+		o := jsonObject{b: b}
+		o.str("type", c.Type)
+		o.str("status", string(c.Status))
+		o.str("reason", c.Reason)
+		o.str("message", c.Message)
+		o.time("lastTransitionTime", c.LastTransitionTime)
+		return o.end(), o.err
+	})
 	w.key("observedGeneration")
 	w.b = strconv.AppendInt(w.b, s.ObservedGeneration, 10)
 	return w.end(), w.err
@@ -147,20 +128,29 @@ func (w *jsonObject) str(k, v string) {
 	w.b = jsonvalue.AppendString(w.b, v)
 }
 
-// strs is a []string with omitempty: none when it is empty.
-func (w *jsonObject) strs(k string, vs []string) {
-	if len(vs) == 0 {
+// array appends items as an array under key, each by item; with omitempty, none when there
+// are no items.
+func array[T any](w *jsonObject, key string, items []T, item func(b []byte, v T) ([]byte, error)) {
+	if len(items) == 0 {
 		return
 	}
-	w.key(k)
+	w.key(key)
 	w.b = append(w.b, '[')
-	for i, v := range vs {
+	for i, v := range items {
 		if i > 0 {
 			w.b = append(w.b, ',')
 		}
-		w.b = jsonvalue.AppendString(w.b, v)
+		var err error
+		if w.b, err = item(w.b, v); err != nil && w.err == nil {
+			w.err = err
+		}
 	}
 	w.b = append(w.b, ']')
+}
+
+// strs is a []string with omitempty.
+func (w *jsonObject) strs(k string, vs []string) {
+	array(w, k, vs, func(b []byte, v string) ([]byte, error) { return jsonvalue.AppendString(b, v), nil })
 }
 
 func (w *jsonObject) intOmitted(k string, v int64) {

@@ -101,17 +101,11 @@ func (d *decoder) literal(word string) error {
 }
 
 func (d *decoder) object(depth int) (any, error) {
-	if depth > MaxDepth {
-		return nil, ErrTooDeep
-	}
-	d.pos++ // {
 	m := map[string]any{}
-	d.skipSpace()
-	if d.pos < len(d.data) && d.data[d.pos] == '}' {
-		d.pos++
-		return m, nil
+	if empty, err := d.open(depth, '}'); empty || err != nil {
+		return m, err
 	}
-	for {
+	for more := true; more; {
 		if d.pos >= len(d.data) || d.data[d.pos] != '"' {
 			return nil, d.fail("expected a key")
 		}
@@ -130,55 +124,63 @@ func (d *decoder) object(depth int) (any, error) {
 			return nil, err
 		}
 		m[key] = v
-		d.skipSpace()
-		if d.pos >= len(d.data) {
-			return nil, d.fail("unexpected end")
-		}
-		switch d.data[d.pos] {
-		case ',':
-			d.pos++
-			d.skipSpace()
-		case '}':
-			d.pos++
-			return m, nil
-		default:
-			return nil, d.fail("expected ',' or '}'")
+		if more, err = d.afterMember('}'); err != nil {
+			return nil, err
 		}
 	}
+	return m, nil
 }
 
 func (d *decoder) array(depth int) (any, error) {
-	if depth > MaxDepth {
-		return nil, ErrTooDeep
-	}
-	d.pos++ // [
 	a := []any{}
-	d.skipSpace()
-	if d.pos < len(d.data) && d.data[d.pos] == ']' {
-		d.pos++
-		return a, nil
+	if empty, err := d.open(depth, ']'); empty || err != nil {
+		return a, err
 	}
-	for {
+	for more := true; more; {
 		v, err := d.value(depth)
 		if err != nil {
 			return nil, err
 		}
 		a = append(a, v)
-		d.skipSpace()
-		if d.pos >= len(d.data) {
-			return nil, d.fail("unexpected end")
-		}
-		switch d.data[d.pos] {
-		case ',':
-			d.pos++
-			d.skipSpace()
-		case ']':
-			d.pos++
-			return a, nil
-		default:
-			return nil, d.fail("expected ',' or ']'")
+		if more, err = d.afterMember(']'); err != nil {
+			return nil, err
 		}
 	}
+	return a, nil
+}
+
+// open enters the array or object at d.pos, depth levels deep, and reports whether it is
+// empty: then its closing bracket is read too.
+func (d *decoder) open(depth int, closing byte) (empty bool, err error) {
+	if depth > MaxDepth {
+		return false, ErrTooDeep
+	}
+	d.pos++
+	d.skipSpace()
+	if d.pos < len(d.data) && d.data[d.pos] == closing {
+		d.pos++
+		return true, nil
+	}
+	return false, nil
+}
+
+// afterMember reads what follows a member of an array or object: a comma, when more follow,
+// or its closing bracket.
+func (d *decoder) afterMember(closing byte) (more bool, err error) {
+	d.skipSpace()
+	if d.pos >= len(d.data) {
+		return false, d.fail("unexpected end")
+	}
+	switch d.data[d.pos] {
+	case ',':
+		d.pos++
+		d.skipSpace()
+		return true, nil
+	case closing:
+		d.pos++
+		return false, nil
+	}
+	return false, d.fail("expected ',' or '" + string(closing) + "'")
 }
 
 // str decodes the string at d.pos (its opening quote). A string without escapes or bytes
