@@ -166,7 +166,8 @@ FUZZMINIMIZE ?= 2s
 FUZZ_TARGETS := ./instance:FuzzName ./instance:FuzzTags ./instance:FuzzUserData \
 	./instance:FuzzSourceCIDR ./instance:FuzzInstanceID ./instance:FuzzListCursor \
 	./instance:FuzzEventCursor ./auth:FuzzVerify ./region:FuzzParse ./server:FuzzGraphQLDocument \
-	./app:FuzzParseFaults
+	./app:FuzzParseFaults ./jsonvalue:FuzzParseDecodesAsEncodingJSON \
+	./jsonvalue:FuzzAppendStringIsEncodingJSONs
 fuzz:
 	@log=$$(mktemp); trap 'rm -f $$log' EXIT; \
 	for t in $(FUZZ_TARGETS); do \
