@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -115,8 +116,8 @@ func decodeRequest(body []byte) (*graphql.RawParams, error) {
 }
 
 // writeResponse writes resp with the status; without its data entry when withData is false
-// (the operation was refused before it ran). The data is written as gqlgen made it, which
-// encoding/json, given a json.RawMessage, would scan again to validate and compact.
+// (the operation was refused before it ran). The data is written as gqlgen made it (compact),
+// which encoding/json, given a json.RawMessage, would scan again to validate and compact.
 func writeResponse(w http.ResponseWriter, r *http.Request, status int, resp *graphql.Response, withData bool) {
 	out, err := appendResponse(make([]byte, 0, len(resp.Data)+256), resp, withData)
 	if err != nil {
@@ -163,7 +164,11 @@ func appendResponse(buf []byte, resp *graphql.Response, withData bool) ([]byte, 
 		if len(resp.Data) == 0 {
 			buf = append(buf, "null"...)
 		} else {
-			buf = append(buf, resp.Data...)
+			// <, >, & and U+2028/9 escaped, as encoding/json escapes them, so that no
+			// browser ever takes an answer for HTML: one pass, with no scanner behind it.
+			out := bytes.NewBuffer(buf)
+			json.HTMLEscape(out, resp.Data)
+			buf = out.Bytes()
 		}
 	}
 	if len(resp.Extensions) > 0 {

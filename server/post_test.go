@@ -19,6 +19,7 @@ func TestAppendResponseIsEncodingJSONs(t *testing.T) {
 		resp graphql.Response
 	}{
 		{"data", graphql.Response{Data: json.RawMessage(`{"createInstance":{"instance":{"id":"a"},"userErrors":[]}}`)}},
+		{"data to escape for HTML", graphql.Response{Data: json.RawMessage("{\"description\":\"<b>&amp;\u2028\u2029 é\"}")}},
 		{"no data", graphql.Response{}},
 		{"data and errors", graphql.Response{Data: json.RawMessage(`{"instance":null}`), Errors: gqlerror.List{coded}}},
 		{"errors alone", graphql.Response{Errors: gqlerror.List{coded, {Message: "second"}}}},

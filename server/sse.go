@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"mime"
 	"net/http"
@@ -60,51 +61,55 @@ func prefersEventStream(accept string) bool {
 }
 
 func (t sseTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
+	var params *graphql.RawParams
+	var err error
 	if r.Method == http.MethodGet {
-		post, err := asPost(r)
-		if err != nil {
-			writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, err.Error())
-			return
-		}
-		r = post
+		params, err = getParams(r)
 		exec = refuseOperations{exec, map[ast.Operation]string{
 			ast.Mutation: "mutations change state and are sent with POST, never GET (which caches and crawlers may repeat)",
 		}}
+	} else if body, rerr := io.ReadAll(r.Body); rerr != nil { // bounded by limitBody
+		err = errors.New("could not read the request body")
 	} else {
-		// gqlgen's transport decodes the body again; a body it cannot take is refused here,
-		// with a code, as the POST transport refuses it.
-		body, err := io.ReadAll(r.Body) // bounded by limitBody
-		if err != nil {
-			writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, "could not read the request body")
-			return
-		}
-		if _, err := decodeRequest(body); err != nil {
-			writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, err.Error())
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		params, err = decodeRequest(body)
+	}
+	if err == nil {
+		r, err = asPost(r, params)
+	}
+	if err != nil {
+		writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, err.Error())
+		return
 	}
 	t.SSE.Do(completeWithData{w}, r, exec)
 }
 
-// asPost returns the GET request with its operation as a POST's JSON body, which is what the
-// transport reads.
-func asPost(r *http.Request) (*http.Request, error) {
+// getParams reads a GET request's operation from its URL.
+func getParams(r *http.Request) (*graphql.RawParams, error) {
 	q := r.URL.Query()
-	body := map[string]any{"query": q.Get("query")}
-	if op := q.Get("operationName"); op != "" {
-		body["operationName"] = op
-	}
-	for _, name := range []string{"variables", "extensions"} {
-		if v := q.Get(name); v != "" {
-			var obj map[string]any
-			if err := json.Unmarshal([]byte(v), &obj); err != nil {
-				return nil, errBadParam(name)
+	p := &graphql.RawParams{Query: q.Get("query"), OperationName: q.Get("operationName")}
+	for _, f := range []struct {
+		name string
+		into *map[string]any
+	}{{"variables", &p.Variables}, {"extensions", &p.Extensions}} {
+		if v := q.Get(f.name); v != "" {
+			if err := json.Unmarshal([]byte(v), f.into); err != nil {
+				return nil, errBadParam(f.name)
 			}
-			body[name] = obj
 		}
 	}
-	b, err := json.Marshal(body)
+	return p, nil
+}
+
+// asPost returns the request with the operation as the JSON body gqlgen's transport decodes:
+// the request as this server read it, whatever it was sent as (a GET, or a POST whose keys
+// gqlgen would match in any letter case and, if it could not take them, echo back whole).
+func asPost(r *http.Request, p *graphql.RawParams) (*http.Request, error) {
+	b, err := json.Marshal(struct {
+		Query         string         `json:"query"`
+		OperationName string         `json:"operationName,omitempty"`
+		Variables     map[string]any `json:"variables,omitempty"`
+		Extensions    map[string]any `json:"extensions,omitempty"`
+	}{p.Query, p.OperationName, p.Variables, p.Extensions})
 	if err != nil {
 		return nil, err
 	}

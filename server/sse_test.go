@@ -174,3 +174,29 @@ func TestSSEOnlyWhenPreferred(t *testing.T) {
 		}
 	}
 }
+
+// TestSSEStreamsTheBodyAsRead: gqlgen's SSE transport matches a body's keys in any letter
+// case and echoes back whole a body it cannot take; it is given the request as this server
+// read it (keys matched exactly, as the POST transport does), so a stray "Query" beside
+// "query" neither fails the stream nor comes back in it.
+func TestSSEStreamsTheBodyAsRead(t *testing.T) {
+	a, s := wsServer(t)
+	tok := a.admin(t)
+	body := `{"query": "{ me { subject } }", "Query": 1, "variables": {"unused": 12345678901234567890}}`
+	req, err := http.NewRequest(http.MethodPost, s.URL+"/graphql", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Authorization", "Bearer "+tok)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	raw, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusOK || !strings.Contains(string(raw), `"me":{"subject":`) || strings.Contains(string(raw), `"Query"`) {
+		t.Errorf("status %d, %q: want the query's result streamed, and no echo of the body", res.StatusCode, raw)
+	}
+}
