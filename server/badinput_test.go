@@ -15,8 +15,9 @@ import (
 )
 
 // TestMalformedOperationsAreRefusedWithGraphQLCodes: documents and variables that do not
-// parse or validate are refused before any resolver runs, with gqlgen's codes, status 200 in
-// application/json as the GraphQL-over-HTTP specification says, and no data.
+// parse or validate are refused before any resolver runs, over POST and GET alike, with
+// gqlgen's codes, status 200 in application/json as the GraphQL-over-HTTP specification
+// says, and no data entry.
 func TestMalformedOperationsAreRefusedWithGraphQLCodes(t *testing.T) {
 	a := newAPI(t)
 	tok := a.admin(t)
@@ -54,25 +55,34 @@ func TestMalformedOperationsAreRefusedWithGraphQLCodes(t *testing.T) {
 		{"comment only", `# nothing here`, nil, "GRAPHQL_VALIDATION_FAILED"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			res := a.post(t, tok, tt.query, tt.vars)
-			if res.Status != http.StatusOK {
-				t.Errorf("status = %d, want 200; body %s", res.Status, res.Raw)
-			}
-			codes := res.codes()
-			if len(codes) == 0 {
-				t.Fatalf("no error: %s", res.Raw)
-			}
-			for _, c := range codes {
-				if c != tt.code {
-					t.Errorf("codes = %q, want all %s; body %s", codes, tt.code, res.Raw)
-					break
+		for _, send := range []struct {
+			method string
+			do     func(testing.TB, string, string, map[string]any) *gqlResponse
+		}{{http.MethodPost, a.post}, {http.MethodGet, a.get}} {
+			t.Run(send.method+" "+tt.name, func(t *testing.T) {
+				res := send.do(t, tok, tt.query, tt.vars)
+				if res.Status != http.StatusOK {
+					t.Errorf("status = %d, want 200; body %s", res.Status, res.Raw)
 				}
-			}
-			if res.Data != nil {
-				t.Errorf("data = %v, want null: nothing may run", res.Data)
-			}
-		})
+				codes := res.codes()
+				if len(codes) == 0 {
+					t.Fatalf("no error: %s", res.Raw)
+				}
+				for _, c := range codes {
+					if c != tt.code {
+						t.Errorf("codes = %q, want all %s; body %s", codes, tt.code, res.Raw)
+						break
+					}
+				}
+				var body map[string]json.RawMessage
+				if err := json.Unmarshal(res.Raw, &body); err != nil {
+					t.Fatal(err)
+				}
+				if _, ok := body["data"]; ok {
+					t.Errorf("a data entry: nothing ran; body %s", res.Raw)
+				}
+			})
+		}
 	}
 }
 

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"encoding/json"
 	"mime"
 	"net/http"
@@ -54,61 +53,6 @@ func writeErrors(w http.ResponseWriter, r *http.Request, status int, errs gqlerr
 // writeError is writeErrors of one error with its code.
 func writeError(w http.ResponseWriter, r *http.Request, status int, code instance.Code, msg string) {
 	writeErrors(w, r, status, gqlerror.List{{Message: msg, Extensions: map[string]any{"code": string(code)}}})
-}
-
-// beforeExecution is set on a request whose operation was refused before it ran (it did not
-// parse, validate, or pass a limit): the answer then has no data entry, and, in
-// application/json, status 200, as the GraphQL-over-HTTP specification says. gqlgen's
-// transports answer such a request with "data": null, and with 422 in application/json.
-type beforeExecution struct{ refused bool }
-
-type beforeExecutionKey struct{}
-
-// specAnswers wraps w so that a refusal before execution is answered as beforeExecution says.
-type specAnswers struct {
-	http.ResponseWriter
-	state *beforeExecution
-	json  bool
-}
-
-func (a *specAnswers) WriteHeader(status int) {
-	if a.json && status == http.StatusUnprocessableEntity {
-		status = http.StatusOK
-	}
-	a.ResponseWriter.WriteHeader(status)
-}
-
-func (a *specAnswers) Write(b []byte) (int, error) {
-	if !a.state.refused {
-		return a.ResponseWriter.Write(b)
-	}
-	var resp map[string]json.RawMessage
-	if err := json.Unmarshal(b, &resp); err != nil || string(resp["data"]) != "null" {
-		return a.ResponseWriter.Write(b)
-	}
-	delete(resp, "data")
-	out, err := json.Marshal(resp)
-	if err != nil {
-		return a.ResponseWriter.Write(b)
-	}
-	if _, err := a.ResponseWriter.Write(out); err != nil {
-		return 0, err
-	}
-	return len(b), nil
-}
-
-// answerToSpec runs a gqlgen HTTP transport's Do with the answers of refusals corrected.
-func answerToSpec(w http.ResponseWriter, r *http.Request, do func(http.ResponseWriter, *http.Request)) {
-	state := &beforeExecution{}
-	r = r.WithContext(context.WithValue(r.Context(), beforeExecutionKey{}, state))
-	do(&specAnswers{ResponseWriter: w, state: state, json: responseType(r) == mediaJSON}, r)
-}
-
-// markRefused notes that the operation of ctx's request was refused before it ran.
-func markRefused(ctx context.Context) {
-	if s, ok := ctx.Value(beforeExecutionKey{}).(*beforeExecution); ok {
-		s.refused = true
-	}
 }
 
 // unsupported answers a request no other transport serves (a Content-Type other than

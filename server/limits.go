@@ -3,13 +3,11 @@ package server
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 
 	"github.com/99designs/gqlgen/graphql"
 	"github.com/99designs/gqlgen/graphql/errcode"
 	"github.com/99designs/gqlgen/graphql/handler/extension"
-	"github.com/99designs/gqlgen/graphql/handler/transport"
 	"github.com/vektah/gqlparser/v2/ast"
 	"github.com/vektah/gqlparser/v2/gqlerror"
 	"github.com/vektah/gqlparser/v2/validator/core"
@@ -186,19 +184,6 @@ func (d depthLimit) MutateOperationContext(_ context.Context, oc *graphql.Operat
 	return nil
 }
 
-// getTransport is gqlgen's GET transport refusing what GET must not carry, with a code: gqlgen
-// itself answers 406 with an error that has none.
-type getTransport struct{ transport.GET }
-
-func (t getTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
-	answerToSpec(w, r, func(w http.ResponseWriter, r *http.Request) {
-		t.GET.Do(w, r, refuseOperations{exec, map[ast.Operation]string{
-			ast.Mutation:     "mutations change state and are sent with POST, never GET (which caches and crawlers may repeat)",
-			ast.Subscription: streamOnly,
-		}})
-	})
-}
-
 const streamOnly = "subscriptions stream over a WebSocket or Server-Sent Events (Accept: text/event-stream), not a plain request"
 
 // refuseOperations refuses the operations a transport must not serve, once parsed and
@@ -206,12 +191,6 @@ const streamOnly = "subscriptions stream over a WebSocket or Server-Sent Events 
 type refuseOperations struct {
 	graphql.GraphExecutor
 	refused map[ast.Operation]string
-}
-
-// DispatchError answers an operation refused before it ran, and marks it so (markRefused).
-func (e refuseOperations) DispatchError(ctx context.Context, list gqlerror.List) *graphql.Response {
-	markRefused(ctx)
-	return e.GraphExecutor.DispatchError(ctx, list)
 }
 
 func (e refuseOperations) CreateOperationContext(ctx context.Context, params *graphql.RawParams) (*graphql.OperationContext, gqlerror.List) {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"time"
 
 	"github.com/99designs/gqlgen/graphql"
 	"github.com/99designs/gqlgen/graphql/errcode"
@@ -41,7 +42,6 @@ func (postTransport) Supports(r *http.Request) bool {
 }
 
 func (postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
-	ctx := r.Context()
 	start := graphql.Now()
 	body, err := io.ReadAll(r.Body) // bounded by limitBody
 	if err != nil {
@@ -53,12 +53,22 @@ func (postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gra
 		writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, err.Error())
 		return
 	}
+	execute(w, r, exec, params, start, postRefused)
+}
+
+// execute runs params' operation, read from r since start, refusing the operations in
+// refused once parsed and validated, and answers in the media type r accepts. A refusal
+// before execution is answered without a data entry, and in application/json with 200, as
+// the GraphQL-over-HTTP specification says; gqlgen's transports answer "data": null, and 422
+// in application/json.
+func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor, params *graphql.RawParams, start time.Time, refused map[ast.Operation]string) {
+	ctx := r.Context()
 	params.Headers = r.Header
 	params.ReadTime = graphql.TraceTiming{Start: start, End: graphql.Now()}
 
 	mediaType := responseType(r)
 	w.Header().Set("Content-Type", mediaType)
-	exec = refuseOperations{exec, postRefused}
+	exec = refuseOperations{exec, refused}
 	oc, errs := exec.CreateOperationContext(ctx, params)
 	if errs != nil {
 		status := http.StatusOK
@@ -100,19 +110,24 @@ func decodeRequest(body []byte) (*graphql.RawParams, error) {
 			return nil, errors.New(f.key + " must be a string")
 		}
 	}
-	for _, f := range []struct {
-		key  string
-		into *map[string]any
-	}{{"variables", &p.Variables}, {"extensions", &p.Extensions}} {
-		switch m := obj[f.key].(type) {
-		case nil:
-		case map[string]any:
-			*f.into = m
-		default:
-			return nil, errors.New(f.key + " must be a JSON object")
-		}
+	if p.Variables, err = objectParam("variables", obj["variables"]); err != nil {
+		return nil, err
+	}
+	if p.Extensions, err = objectParam("extensions", obj["extensions"]); err != nil {
+		return nil, err
 	}
 	return p, nil
+}
+
+// objectParam is the request's parameter key, decoded as v: a JSON object, or absent (nil).
+func objectParam(key string, v any) (map[string]any, error) {
+	switch m := v.(type) {
+	case nil:
+		return nil, nil
+	case map[string]any:
+		return m, nil
+	}
+	return nil, errors.New(key + " must be a JSON object")
 }
 
 // writeResponse writes resp with the status; without its data entry when withData is false

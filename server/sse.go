@@ -65,9 +65,7 @@ func (t sseTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 	var err error
 	if r.Method == http.MethodGet {
 		params, err = getParams(r)
-		exec = refuseOperations{exec, map[ast.Operation]string{
-			ast.Mutation: "mutations change state and are sent with POST, never GET (which caches and crawlers may repeat)",
-		}}
+		exec = refuseOperations{exec, map[ast.Operation]string{ast.Mutation: mutationOverGET}}
 	} else if body, rerr := io.ReadAll(r.Body); rerr != nil { // bounded by limitBody
 		err = errors.New("could not read the request body")
 	} else {
@@ -81,23 +79,6 @@ func (t sseTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 		return
 	}
 	t.SSE.Do(completeWithData{w}, r, exec)
-}
-
-// getParams reads a GET request's operation from its URL.
-func getParams(r *http.Request) (*graphql.RawParams, error) {
-	q := r.URL.Query()
-	p := &graphql.RawParams{Query: q.Get("query"), OperationName: q.Get("operationName")}
-	for _, f := range []struct {
-		name string
-		into *map[string]any
-	}{{"variables", &p.Variables}, {"extensions", &p.Extensions}} {
-		if v := q.Get(f.name); v != "" {
-			if err := json.Unmarshal([]byte(v), f.into); err != nil {
-				return nil, errBadParam(f.name)
-			}
-		}
-	}
-	return p, nil
 }
 
 // asPost returns the request with the operation as the JSON body gqlgen's transport decodes:
@@ -120,10 +101,6 @@ func asPost(r *http.Request, p *graphql.RawParams) (*http.Request, error) {
 	post.ContentLength = int64(len(b))
 	return post, nil
 }
-
-type errBadParam string
-
-func (e errBadParam) Error() string { return string(e) + " is not a JSON object" }
 
 // completeWithData gives the complete event a data line: an event without one is never
 // dispatched by an EventSource, which would then never learn the stream ended.

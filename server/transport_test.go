@@ -30,13 +30,23 @@ func TestGETRunsQueries(t *testing.T) {
 	if res.Status != http.StatusOK || len(res.Errors) > 0 || !reflect.DeepEqual(res.Data["instance"], map[string]any{"name": "over-get"}) {
 		t.Errorf("GET with variables: %d %s", res.Status, res.Raw)
 	}
+	// Numbers in the variables keep their JSON text, as over POST: gqlgen takes an Int only
+	// as an integer's text, and a float64 would be refused.
+	res = a.get(t, tok, `query($first: Int) { instances(organizationId: "acme", first: $first) { edges { node { name } } } }`, map[string]any{"first": 1})
+	if res.Status != http.StatusOK || len(res.Errors) > 0 || !strings.Contains(string(res.Raw), `"over-get"`) {
+		t.Errorf("GET with an Int variable: %d %s", res.Status, res.Raw)
+	}
 	// Errors travel the same way as over POST.
 	wantError(t, a.get(t, tok, `query($id: ID!) { instance(id: $id) { name } }`, map[string]any{"id": "nope"}), http.StatusOK, "BAD_USER_INPUT")
 	wantError(t, a.get(t, tok, `{ me { subject }`, nil), http.StatusOK, "GRAPHQL_PARSE_FAILED")
-	// Variables that are not JSON are a 400.
-	req := httptest.NewRequest(http.MethodGet, "/graphql?"+url.Values{"query": {`query($id: ID!) { instance(id: $id) { name } }`}, "variables": {"{not json"}}.Encode(), nil)
-	if res := a.send(t, tok, req); res.Status != http.StatusBadRequest || len(res.Errors) != 1 {
-		t.Errorf("GET with broken variables: %d %s", res.Status, res.Raw)
+	// A query string that cannot be read is a 400 with a code.
+	for _, query := range []string{
+		url.Values{"query": {`query($id: ID!) { instance(id: $id) { name } }`}, "variables": {"{not json"}}.Encode(),
+		url.Values{"query": {`query($id: ID!) { instance(id: $id) { name } }`}, "variables": {`["x"]`}}.Encode(),
+		url.Values{"query": {`{ me { subject } }`}, "extensions": {`"persisted"`}}.Encode(),
+		"query=%7Bme%7Bsubject%7D%7D&variables=%zz",
+	} {
+		wantError(t, a.send(t, tok, httptest.NewRequest(http.MethodGet, "/graphql?"+query, nil)), http.StatusBadRequest, "BAD_USER_INPUT")
 	}
 }
 
