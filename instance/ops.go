@@ -72,7 +72,7 @@ func (r *NetworkingRequest) apply(n Networking) Networking {
 	return n
 }
 
-// Create validates the request (DOMAIN.md §3, every failure at once), then stores the
+// Create validates the request (every failure at once), then stores the
 // instance, claims its name and charges its quota in one atomic step, and queues it.
 func (s *Service) Create(ctx context.Context, req CreateRequest) (*Instance, error) {
 	inst, network, p, err := s.prepareCreate(ctx, req)
@@ -361,7 +361,7 @@ func (r UpdateRequest) fingerprinted() UpdateRequest {
 	return r
 }
 
-// Update changes an instance's desired state (DOMAIN.md §4). Changes that can only be
+// Update changes an instance's desired state. Changes that can only be
 // realised by rebuilding the server need AllowRebuild; the write is compare-and-set on the
 // generation the change was validated against.
 func (s *Service) Update(ctx context.Context, req UpdateRequest) (*Instance, error) {

@@ -8,7 +8,7 @@ import (
 	"github.com/computeql/computeql/region"
 )
 
-// The rules of reconciling an instance against its backing server (DOMAIN.md §5). Workers
+// The rules of reconciling an instance against its backing server. Workers
 // apply them; the decisions live here with the other rules.
 
 // ServerSpec is the server that realises the instance's desired state, carrying the reserved
@@ -125,7 +125,7 @@ func (i *Instance) Observe(s *region.Server, now time.Time) Status {
 		st.ProvisioningStatus = ProvisioningProvisioning
 		reason, msg := ReasonProvisioning, "The server is being built."
 		if i.RebuildGeneration > i.Status.ObservedGeneration {
-			// An allowed rebuild lasts until the new server runs (DOMAIN.md §4).
+			// An allowed rebuild lasts until the new server runs.
 			reason, msg = ReasonRebuilding, "The server is being rebuilt: its disk, IP addresses and MAC address are new."
 		}
 		st.setCondition(Condition{Type: ConditionAvailable, Status: ConditionFalse, Reason: reason, Message: msg, LastTransitionTime: now})

@@ -103,7 +103,7 @@ func (s *Service) limits(org string) quota.Amounts {
 	return quota.DefaultLimits()
 }
 
-// charge is what an instance of the flavor holds of its organization's quota (DOMAIN.md §6).
+// charge is what an instance of the flavor holds of its organization's quota.
 func charge(f *region.Flavor, publicIP bool) quota.Amounts {
 	a := quota.Amounts{quota.Servers: 1, quota.CPUs: f.CPUs, quota.MemoryGiB: f.MemoryGiB}
 	if f.GPU != nil {

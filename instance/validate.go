@@ -30,7 +30,7 @@ const (
 // server to its instance). Users may not set them, so the link cannot be forged.
 const ReservedTagPrefix = "compute/"
 
-// namePattern is DOMAIN.md §3.3: the name becomes the hostname.
+// namePattern is the instance name rule: the name becomes the hostname.
 var namePattern = regexp.MustCompile(`^[0-9A-Za-z](?:[0-9A-Za-z-_.]{0,61}[0-9A-Za-z])?$`)
 
 func checkName(p *problems, name string) {
@@ -84,7 +84,8 @@ func checkFlavor(p *problems, cat *region.Catalog, id, regionID string) *region.
 	return f
 }
 
-// checkCompatible applies DOMAIN.md §3.5-7 to a flavor and image that both exist.
+// checkCompatible applies the architecture, disk size and virtualization rules to a flavor
+// and image that both exist.
 func checkCompatible(p *problems, f *region.Flavor, img *region.Image) {
 	if f.Architecture != img.Architecture {
 		p.add(CodeUnprocessable, path("imageId"), "image %q is %s but flavor %q is %s",

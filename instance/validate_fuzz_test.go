@@ -17,7 +17,7 @@ import (
 	"github.com/computeql/computeql/region"
 )
 
-// wantName is DOMAIN.md §3.3 written out by hand rather than as a regular expression, so
+// wantName is the name rule written out by hand rather than as a regular expression, so
 // that the fuzzer compares two independent readings of the rule.
 func wantName(s string) bool {
 	alnum := func(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' }
@@ -40,7 +40,7 @@ func onlyProblem(t *testing.T, p problems, code Code, field []string) {
 	}
 }
 
-// FuzzName: the name validator agrees with DOMAIN.md §3.3; an accepted name survives the
+// FuzzName: the name validator agrees with the name rule; an accepted name survives the
 // stored JSON form unchanged, and its claim ignores case (names are hostnames) and is a
 // UUID v5, as the store's atomic uniqueness check relies on.
 func FuzzName(f *testing.F) {
@@ -54,7 +54,7 @@ func FuzzName(f *testing.F) {
 		var p problems
 		checkName(&p, name)
 		if accepted, want := !p.any(), wantName(name); accepted != want {
-			t.Fatalf("checkName(%q) accepted = %v, DOMAIN.md §3.3 says %v", name, accepted, want)
+			t.Fatalf("checkName(%q) accepted = %v, the rule says %v", name, accepted, want)
 		}
 		if p.any() {
 			onlyProblem(t, p, CodeBadUserInput, path("name"))
@@ -128,11 +128,11 @@ func FuzzTags(f *testing.F) {
 	})
 }
 
-// cloudInitMarkers are DOMAIN.md §3.11's first-line markers, listed from the text.
+// cloudInitMarkers are the first-line markers of recognisable cloud-init, listed from the rule.
 var cloudInitMarkers = []string{"#cloud-config", "#!", "#cloud-boothook", "#cloud-config-archive", "#include", "#part-handler", "## template: jinja"}
 
 // FuzzUserData: accepted user data is exactly the decoded input, within the size cap, and
-// recognisable cloud-init per DOMAIN.md §3.11 (gzip only without an SSH CA); refused user
+// recognisable cloud-init (gzip only without an SSH CA); refused user
 // data is one problem on input.userData, UNPROCESSABLE only for gzip with a CA, and only for
 // a reason that holds.
 func FuzzUserData(f *testing.F) {
@@ -167,7 +167,7 @@ func FuzzUserData(f *testing.F) {
 			case len(data) > MaxUserDataBytes:
 				t.Fatalf("accepted %d bytes, over the cap of %d", len(data), MaxUserDataBytes)
 			case len(data) > 0 && (!recognised || gzip && withCA):
-				t.Fatalf("accepted %q (ssh CA %v), which DOMAIN.md §3.11 refuses", data, withCA)
+				t.Fatalf("accepted %q (ssh CA %v), which the rule refuses", data, withCA)
 			}
 			return
 		}

@@ -132,7 +132,7 @@ func verbs(svc *instance.Service) []verb {
 	}
 }
 
-// DOMAIN.md §7: every verb needs operator. A reader below it is FORBIDDEN; a caller who
+// Every verb needs operator. A reader below it is FORBIDDEN; a caller who
 // cannot see the instance gets NOT_FOUND, so ids do not leak. A refused caller reaches neither
 // the region nor the history; an allowed one does both, recorded as the actor.
 func TestVerbsNeedOperator(t *testing.T) {
@@ -193,7 +193,7 @@ func TestVerbsNeedOperator(t *testing.T) {
 	}
 }
 
-// DOMAIN.md §8 and §9: a snapshot's name follows the instance name rule, and its tags the tag
+// A snapshot's name follows the instance name rule, and its tags the tag
 // rules, reported as BAD_USER_INPUT at the offending input field: caller tags under the
 // reserved prefix are dropped silently, and do not shift where the others' problems are
 // reported. Malformed requests reach neither the region nor the history; and a caller who may
@@ -254,7 +254,7 @@ func TestSnapshotInputIsValidated(t *testing.T) {
 	wantCode(t, err, instance.CodeBadUserInput)
 }
 
-// DOMAIN.md §8: a snapshot keeps the caller's tags but those under the reserved prefix, and
+// A snapshot keeps the caller's tags but those under the reserved prefix, and
 // carries the instance it was made from, whatever the caller claimed.
 func TestSnapshotTagsCarryTheSourceInstance(t *testing.T) {
 	e := newEnv(t)
@@ -294,7 +294,7 @@ func TestVerbsOnAMissingInstance(t *testing.T) {
 	}
 }
 
-// DOMAIN.md §8: the SSH key is only for servers that use the project key pair. An instance
+// The SSH key is only for servers that use the project key pair. An instance
 // with an SSH certificate authority is refused by the service itself, explaining why, even if
 // its server would hand out a key (here one made without the authority, as a region that
 // ignored it would have).

@@ -194,7 +194,7 @@ func withoutRateLimit(o *Options) { o.RateLimit = -1 }
 var authzRefusals = []string{authzUnauthenticated, "NOT_FOUND", "FORBIDDEN"}
 
 // TestAuthorizationMatrix runs every query, mutation and the subscription as every kind of
-// caller and checks the exact outcome (DOMAIN.md §7 and §9): no, expired or wrongly signed
+// caller and checks the exact outcome: no, expired or wrongly signed
 // token → UNAUTHENTICATED (HTTP 401; WebSocket close 4401/4403); an organization the caller has
 // no grant in → NOT_FOUND for what is addressed by id or organization, nothing for listings;
 // reads need viewer, power actions, console, SSH key and snapshot operator, changes member,
@@ -431,8 +431,8 @@ func authzStateDiff(before, after map[string]string) string {
 	return strings.Join(diff, " ")
 }
 
-// TestSubscriberScope: a subscription delivers only what its subscriber may read (DOMAIN.md
-// §7). A viewer of acme/web subscribed to acme gets acme/web's events and none of acme/data's;
+// TestSubscriberScope: a subscription delivers only what its subscriber may read. A
+// viewer of acme/web subscribed to acme gets acme/web's events and none of acme/data's;
 // a subscriber of globex gets none of acme's and cannot subscribe to acme, not even by
 // resuming after one of acme's cursors. Every event of one organization comes in log
 // order, so an unwanted event would arrive before the subscriber's own marker event that was

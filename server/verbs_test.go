@@ -18,7 +18,7 @@ import (
 	"github.com/computeql/computeql/region/sim"
 )
 
-// The operational verbs end to end (DOMAIN.md §8): GraphQL in, the region and the workers
+// The operational verbs end to end: GraphQL in, the region and the workers
 // behind, and a WebSocket subscriber watching what happens to the instance.
 
 // verbLimit bounds every wait for the workers and the region; in practice they take
@@ -513,7 +513,7 @@ func verbVars(id string, hard bool) map[string]any {
 	return map[string]any{"id": id, "hard": hard, "name": "snap"}
 }
 
-// TestVerbAuthorization: DOMAIN.md §7 — a viewer is FORBIDDEN every verb and the SSH key,
+// TestVerbAuthorization: a viewer is FORBIDDEN every verb and the SSH key,
 // another organization's principal is told the instance is NOT_FOUND, both as top-level
 // errors that change nothing; an operator gets past authorisation on every verb but may not
 // create or delete instances.

@@ -113,7 +113,7 @@ func (e *env) settled(t *testing.T, key string) bool {
 	return !waiting
 }
 
-// DOMAIN.md: a region with no room for the server keeps the instance PROVISIONING, saying
+// A region with no room for the server keeps the instance PROVISIONING, saying
 // why, and the create is tried again every CapacityRetry until the region has room; a region
 // that refuses the server makes the instance ERROR, finally: the create is not tried again.
 func TestCreateServerErrors(t *testing.T) {

@@ -31,7 +31,7 @@ func kinds(msgs []redis.XMessage) []string {
 	return out
 }
 
-// TestHistoryRecordsEachVisibleChangeOnce: DOMAIN.md §5.4 — a status event is recorded only
+// TestHistoryRecordsEachVisibleChangeOnce: a status event is recorded only
 // when something changed: every STATUS_CHANGED event names what, no two consecutive ones carry
 // the same status, and a reconcile that finds nothing new records nothing.
 func TestHistoryRecordsEachVisibleChangeOnce(t *testing.T) {
@@ -108,7 +108,7 @@ func TestHistoryOfARebuildAndADeletion(t *testing.T) {
 	}
 }
 
-// TestDuplicateServersAreRecordedAsAWarning: DOMAIN.md §5.1 — the extra servers are deleted and
+// TestDuplicateServersAreRecordedAsAWarning: the extra servers are deleted and
 // the history says so.
 func TestDuplicateServersAreRecordedAsAWarning(t *testing.T) {
 	e := newEnv(t, func(s *setup) { s.sim.Faults.DuplicateCreates = true })

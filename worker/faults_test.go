@@ -16,7 +16,7 @@ import (
 	"github.com/computeql/computeql/worker"
 )
 
-// DOMAIN.md §5.1: when a retried create left two servers carrying the tag, the worker keeps
+// When a retried create left two servers carrying the tag, the worker keeps
 // the oldest, deletes the others and counts them.
 func TestDuplicateServersAreDeleted(t *testing.T) {
 	e := newEnv(t, func(s *setup) {
@@ -55,7 +55,7 @@ func TestDuplicateServersAreDeleted(t *testing.T) {
 	e.wantUsed(t, sum(inst))
 }
 
-// DOMAIN.md §5 (reverse edge): a server deleted behind the worker's back wakes its instance
+// A server deleted behind the worker's back wakes its instance
 // through the watcher (the resync is far off), and a new server replaces it. The instance does
 // not turn ERROR meanwhile: the server's deletion is not a destructive change anybody made.
 func TestServerDeletedBehindOurBackIsRecreated(t *testing.T) {

@@ -23,7 +23,7 @@ const (
 	sgWeb = "sg-acme-web-eu-web"
 )
 
-// DOMAIN.md §5.2 and §5.4: a new instance gets a server carrying its tag, and the server's
+// A new instance gets a server carrying its tag, and the server's
 // power state, health, IPs and MAC are projected onto it once the region runs it.
 func TestCreateReachesRunning(t *testing.T) {
 	e := newEnv(t)
@@ -71,7 +71,7 @@ func TestCreateReachesRunning(t *testing.T) {
 	}
 }
 
-// DOMAIN.md §4: security groups and the public IP change in place: the same server, the same
+// Security groups and the public IP change in place: the same server, the same
 // MAC, and the new generation is observed once the region applied the change.
 func TestNetworkingUpdatesInPlace(t *testing.T) {
 	e := newEnv(t)
@@ -112,7 +112,7 @@ func TestNetworkingUpdatesInPlace(t *testing.T) {
 	}
 }
 
-// DOMAIN.md §4: a flavor change rebuilds the server, which the API refuses without the user's
+// A flavor change rebuilds the server, which the API refuses without the user's
 // consent; with it the worker replaces the server and shows Rebuilding meanwhile.
 func TestRebuildOnlyWhenAllowed(t *testing.T) {
 	e := newEnv(t, func(s *setup) {
@@ -175,7 +175,7 @@ func TestRebuildOnlyWhenAllowed(t *testing.T) {
 	}
 }
 
-// DOMAIN.md §5 (deprovision): the server goes first; only once the region confirms it gone is
+// The server goes first; only once the region confirms it gone is
 // the quota released and the instance forgotten, which frees its name.
 func TestDeleteIsOrdered(t *testing.T) {
 	e := newEnv(t, func(s *setup) { s.sim.DeleteDelay = 300 * time.Millisecond })
@@ -227,7 +227,7 @@ func TestDeleteIsOrdered(t *testing.T) {
 	e.wantUsed(t, sum(again))
 }
 
-// DOMAIN.md §2: a server that fails to build makes the instance ERROR with the region's message.
+// A server that fails to build makes the instance ERROR with the region's message.
 func TestFailedBuild(t *testing.T) {
 	e := newEnv(t, func(s *setup) { s.sim.Faults.FailBuildPrefix = "fail-" })
 	failing := e.create(t, "fail-1")
@@ -250,7 +250,7 @@ func TestFailedBuild(t *testing.T) {
 	e.waitRunning(t, healthy.ID)
 }
 
-// TestNetworkDeletedCascades: DOMAIN.md §5 — deleting a network in the region deletes its
+// TestNetworkDeletedCascades: deleting a network in the region deletes its
 // instances the same way as a user's delete: the server goes first, then the quota and the
 // name; an instance on another network is untouched.
 func TestNetworkDeletedCascades(t *testing.T) {

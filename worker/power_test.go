@@ -26,7 +26,7 @@ func powers(statuses []instance.Status) string {
 	return fmt.Sprint(out)
 }
 
-// DOMAIN.md §5.4 and §8: power changes made in the region (stop, start, soft and hard reboot)
+// Power changes made in the region (stop, start, soft and hard reboot)
 // reach the instance through the region's events: its power state follows the server's,
 // through the transitional state (PowerDelay is long enough for the worker to see it), while
 // it stays PROVISIONED on the same server with its generation still observed.
@@ -104,7 +104,7 @@ func TestPowerChangesInTheRegionReachTheInstance(t *testing.T) {
 	}
 }
 
-// DOMAIN.md §5.4: the health the region reports for a server reaches its instance through the
+// The health the region reports for a server reaches its instance through the
 // region's events, whatever it is, without touching its power or provisioning.
 func TestHealthChangesInTheRegionReachTheInstance(t *testing.T) {
 	e := newEnv(t, eventsOnly)

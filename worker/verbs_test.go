@@ -17,7 +17,7 @@ import (
 	"github.com/computeql/computeql/region/sim"
 )
 
-// The operational verbs (DOMAIN.md §8) against a region the worker realises instances in:
+// The operational verbs against a region the worker realises instances in:
 // each acts on the instance's one server, and the power the user asked for outlives it.
 
 // operator may act on acme/web's instances but not change them.
@@ -116,7 +116,7 @@ func (e *env) stop(t *testing.T, id string) *instance.Instance {
 	return inst
 }
 
-// DOMAIN.md §8: a verb acts on exactly one backing server. An instance that had a server and
+// A verb acts on exactly one backing server. An instance that had a server and
 // has none (deleted behind its back, whether still DELETING or gone) is a CONSISTENCY error for
 // every verb; nothing of the instance changes, and each refusal is on its history.
 func TestVerbsWithoutAServerAreConsistencyErrors(t *testing.T) {
@@ -168,7 +168,7 @@ func TestVerbsWithoutAServerAreConsistencyErrors(t *testing.T) {
 	}
 }
 
-// DOMAIN.md §8: two live servers carrying the instance's tag are a CONSISTENCY error naming
+// Two live servers carrying the instance's tag are a CONSISTENCY error naming
 // both, for every verb, and none of them is touched; a server on its way out does not count.
 func TestVerbsWithTwoServersAreConsistencyErrors(t *testing.T) {
 	e := newEnv(t)
@@ -229,7 +229,7 @@ func TestVerbsWithTwoServersAreConsistencyErrors(t *testing.T) {
 	attached.Console.Close()
 }
 
-// DOMAIN.md §8: stopping an instance whose server is not built yet records the intent (asking
+// Stopping an instance whose server is not built yet records the intent (asking
 // again is refused: nothing would change), the other verbs are refused until the build
 // completes, and once built the worker stops the server. Starting again before the build
 // completes cancels the intent.
@@ -331,7 +331,7 @@ func TestStopBeforeTheServerIsBuilt(t *testing.T) {
 	}
 }
 
-// DOMAIN.md §8: the desired power belongs to the instance, not to its server. A stopped
+// The desired power belongs to the instance, not to its server. A stopped
 // instance whose server is replaced, by an allowed rebuild or because the server vanished,
 // ends with the new server stopped too.
 func TestPowerIntentSurvivesANewServer(t *testing.T) {
@@ -377,7 +377,7 @@ func TestPowerIntentSurvivesANewServer(t *testing.T) {
 	}
 }
 
-// DOMAIN.md §8: an instance started again stays running: the worker stops only servers of
+// An instance started again stays running: the worker stops only servers of
 // instances whose user wants them stopped, however often it reconciles.
 func TestStartedInstanceIsNotStoppedAgain(t *testing.T) {
 	e := newEnv(t)
@@ -433,7 +433,7 @@ func TestStartedInstanceIsNotStoppedAgain(t *testing.T) {
 	}
 }
 
-// DOMAIN.md §9: a region that does not answer makes every verb UNAVAILABLE, recorded as
+// A region that does not answer makes every verb UNAVAILABLE, recorded as
 // such, with nothing of the instance or its server changed.
 func TestVerbsWhenTheRegionFails(t *testing.T) {
 	e := newEnv(t)
@@ -489,7 +489,7 @@ func (v *vanishing) FindServers(ctx context.Context, scope region.Scope, tag, va
 	return srvs, err
 }
 
-// DOMAIN.md §8: a server that vanished between finding it and acting on it is NOT_FOUND,
+// A server that vanished between finding it and acting on it is NOT_FOUND,
 // the region's meaning, not an internal error; the worker then recreates it.
 func TestVerbOnAServerThatVanished(t *testing.T) {
 	e := newEnv(t)
@@ -541,7 +541,7 @@ func (s *actHook) Act(ctx context.Context, inst *instance.Instance, changed []st
 	return s.Store.Act(ctx, inst, changed, ev)
 }
 
-// DOMAIN.md §8: a stop asked for while the build completes still stops the server. The API
+// A stop asked for while the build completes still stops the server. The API
 // finds the server building and records only the intent, but before the intent lands the
 // build completes and the worker records the instance as running; the worker then sees an
 // intent it has not realised, and stops the server.

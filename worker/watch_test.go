@@ -39,7 +39,7 @@ func TestResyncHealsLostEnqueue(t *testing.T) {
 		metrictest.Value(t, e.reg, "computeql_instances", "organization", "acme", "provisioning", "PENDING"))
 }
 
-// DOMAIN.md §5 (reverse edge): server events whose owner cannot be found are counted by
+// Server events whose owner cannot be found are counted by
 // reason, not silently dropped.
 func TestWatcherCountsOrphanEvents(t *testing.T) {
 	e := newEnv(t)

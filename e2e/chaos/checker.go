@@ -215,7 +215,7 @@ func (c *Checker) checkSettled(s *State) []error {
 	return v
 }
 
-// quotaKinds are the kinds of DOMAIN.md §6.
+// quotaKinds are the kinds of quota an instance is charged.
 var quotaKinds = []string{"servers", "gpus", "publicIPs", "cpus", "memoryGiB"}
 
 func (c *Checker) checkQuota(s *State) []error {

@@ -151,7 +151,7 @@ func (c *Client) Quota(ctx context.Context, org string) (Quota, error) {
 //
 //   - every instance is settled (see Instance.Settled), and with AllRunning, running;
 //   - each organization's quota usage, as the API reports it, is the sum of its instances'
-//     charges (DOMAIN.md §6: servers 1, gpus the flavor's GPUs, publicIPs 1 with a public IP,
+//     charges (servers 1, gpus the flavor's GPUs, publicIPs 1 with a public IP,
 //     the flavor's cpus and memoryGiB), computed here from what the API shows;
 //   - every instance has exactly one backing server in the simulated region, in its scope,
 //     and no server of the organizations is without an instance;

@@ -22,7 +22,7 @@ import (
 	"github.com/computeql/computeql/region"
 )
 
-// The operational verbs of DOMAIN.md §8: each acts on one server and returns at once; the
+// The operational verbs: each acts on one server and returns at once; the
 // state then walks on with the clock and every step is an event.
 
 func imageKey(id string) string                   { return prefix + "img:" + id }

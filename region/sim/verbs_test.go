@@ -20,7 +20,7 @@ import (
 	"github.com/computeql/computeql/region"
 )
 
-// The operational verbs of DOMAIN.md §8 as the simulated region realises them.
+// The operational verbs as the simulated region realises them.
 
 // powerCall is one power action of region.Client.
 type powerCall struct {
