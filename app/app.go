@@ -75,6 +75,8 @@ type config struct {
 	maxConsoles, maxPrincipalConsoles                                                  int
 	// Where clients reach the API; empty: as each request reached it.
 	publicURL string
+	// Browser origins besides the API's own that may open a WebSocket, comma-separated.
+	allowedOrigins string
 	// Whether the API answers introspection queries.
 	introspection bool
 	// Address of Go's profiler; empty: not served.
@@ -117,6 +119,7 @@ func flags(name string, c *config) (*flag.FlagSet, error) {
 	fs.IntVar(&c.maxConsoles, "max-consoles", 32, "serial consoles attached through one API process; more are refused with 429")
 	fs.IntVar(&c.maxPrincipalConsoles, "max-consoles-per-principal", 4, "serial consoles one principal has attached through one API process; more are refused with 429")
 	fs.StringVar(&c.publicURL, "public-url", "", "where clients reach the API, e.g. https://api.example.com, for the URLs it hands out (console sessions); none: as each request reached it")
+	fs.StringVar(&c.allowedOrigins, "allowed-origins", "", `browser origins besides the API's own that may open a WebSocket to /graphql, comma-separated, e.g. https://dash.example.com ("*": any; none: same-origin pages only)`)
 	fs.StringVar(&c.logFormat, "log-format", "auto", "log format: json, text, or auto (JSON unless standard error is a terminal)")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "least level logged: debug, info, warn or error")
 	fs.StringVar(&c.opsListen, "ops-listen", "", "address to serve /metrics, /healthz and /readyz on, apart from the API: how worker and region processes are watched (none: off; the API serves them on --listen too)")
@@ -162,7 +165,7 @@ Commands:
   all       (the default) the API, a worker and the regions' drivers in one process
   api       the GraphQL API, the dashboard and GraphiQL
   worker    a worker: reconciles instances against their regions
-  region    the drivers of the regions that need a process of their own
+  region    the simulated region's clock alone (a process of its own)
   token     mint a bearer token signed with --token-secret
   catalog   catalog import --cloud NAME: an OpenStack cloud's flavors, images, networks and
             security groups as catalogue entries to complete
@@ -446,8 +449,8 @@ func apiServer(ctx context.Context, c config, cat *region.Catalog, svc *instance
 		MaxSockets: c.maxSockets, MaxSocketsPerPrincipal: c.maxPrincipalSockets,
 		MaxSubscriptionsPerSocket: c.maxSocketSubscriptions, MaxSubscriptionsPerPrincipal: c.maxPrincipalSubscriptions,
 		MaxConsoles: c.maxConsoles, MaxConsolesPerPrincipal: c.maxPrincipalConsoles, PublicURL: c.publicURL,
-		DisableIntrospection: !c.introspection,
-		Ready:                ready,
+		DisableIntrospection: !c.introspection, AllowedOrigins: origins(c.allowedOrigins),
+		Ready: ready,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -468,6 +471,17 @@ func apiServer(ctx context.Context, c config, cat *region.Catalog, svc *instance
 		MaxHeaderBytes:    64 << 10,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}, ln, nil
+}
+
+// origins splits the --allowed-origins list; server.New refuses an entry that is not an origin.
+func origins(list string) []string {
+	var out []string
+	for o := range strings.SplitSeq(list, ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // pprofHandler serves Go's profiler. It is served on a listener of its own, never the API's,

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
+
 	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/logtest"
@@ -234,6 +236,45 @@ func TestIntrospectionFlag(t *testing.T) {
 		if got := e.postData(t, `{ me { subject } }`); got != `{"data":{"me":{"subject":"demo-admin"}}}` {
 			t.Errorf("%v: me answered %s", tt.args, got)
 		}
+	}
+}
+
+// TestAllowedOriginsFlag: --allowed-origins lets the listed browser origins open a WebSocket
+// to /graphql, where by default only same-origin pages may; an entry that is not an origin
+// stops the process at start, naming it.
+func TestAllowedOriginsFlag(t *testing.T) {
+	tests := []struct {
+		args    []string
+		origins map[string]int // Origin header → handshake status
+	}{
+		{nil, map[string]int{"https://dash.example.com": http.StatusForbidden, "https://evil.example": http.StatusForbidden}},
+		{[]string{"--allowed-origins", "https://dash.example.com, https://ops.example.com:8443"}, map[string]int{
+			"https://dash.example.com": http.StatusSwitchingProtocols, "https://ops.example.com:8443": http.StatusSwitchingProtocols,
+			"https://evil.example": http.StatusForbidden,
+		}},
+	}
+	for _, tt := range tests {
+		e := runEmbedded(t, tt.args...)
+		wsURL := "ws" + strings.TrimPrefix(e.graphqlURL, "http")
+		for origin, want := range tt.origins {
+			conn, res, err := (&websocket.Dialer{Subprotocols: []string{"graphql-transport-ws"}}).Dial(wsURL, http.Header{"Origin": {origin}})
+			if conn != nil {
+				conn.Close()
+			}
+			if res == nil {
+				t.Fatalf("%v: %s: no handshake answer: %v", tt.args, origin, err)
+			}
+			if res.StatusCode != want {
+				t.Errorf("%v: %s: status %d, want %d", tt.args, origin, res.StatusCode, want)
+			}
+		}
+	}
+	// Refused at start, Run returns at once; the deadline only ends a run that was not.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	err := Run(ctx, []string{"--listen", "127.0.0.1:0", "--token-secret", secret, "--allowed-origins", "dash.example.com"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `"dash.example.com" is not an origin`) {
+		t.Errorf("a bare host as an origin: %v", err)
 	}
 }
 
