@@ -167,7 +167,7 @@ FUZZ_TARGETS := ./instance:FuzzName ./instance:FuzzTags ./instance:FuzzUserData 
 	./instance:FuzzSourceCIDR ./instance:FuzzInstanceID ./instance:FuzzListCursor \
 	./instance:FuzzEventCursor ./auth:FuzzVerify ./region:FuzzParse ./server:FuzzGraphQLDocument \
 	./app:FuzzParseFaults ./jsonvalue:FuzzParseDecodesAsEncodingJSON \
-	./jsonvalue:FuzzAppendStringIsEncodingJSONs
+	./jsonvalue:FuzzAppendStringIsEncodingJSONs ./region/libvirt/nocloud:FuzzSeed
 fuzz:
 	@log=$$(mktemp); trap 'rm -f $$log' EXIT; \
 	for t in $(FUZZ_TARGETS); do \
