@@ -57,6 +57,18 @@ type naiveWalk struct {
 	s         shape
 }
 
+// newNaiveWalk returns a walk of doc, the first definition of a fragment name counting, as it
+// does for the server.
+func newNaiveWalk(doc *ast.QueryDocument) *naiveWalk {
+	w := &naiveWalk{fragments: map[string]*ast.FragmentDefinition{}}
+	for _, f := range doc.Fragments {
+		if _, ok := w.fragments[f.Name]; !ok {
+			w.fragments[f.Name] = f
+		}
+	}
+	return w
+}
+
 // set walks one selection set and returns its depth and its fields directly in it,
 // fragments flattened.
 func (w *naiveWalk) set(sel ast.SelectionSet, onPath map[string]bool) (depth, direct int) {
@@ -99,17 +111,80 @@ func (w *naiveWalk) measure(sel ast.SelectionSet, onPath map[string]bool) (depth
 	return depth, direct
 }
 
-// measureNaively returns the shape of op, the first definition of a fragment name counting,
-// as it does for the server.
+// measureNaively returns the shape of op.
 func measureNaively(doc *ast.QueryDocument, op *ast.OperationDefinition) shape {
-	w := &naiveWalk{fragments: map[string]*ast.FragmentDefinition{}}
-	for _, f := range doc.Fragments {
-		if _, ok := w.fragments[f.Name]; !ok {
-			w.fragments[f.Name] = f
-		}
-	}
+	w := newNaiveWalk(doc)
 	w.s.depth, _ = w.measure(op.SelectionSet, map[string]bool{})
 	return w.s
+}
+
+// measureDocumentNaively returns the shape of the whole document, as validation walks it: every
+// operation and every fragment definition, fragments expanded.
+func measureDocumentNaively(doc *ast.QueryDocument) shape {
+	w := newNaiveWalk(doc)
+	for _, op := range doc.Operations {
+		w.measure(op.SelectionSet, map[string]bool{})
+	}
+	for _, f := range doc.Fragments {
+		w.measure(f.SelectionSet, map[string]bool{f.Name: true})
+	}
+	return w.s
+}
+
+// longestNameNaively is the longest run of name characters outside strings and comments,
+// read by hand rather than with gqlparser's lexer. Names cannot touch numbers in GraphQL
+// (1a is a syntax error), so in a document that parses every run starting with a letter or
+// an underscore is a name.
+func longestNameNaively(query string) int {
+	longest := 0
+	for i := 0; i < len(query); {
+		c := query[i]
+		switch {
+		case strings.HasPrefix(query[i:], `"""`):
+			end := strings.Index(query[i+3:], `"""`)
+			for end >= 0 && query[i+3+end-1] == '\\' {
+				next := strings.Index(query[i+3+end+1:], `"""`)
+				if next < 0 {
+					end = -1
+					break
+				}
+				end += 1 + next
+			}
+			if end < 0 {
+				return longest
+			}
+			i += 3 + end + 3
+		case c == '"':
+			i++
+			for i < len(query) && query[i] != '"' {
+				if query[i] == '\\' {
+					i++
+				}
+				i++
+			}
+			i++
+		case c == '#':
+			for i < len(query) && query[i] != '\n' && query[i] != '\r' {
+				i++
+			}
+		case c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z':
+			j := i
+			for j < len(query) && (query[j] == '_' || query[j] >= 'A' && query[j] <= 'Z' || query[j] >= 'a' && query[j] <= 'z' || query[j] >= '0' && query[j] <= '9') {
+				j++
+			}
+			longest = max(longest, j-i)
+			i = j
+		case c >= '0' && c <= '9' || c == '-':
+			// A number, with its exponent (1e5): its letters are not a name.
+			i++
+			for i < len(query) && (query[i] >= '0' && query[i] <= '9' || strings.IndexByte(".eE+-", query[i]) >= 0) {
+				i++
+			}
+		default:
+			i++
+		}
+	}
+	return longest
 }
 
 // FuzzGraphQLDocument sends documents through the whole handler as a viewer of acme, who may
@@ -181,27 +256,34 @@ func FuzzGraphQLDocument(f *testing.F) {
 				t.Fatalf("want status %d, no data and only %s; got status %d %s", status, code, res.Status, res.Raw)
 			}
 		}
+		// The name as the server reads it: JSON turned its invalid UTF-8 into U+FFFD.
+		var sent struct{ OperationName string }
+		if err := json.Unmarshal(body, &sent); err != nil {
+			t.Fatal(err)
+		}
+		if len(sent.OperationName) > maxNameBytes {
+			refused(http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
+			return
+		}
 		doc, err := parser.ParseQueryWithTokenLimit(&ast.Source{Input: query}, fuzzTokens)
 		if err != nil {
 			refused(http.StatusOK, "GRAPHQL_PARSE_FAILED")
 			return
 		}
-		if len(doc.Operations) == 0 {
+		if len(doc.Operations) == 0 || longestNameNaively(query) > maxNameBytes {
 			refused(http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
 			return
 		}
-		for _, op := range doc.Operations {
-			switch s := measureNaively(doc, op); {
-			case s.cyclic:
-				refused(http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
-				return
-			case s.over || s.widest > fuzzWidth:
-				refused(http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
-				if !strings.Contains(string(res.Raw), "the limit is") {
-					t.Fatalf("%+v is over budget but the refusal does not say so: %s", s, res.Raw)
-				}
-				return
+		switch s := measureDocumentNaively(doc); {
+		case s.cyclic:
+			refused(http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
+			return
+		case s.over || s.widest > fuzzWidth:
+			refused(http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
+			if !strings.Contains(string(res.Raw), "the limit is") {
+				t.Fatalf("%+v is over budget but the refusal does not say so: %s", s, res.Raw)
 			}
+			return
 		}
 		if errs := validator.Validate(schema, doc); len(errs) > 0 {
 			refused(http.StatusOK, "GRAPHQL_VALIDATION_FAILED")

@@ -20,7 +20,11 @@ type getTransport struct{}
 
 const mutationOverGET = "mutations change state and are sent with POST, never GET (which caches and crawlers may repeat)"
 
-var getRefused = map[ast.Operation]string{ast.Mutation: mutationOverGET, ast.Subscription: streamOnly}
+// A mutation over GET is 405, as the GraphQL-over-HTTP specification says.
+var getRefused = map[ast.Operation]opRefusal{
+	ast.Mutation:     {status: http.StatusMethodNotAllowed, why: mutationOverGET},
+	ast.Subscription: {why: streamOnly},
+}
 
 func (getTransport) Supports(r *http.Request) bool {
 	return r.Method == http.MethodGet && r.Header.Get("Upgrade") == ""

@@ -10,8 +10,8 @@ import (
 	"github.com/99designs/gqlgen/graphql/handler/extension"
 	"github.com/vektah/gqlparser/v2/ast"
 	"github.com/vektah/gqlparser/v2/gqlerror"
-	"github.com/vektah/gqlparser/v2/validator/core"
-	"github.com/vektah/gqlparser/v2/validator/rules"
+	"github.com/vektah/gqlparser/v2/lexer"
+	"github.com/vektah/gqlparser/v2/parser"
 )
 
 // size is an operation's shape with every fragment expanded.
@@ -96,7 +96,9 @@ func (m *measurer) fragment(name string) size {
 
 // documentBudget bounds what validation and execution may be asked to do with one document.
 type documentBudget struct {
-	// maxFields caps the field selections of an operation with fragments expanded.
+	// maxFields caps the field selections of the whole document, fragments expanded: gqlparser
+	// validates every operation, expanding the fragments each spreads, and every fragment
+	// definition again, whichever operation is run.
 	maxFields int
 	// maxWidth caps the fields of one selection set: the rule that checks overlapping fields
 	// compares them pairwise, so one set of 10,000 repeats of a field takes seconds.
@@ -106,42 +108,97 @@ type documentBudget struct {
 // check returns why the document is over budget, or "".
 func (b documentBudget) check(doc *ast.QueryDocument) string {
 	m := newMeasurer(doc)
-	for _, op := range doc.Operations {
-		s := m.selectionSet(op.SelectionSet)
-		switch {
-		case s.widest > b.maxWidth:
-			return fmt.Sprintf("a selection set holds %d fields with its fragments expanded; the limit is %d", s.widest, b.maxWidth)
-		case s.fields > b.maxFields:
-			return fmt.Sprintf("operation selects %d fields with its fragments expanded; the limit is %d", s.fields, b.maxFields)
-		}
+	fields, widest := 0, 0
+	for _, set := range documentSets(doc) {
+		s := m.selectionSet(set)
+		fields, widest = addCapped(fields, s.fields), max(widest, s.widest)
+	}
+	switch {
+	case widest > b.maxWidth:
+		return fmt.Sprintf("a selection set holds %d fields with its fragments expanded; the limit is %d", widest, b.maxWidth)
+	case fields > b.maxFields:
+		return fmt.Sprintf("the document selects %d fields with its fragments expanded, its operations and fragment definitions together; the limit is %d", fields, b.maxFields)
 	}
 	return ""
 }
 
-// rules returns gqlparser's default validation rules with the overlapping-fields rule run only
-// on documents within the budget: over it, validation reports the budget instead. The rule
-// needs its own walk of the document to be skippable, which costs a linear pass.
-func (b documentBudget) rules() *rules.Rules {
-	r := rules.NewDefaultRules()
-	overlapping := rules.OverlappingFieldsCanBeMergedRule
-	r.RemoveRule(overlapping.Name)
-	r.AddRule("DocumentBudget", func(observers *core.Events, addError core.AddErrFunc) {
-		checked := false
-		observers.OnOperation(func(w *core.Walker, _ *ast.OperationDefinition) {
-			if checked {
-				return
-			}
-			checked = true
-			if reason := b.check(w.Document); reason != "" {
-				addError(core.Message("%s", reason))
-				return
-			}
-			inner := &core.Events{}
-			overlapping.RuleFunc(inner, addError)
-			core.Walk(w.Schema, w.Document, inner)
-		})
-	})
-	return r
+// documentSets are the selection sets validation walks: each operation's and each fragment
+// definition's.
+func documentSets(doc *ast.QueryDocument) []ast.SelectionSet {
+	sets := make([]ast.SelectionSet, 0, len(doc.Operations)+len(doc.Fragments))
+	for _, op := range doc.Operations {
+		sets = append(sets, op.SelectionSet)
+	}
+	for _, f := range doc.Fragments {
+		sets = append(sets, f.SelectionSet)
+	}
+	return sets
+}
+
+// maxNameBytes bounds every name of a document and the operationName asked for. Validation
+// messages quote names, once for every place they fail, so a long name multiplied the answer;
+// no schema or client names anything nearly this long.
+const maxNameBytes = 256
+
+// documentGate refuses a document before gqlgen parses and validates it when validating it
+// would cost more than the budget allows. Validation cannot be stopped once it begins (its
+// rules all run in one walk), so the document is parsed here first; a document the query cache
+// holds passed this gate already and is not parsed again.
+type documentGate struct {
+	budget    documentBudget
+	maxTokens int
+	cache     graphql.Cache[*ast.QueryDocument]
+}
+
+var _ interface {
+	graphql.HandlerExtension
+	graphql.OperationParameterMutator
+} = documentGate{}
+
+func (documentGate) ExtensionName() string                   { return "DocumentGate" }
+func (documentGate) Validate(graphql.ExecutableSchema) error { return nil }
+
+func (g documentGate) MutateOperationParameters(ctx context.Context, p *graphql.RawParams) *gqlerror.Error {
+	if len(p.OperationName) > maxNameBytes {
+		return refusedDocument("operationName is %d bytes long; names are at most %d", len(p.OperationName), maxNameBytes)
+	}
+	if p.Query == "" {
+		return nil
+	}
+	if _, ok := g.cache.Get(ctx, p.Query); ok {
+		return nil
+	}
+	doc, err := parser.ParseQueryWithTokenLimit(&ast.Source{Input: p.Query}, g.maxTokens)
+	if err != nil {
+		return nil // gqlgen parses it again and says where it fails
+	}
+	if line, n := longestName(p.Query); n > maxNameBytes {
+		return refusedDocument("a name of %d bytes at line %d; names are at most %d", n, line, maxNameBytes)
+	}
+	if reason := g.budget.check(doc); reason != "" {
+		return refusedDocument("%s", reason)
+	}
+	return nil
+}
+
+// longestName returns the length of the longest name of a query that parses, and its line.
+func longestName(query string) (line, n int) {
+	lex := lexer.New(&ast.Source{Input: query})
+	for {
+		tok, err := lex.ReadToken()
+		if err != nil || tok.Kind == lexer.EOF {
+			return line, n
+		}
+		if tok.Kind == lexer.Name && len(tok.Value) > n {
+			line, n = tok.Pos.Line, len(tok.Value)
+		}
+	}
+}
+
+func refusedDocument(format string, args ...any) *gqlerror.Error {
+	err := gqlerror.Errorf(format, args...)
+	errcode.Set(err, errcode.ValidationFailed)
+	return err
 }
 
 // complexityLimit is gqlgen's complexity limit, except that a subscription keeps no record of
@@ -186,20 +243,38 @@ func (d depthLimit) MutateOperationContext(_ context.Context, oc *graphql.Operat
 
 const streamOnly = "subscriptions stream over a WebSocket or Server-Sent Events (Accept: text/event-stream), not a plain request"
 
+// opRefusal is why a transport refuses an operation type, and the HTTP status it answers with
+// (0: the status of any refusal before execution).
+type opRefusal struct {
+	status int
+	why    string
+}
+
+// maxErrors bounds the errors of one refusal: a document within every budget can still fail
+// validation at each of its thousands of fields, and the answer need not say so thousands of
+// times.
+const maxErrors = 100
+
 // refuseOperations refuses the operations a transport must not serve, once parsed and
-// validated and before they run, with GRAPHQL_VALIDATION_FAILED and a message saying why.
+// validated and before they run, with GRAPHQL_VALIDATION_FAILED and a message saying why; and
+// it answers at most maxErrors errors of any refusal, the last saying how many were left out.
 type refuseOperations struct {
 	graphql.GraphExecutor
-	refused map[ast.Operation]string
+	refused map[ast.Operation]opRefusal
 }
 
 func (e refuseOperations) CreateOperationContext(ctx context.Context, params *graphql.RawParams) (*graphql.OperationContext, gqlerror.List) {
 	oc, errs := e.GraphExecutor.CreateOperationContext(ctx, params)
+	if len(errs) > maxErrors {
+		more := gqlerror.Errorf("%d more errors left out", len(errs)-maxErrors+1)
+		more.Extensions = map[string]any{"code": errs[0].Extensions["code"]}
+		errs = append(errs[:maxErrors-1:maxErrors-1], more)
+	}
 	if len(errs) > 0 || oc.Operation == nil {
 		return oc, errs
 	}
-	if why, ok := e.refused[oc.Operation.Operation]; ok {
-		err := gqlerror.Errorf("%s", why)
+	if r, ok := e.refused[oc.Operation.Operation]; ok {
+		err := gqlerror.Errorf("%s", r.why)
 		errcode.Set(err, errcode.ValidationFailed)
 		return oc, gqlerror.List{err}
 	}

@@ -1,9 +1,13 @@
 package server
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -161,7 +165,7 @@ func TestWideSelectionSetsAreBounded(t *testing.T) {
 	many.WriteString("}")
 	res := a.post(t, tok, many.String(), nil)
 	wantError(t, res, http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
-	if !strings.Contains(string(res.Raw), "operation selects 5200 fields") {
+	if !strings.Contains(string(res.Raw), "the document selects 5200 fields") {
 		t.Errorf("refusal does not explain the field budget: %.300s", res.Raw)
 	}
 
@@ -269,4 +273,83 @@ func historyAliases(n int) string {
 	}
 	b.WriteString(" }")
 	return b.String()
+}
+
+// TestValidationWorkIsBoundedPerDocument: gqlparser validates every operation of a document,
+// each with the fragments it spreads, whichever one is run, and quotes a failing name at each
+// place it fails. So the field budget holds for the whole document, names are at most 256
+// bytes, an answer lists at most 100 errors and suggests no names: a document of a few hundred
+// operations spreading one fragment with a long unknown field cannot make an answer larger
+// than itself, or cost more than the budget allows.
+func TestValidationWorkIsBoundedPerDocument(t *testing.T) {
+	a := newAPI(t)
+	tok := a.admin(t)
+	ops := func(n int, fragment string) string {
+		var b strings.Builder
+		b.WriteString("fragment F on Query { " + fragment + " }")
+		for i := range n {
+			fmt.Fprintf(&b, " query Q%d { ...F }", i)
+		}
+		return b.String()
+	}
+	post := func(query, operationName string) *gqlResponse {
+		req := postRequest(t, query, nil)
+		if operationName != "" {
+			body, _ := json.Marshal(map[string]any{"query": query, "operationName": operationName})
+			req = httptest.NewRequest(http.MethodPost, "/graphql", bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+		}
+		return a.send(t, tok, req)
+	}
+	var unused strings.Builder
+	for i := range 26 {
+		fmt.Fprintf(&unused, "a%d: me { %s} ", i, strings.Repeat("subject ", 199))
+	}
+	tests := []struct {
+		name, query, operationName string
+		want                       string // in the only error; "" for an answer with data
+	}{
+		{"many operations within the budget", ops(200, "me { subject }"), "Q0", ""},
+		{"many operations over the budget together", ops(1000, "a: me { subject } b: me { subject } c: me { subject }"), "Q0", "the document selects 6006 fields"},
+		{"a fragment nobody spreads counts", "{ me { subject } } fragment Unused on Query { " + unused.String() + "}", "", "the document selects 5202 fields"},
+		{"a name of 257 bytes", ops(200, "f"+strings.Repeat("y", 256)), "Q0", "a name of 257 bytes at line 1; names are at most 256"},
+		{"an operationName of 257 bytes", "{ me { subject } }", strings.Repeat("Q", 257), "operationName is 257 bytes long"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res := post(tt.query, tt.operationName)
+			if tt.want == "" {
+				if res.Status != http.StatusOK || len(res.Errors) > 0 {
+					t.Fatalf("refused: %d %.300s", res.Status, res.Raw)
+				}
+				return
+			}
+			wantError(t, res, http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
+			if len(res.Errors) != 1 || !strings.Contains(res.Errors[0].Message, tt.want) {
+				t.Errorf("want the one error %q: %.300s", tt.want, res.Raw)
+			}
+			if len(res.Raw) > 1024 {
+				t.Errorf("a refusal of %d bytes", len(res.Raw))
+			}
+		})
+	}
+	// Within every bound, a name of 256 bytes failing in 300 operations and in the fragment
+	// itself: 100 errors, the last saying how many more there were, none suggesting a name.
+	query := ops(300, "f"+strings.Repeat("y", 255))
+	res := post(query, "Q0")
+	if codes := res.codes(); res.Status != http.StatusOK || slices.ContainsFunc(codes, func(c string) bool { return c != "GRAPHQL_VALIDATION_FAILED" }) {
+		t.Fatalf("status %d, codes %q", res.Status, codes)
+	}
+	if len(res.Errors) != 100 || res.Errors[99].Message != "202 more errors left out" {
+		t.Fatalf("%d errors, the last %q", len(res.Errors), res.Errors[len(res.Errors)-1].Message)
+
+	}
+	if res := post(`{ mee { subject } }`, ""); strings.Contains(string(res.Raw), "Did you mean") {
+		t.Errorf("a suggestion: %s", res.Raw)
+	}
+	// Each error quotes one name, so the answer is bounded whatever the document: 100 errors of
+	// a name and some 200 bytes more.
+	if len(res.Raw) > 100*(maxNameBytes+256) {
+		t.Errorf("%d bytes of answer", len(res.Raw))
+	}
 }

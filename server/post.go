@@ -7,11 +7,12 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/99designs/gqlgen/graphql"
-	"github.com/99designs/gqlgen/graphql/errcode"
 	"github.com/vektah/gqlparser/v2/ast"
+	"github.com/vektah/gqlparser/v2/gqlerror"
 
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/jsonvalue"
@@ -31,7 +32,7 @@ import (
 // that was a tenth of the API's work.
 type postTransport struct{}
 
-var postRefused = map[ast.Operation]string{ast.Subscription: streamOnly}
+var postRefused = map[ast.Operation]opRefusal{ast.Subscription: {why: streamOnly}}
 
 func (postTransport) Supports(r *http.Request) bool {
 	if r.Method != http.MethodPost || r.Header.Get("Upgrade") != "" {
@@ -61,7 +62,7 @@ func (postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gra
 // before execution is answered without a data entry, and in application/json with 200, as
 // the GraphQL-over-HTTP specification says; gqlgen's transports answer "data": null, and 422
 // in application/json.
-func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor, params *graphql.RawParams, start time.Time, refused map[ast.Operation]string) {
+func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor, params *graphql.RawParams, start time.Time, refused map[ast.Operation]opRefusal) {
 	ctx := r.Context()
 	params.Headers = r.Header
 	params.ReadTime = graphql.TraceTiming{Start: start, End: graphql.Now()}
@@ -71,15 +72,47 @@ func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor,
 	exec = refuseOperations{exec, refused}
 	oc, errs := exec.CreateOperationContext(ctx, params)
 	if errs != nil {
-		status := http.StatusOK
-		if mediaType == mediaGraphQLResponse && errcode.GetErrorKind(errs) == errcode.KindProtocol {
-			status = http.StatusBadRequest
+		status := refusedStatus(w, mediaType, errs)
+		if oc != nil && oc.Operation != nil {
+			if r, ok := refused[oc.Operation.Operation]; ok && r.status != 0 {
+				status = r.status
+			}
+		}
+		if status == http.StatusMethodNotAllowed {
+			w.Header().Set("Allow", http.MethodPost)
 		}
 		writeResponse(w, r, status, exec.DispatchError(graphql.WithOperationContext(ctx, oc), errs), false)
 		return
 	}
 	responses, ctx := exec.DispatchOperation(ctx, oc)
 	writeResponse(w, r, http.StatusOK, responses(ctx), true)
+}
+
+// refusedStatus is the status of an answer refused before execution, which has no data:
+// 429 (with Retry-After) for a rate limit, in either media type, as a request refused before
+// it was parsed; else 400 in application/graphql-response+json, which must not answer 2xx
+// without data, and 200 in application/json, which the GraphQL-over-HTTP specification keeps
+// for clients that read no status.
+func refusedStatus(w http.ResponseWriter, mediaType string, errs gqlerror.List) int {
+	limited, retryAfter := false, 0
+	for _, e := range errs {
+		if e.Extensions["code"] == string(instance.CodeRateLimited) {
+			secs, _ := e.Extensions["retryAfter"].(int)
+			limited, retryAfter = true, max(retryAfter, secs)
+		}
+	}
+	switch {
+	case limited:
+		// An operation of more top-level fields than the burst is never let through: it has
+		// no time to retry at.
+		if retryAfter > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+		}
+		return http.StatusTooManyRequests
+	case mediaType == mediaGraphQLResponse:
+		return http.StatusBadRequest
+	}
+	return http.StatusOK
 }
 
 // decodeRequest reads a GraphQL request object: query and operationName strings, variables

@@ -406,10 +406,14 @@ func TestRateLimitCountsTopLevelFields(t *testing.T) {
 	}
 	// Five tokens less three leave two. Another three fields: the request takes one, as every
 	// request does, and the other two do not fit; one token is left, for one field.
+	// Refused as a request over the limit is, though only once parsed: 429 and Retry-After.
 	res := a.post(t, alice, three, nil)
-	wantError(t, res, http.StatusOK, "RATE_LIMITED")
+	wantError(t, res, http.StatusTooManyRequests, "RATE_LIMITED")
 	if msg := res.Errors[0].Message; !strings.Contains(msg, "3 top-level fields counts as 3 requests") {
 		t.Errorf("message %q does not say why", msg)
+	}
+	if after := res.Header.Get("Retry-After"); after != "1" {
+		t.Errorf("Retry-After %q, want 1", after)
 	}
 	if res := a.post(t, alice, `{ me { subject } }`, nil); res.Status != http.StatusOK || len(res.Errors) > 0 {
 		t.Fatalf("one field refused with one token left: %d %s", res.Status, res.Raw)
@@ -421,9 +425,9 @@ func TestRateLimitCountsTopLevelFields(t *testing.T) {
 		fmt.Fprintf(&six, " f%d: me { subject }", i)
 	}
 	res = a.post(t, bob, "{"+six.String()+" }", nil)
-	wantError(t, res, http.StatusOK, "RATE_LIMITED")
-	if _, ok := res.Errors[0].Extensions["retryAfter"]; ok {
-		t.Errorf("a refusal that waiting cannot lift gives retryAfter: %s", res.Raw)
+	wantError(t, res, http.StatusTooManyRequests, "RATE_LIMITED")
+	if _, ok := res.Errors[0].Extensions["retryAfter"]; ok || res.Header.Get("Retry-After") != "" {
+		t.Errorf("a refusal that waiting cannot lift gives retryAfter: %v %s", res.Header, res.Raw)
 	}
 	if res := a.post(t, bob, three, nil); res.Status != http.StatusOK || len(res.Errors) > 0 {
 		t.Fatalf("bob's three fields refused after an operation refused whole: %d %s", res.Status, res.Raw)

@@ -18,7 +18,6 @@ import (
 
 	"github.com/99designs/gqlgen/graphql/handler"
 	"github.com/99designs/gqlgen/graphql/handler/extension"
-	"github.com/99designs/gqlgen/graphql/handler/lru"
 	"github.com/99designs/gqlgen/graphql/handler/transport"
 	"github.com/gorilla/websocket"
 	"github.com/prometheus/client_golang/prometheus"
@@ -227,9 +226,14 @@ func New(opts Options) (http.Handler, error) {
 	gql.AddTransport(getTransport{})
 	gql.AddTransport(postTransport{})
 	gql.AddTransport(unsupported{})
-	gql.SetQueryCache(lru.New[*ast.QueryDocument](1000))
+	// Shared by every caller, so bounded by bytes: a parsed document weighs about 10 to 30
+	// times its text.
+	queries := newBoundedCache(1000, 64<<20, func(q string, _ *ast.QueryDocument) int { return 32 * len(q) })
+	gql.SetQueryCache(queries)
 	gql.SetParserTokenLimit(opts.MaxTokens)
-	gql.SetValidationRulesFn(documentBudget{maxFields: opts.MaxFields, maxWidth: opts.MaxWidth}.rules)
+	// Suggestions ("Did you mean …?") compare every unknown name with every name of its type,
+	// for every place it fails: work a caller chooses, for what GraphiQL offers anyway.
+	gql.SetDisableSuggestion(true)
 	gql.SetErrorPresenter(graph.ErrorPresenter(opts.Logger))
 	gql.SetRecoverFunc(graph.Recover(opts.Logger))
 	gql.Use(graph.SubscriptionEndings{})
@@ -248,7 +252,8 @@ func New(opts Options) (http.Handler, error) {
 	if !opts.DisableIntrospection {
 		gql.Use(extension.Introspection{})
 	}
-	gql.Use(extension.AutomaticPersistedQuery{Cache: lru.New[string](1000)})
+	gql.Use(extension.AutomaticPersistedQuery{Cache: newBoundedCache(1000, 16<<20, func(hash, q string) int { return len(hash) + len(q) })})
+	gql.Use(documentGate{budget: documentBudget{maxFields: opts.MaxFields, maxWidth: opts.MaxWidth}, maxTokens: opts.MaxTokens, cache: queries})
 	gql.Use(depthLimit{max: opts.MaxDepth})
 	gql.Use(complexityLimit{extension.FixedComplexityLimit(opts.MaxComplexity)})
 	gql.Use(queryCost{rl})

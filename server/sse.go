@@ -65,7 +65,7 @@ func (t sseTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 	var err error
 	if r.Method == http.MethodGet {
 		params, err = getParams(r)
-		exec = refuseOperations{exec, map[ast.Operation]string{ast.Mutation: mutationOverGET}}
+		exec = refuseOperations{exec, map[ast.Operation]opRefusal{ast.Mutation: {why: mutationOverGET}}}
 	} else if body, rerr := io.ReadAll(r.Body); rerr != nil { // bounded by limitBody
 		err = errors.New("could not read the request body")
 	} else {

@@ -51,8 +51,8 @@ func TestGETRunsQueries(t *testing.T) {
 }
 
 // TestGETRefusesMutations: a mutation over GET (which caches and prefetchers may replay) is
-// refused with GRAPHQL_VALIDATION_FAILED and does not run, whether it creates or
-// deletes.
+// refused with 405, Allow: POST and GRAPHQL_VALIDATION_FAILED, as the GraphQL-over-HTTP
+// specification says, and does not run, whether it creates or deletes.
 func TestGETRefusesMutations(t *testing.T) {
 	a := newAPI(t)
 	tok := a.member(t)
@@ -79,7 +79,10 @@ func TestGETRefusesMutations(t *testing.T) {
 			}
 			params.Set("variables", string(v))
 			res := a.send(t, tok, httptest.NewRequest(http.MethodGet, "/graphql?"+params.Encode(), nil))
-			wantError(t, res, http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
+			wantError(t, res, http.StatusMethodNotAllowed, "GRAPHQL_VALIDATION_FAILED")
+			if allow := res.Header.Get("Allow"); allow != http.MethodPost {
+				t.Errorf("Allow %q, want POST", allow)
+			}
 			if res.Data != nil {
 				t.Errorf("data with the refusal: %s", res.Raw)
 			}

@@ -199,7 +199,7 @@ func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 		t.limits.releaseSocket()
 		return
 	}
-	c := &wsConn{t: t, ws: ws, exec: exec, ctx: t.socketContext(r.Context()), legacy: ws.Subprotocol() == "graphql-ws",
+	c := &wsConn{t: t, ws: ws, exec: refuseOperations{GraphExecutor: exec}, ctx: t.socketContext(r.Context()), legacy: ws.Subprotocol() == "graphql-ws",
 		trace: traceHeaders(r.Header), br: own.br}
 	if sc, ok := ws.NetConn().(syscall.Conn); ok && own.br != nil {
 		c.raw, _ = sc.SyscallConn()
