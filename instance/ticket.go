@@ -25,13 +25,16 @@ type StreamTicket struct {
 	ExpiresAt time.Time
 }
 
+// ticketBytes is how many random bytes a ticket holds.
+const ticketBytes = 32
+
 // IssueTicket issues a stream ticket for the caller.
 func (s *Service) IssueTicket(ctx context.Context) (*StreamTicket, error) {
 	pr, err := Principal(ctx)
 	if err != nil {
 		return nil, err
 	}
-	b := make([]byte, 32)
+	b := make([]byte, ticketBytes)
 	rand.Read(b)
 	t := &StreamTicket{Ticket: base64.RawURLEncoding.EncodeToString(b), ExpiresAt: s.now().Add(TicketTTL).UTC()}
 	if err := s.store.PutTicket(ctx, t.Ticket, pr, TicketTTL); err != nil {
@@ -43,6 +46,10 @@ func (s *Service) IssueTicket(ctx context.Context) (*StreamTicket, error) {
 // RedeemTicket returns the principal a ticket stands for, once: ErrNoTicket for one that was
 // never issued, was redeemed already or expired, or whose principal's token has expired since.
 func (s *Service) RedeemTicket(ctx context.Context, ticket string) (auth.Principal, error) {
+	// One that IssueTicket cannot have made costs no store call: anyone may send tickets.
+	if b, err := base64.RawURLEncoding.DecodeString(ticket); err != nil || len(b) != ticketBytes {
+		return auth.Principal{}, ErrNoTicket
+	}
 	pr, err := s.store.TakeTicket(ctx, ticket)
 	if err != nil {
 		return auth.Principal{}, err

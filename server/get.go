@@ -27,7 +27,7 @@ var getRefused = map[ast.Operation]opRefusal{
 }
 
 func (getTransport) Supports(r *http.Request) bool {
-	return r.Method == http.MethodGet && r.Header.Get("Upgrade") == ""
+	return r.Method == http.MethodGet && !asksForWebSocket(r)
 }
 
 func (getTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {

@@ -35,7 +35,7 @@ type postTransport struct{}
 var postRefused = map[ast.Operation]opRefusal{ast.Subscription: {why: streamOnly}}
 
 func (postTransport) Supports(r *http.Request) bool {
-	if r.Method != http.MethodPost || r.Header.Get("Upgrade") != "" {
+	if r.Method != http.MethodPost || asksForWebSocket(r) {
 		return false
 	}
 	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))

@@ -330,8 +330,9 @@ func authenticate(keys *auth.Keys, redeem func(context.Context, string) (auth.Pr
 		}
 		// An event stream a client opens with a GET it cannot add headers to (EventSource)
 		// carries a stream ticket instead of the token.
+		// Only a request the SSE transport serves: a ticket is never spent on a plain GET.
 		if ticket := r.URL.Query().Get("ticket"); ticket != "" && r.Method == http.MethodGet && r.Header.Get("Authorization") == "" &&
-			strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+			prefersEventStream(r.Header.Get("Accept")) {
 			p, err := redeem(r.Context(), ticket)
 			if err != nil {
 				status, code, msg := http.StatusUnauthorized, instance.CodeUnauthenticated, "the stream ticket is unknown, used or expired: ask for another with createStreamTicket"

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/computeql/computeql/redistest"
 )
 
 // sseGet GETs an operation asking for an event stream, the way a client that can only GET
@@ -138,14 +140,35 @@ func TestStreamTickets(t *testing.T) {
 			}
 		}
 	}
-	for name, r := range map[string]*http.Response{
-		"the same ticket again": open(first, "text/event-stream", subQuery("acme", "")),
-		"an unknown ticket":     open("not-a-ticket", "text/event-stream", subQuery("acme", "")),
-		"a plain GET":           open(ticket(), "application/json", `{ me { subject } }`),
+	unspent := ticket()
+	calls := &redistest.RoundTrips{}
+	a.rdb.AddHook(calls)
+	for _, tt := range []struct {
+		name       string
+		res        func() *http.Response
+		roundTrips int64 // to Redis, besides the request log's none
+	}{
+		{"the same ticket again", func() *http.Response { return open(first, "text/event-stream", subQuery("acme", "")) }, 1},
+		{"an unknown ticket", func() *http.Response {
+			return open(strings.Repeat("A", len(first)), "text/event-stream", subQuery("acme", ""))
+		}, 1},
+		{"not a ticket at all", func() *http.Response { return open("not-a-ticket", "text/event-stream", subQuery("acme", "")) }, 0},
+		{"a plain GET", func() *http.Response { return open(unspent, "application/json", `{ me { subject } }`) }, 0},
+		{"a GET that lists JSON before the event stream", func() *http.Response {
+			return open(unspent, "application/json, text/event-stream", `{ me { subject } }`)
+		}, 0},
 	} {
-		if r.StatusCode != http.StatusUnauthorized {
-			t.Errorf("%s: %d, want 401", name, r.StatusCode)
+		before := calls.N()
+		if r := tt.res(); r.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s: %d, want 401", tt.name, r.StatusCode)
 		}
+		if n := calls.N() - before; n != tt.roundTrips {
+			t.Errorf("%s: %d round trips to Redis, want %d", tt.name, n, tt.roundTrips)
+		}
+	}
+	// The ticket no plain GET could spend still opens its stream.
+	if res := open(unspent, "text/event-stream", subQuery("acme", "")); res.StatusCode != http.StatusOK {
+		t.Errorf("the ticket a plain GET was sent with: %d", res.StatusCode)
 	}
 }
 

@@ -472,11 +472,27 @@ func TestWebSocketWithoutTokenOnlyUpgrades(t *testing.T) {
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", "websocket")
 	wantError(t, decodeResponse(t, a.serve(req)), http.StatusUnauthorized, "UNAUTHENTICATED")
-	// Another Upgrade needs it too.
-	req = httptest.NewRequest(http.MethodGet, "/graphql?query=%7Bme%7Bsubject%7D%7D", nil)
-	req.Header.Set("Connection", "Upgrade")
-	req.Header.Set("Upgrade", "h2c")
-	wantError(t, decodeResponse(t, a.serve(req)), http.StatusUnauthorized, "UNAUTHENTICATED")
+	// Another Upgrade needs it too, and with it the request is served as sent: the upgrade
+	// is ignored (curl --http2 asks for h2c on every request).
+	tok := a.admin(t)
+	for _, method := range []string{http.MethodGet, http.MethodPost} {
+		h2c := func(token string) *http.Request {
+			req := httptest.NewRequest(method, "/graphql?query=%7Bme%7Bsubject%7D%7D", nil)
+			if method == http.MethodPost {
+				req = postRequest(t, `{ me { subject } }`, nil)
+			}
+			req.Header.Set("Connection", "Upgrade, HTTP2-Settings")
+			req.Header.Set("Upgrade", "h2c")
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			return req
+		}
+		wantError(t, decodeResponse(t, a.serve(h2c(""))), http.StatusUnauthorized, "UNAUTHENTICATED")
+		if res := decodeResponse(t, a.serve(h2c(tok))); res.Status != http.StatusOK || len(res.Errors) > 0 {
+			t.Errorf("%s asking for h2c: %d %s", method, res.Status, res.Raw)
+		}
+	}
 }
 
 // TestWebSocketReadLimit: a message larger than the limit (MaxBodyBytes) ends the connection

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -183,9 +184,22 @@ func refuseHandshake(w http.ResponseWriter, r *http.Request, status int, reason 
 
 var _ graphql.Transport = (*wsTransport)(nil)
 
-// Supports takes every request that asks for an upgrade: one that is not a valid WebSocket
-// handshake is refused here with its reason.
-func (t *wsTransport) Supports(r *http.Request) bool { return r.Header.Get("Upgrade") != "" }
+// Supports takes every request that asks for an upgrade to a WebSocket: one that is not a
+// valid handshake is refused here with its reason. An upgrade to anything else (curl --http2
+// asks for h2c) is ignored, as RFC 9110 lets a server do, and the request served as sent.
+func (t *wsTransport) Supports(r *http.Request) bool { return asksForWebSocket(r) }
+
+// asksForWebSocket reports whether r's Upgrade header lists websocket.
+func asksForWebSocket(r *http.Request) bool {
+	for _, v := range r.Header.Values("Upgrade") {
+		for token := range strings.SplitSeq(v, ",") {
+			if proto, _, _ := strings.Cut(strings.TrimSpace(token), "/"); strings.EqualFold(proto, "websocket") {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // Do upgrades the request and returns, leaving the socket to its reader.
 func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
