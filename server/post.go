@@ -44,12 +44,7 @@ func (postTransport) Supports(r *http.Request) bool {
 
 func (postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
 	start := graphql.Now()
-	body, err := io.ReadAll(r.Body) // bounded by limitBody
-	if err != nil {
-		writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, "could not read the request body")
-		return
-	}
-	params, err := decodeRequest(body)
+	params, err := readRequest(r)
 	if err != nil {
 		writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, err.Error())
 		return
@@ -67,7 +62,7 @@ func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor,
 	params.Headers = r.Header
 	params.ReadTime = graphql.TraceTiming{Start: start, End: graphql.Now()}
 
-	mediaType := responseType(r)
+	mediaType := responseType(r.Header.Get("Accept"))
 	w.Header().Set("Content-Type", mediaType)
 	exec = refuseOperations{exec, refused}
 	oc, errs := exec.CreateOperationContext(ctx, params)
@@ -115,6 +110,15 @@ func refusedStatus(w http.ResponseWriter, mediaType string, errs gqlerror.List) 
 	return http.StatusOK
 }
 
+// readRequest reads the GraphQL request object of r's body.
+func readRequest(r *http.Request) (*graphql.RawParams, error) {
+	body, err := io.ReadAll(r.Body) // bounded by limitBody
+	if err != nil {
+		return nil, errors.New("could not read the request body")
+	}
+	return decodeRequest(body)
+}
+
 // decodeRequest reads a GraphQL request object: query and operationName strings, variables
 // and extensions objects, each optional (null is absent). Other keys are ignored; keys are
 // matched exactly, as the GraphQL-over-HTTP specification names them.
@@ -149,7 +153,17 @@ func decodeRequest(body []byte) (*graphql.RawParams, error) {
 	if p.Extensions, err = objectParam("extensions", obj["extensions"]); err != nil {
 		return nil, err
 	}
-	return p, nil
+	return p, requireQuery(p, obj["query"] != nil)
+}
+
+// requireQuery refuses a request without a query, unless a persisted query stands for it: a
+// request that is not a GraphQL request at all ({"qeury": …}) is a 400, as the
+// GraphQL-over-HTTP specification says, not a document that fails to validate.
+func requireQuery(p *graphql.RawParams, given bool) error {
+	if given || p.Extensions["persistedQuery"] != nil {
+		return nil
+	}
+	return errors.New("query is required (or extensions.persistedQuery)")
 }
 
 // objectParam is the request's parameter key, decoded as v: a JSON object, or absent (nil).

@@ -18,7 +18,6 @@ import (
 
 	"github.com/99designs/gqlgen/graphql/handler"
 	"github.com/99designs/gqlgen/graphql/handler/extension"
-	"github.com/99designs/gqlgen/graphql/handler/transport"
 	"github.com/gorilla/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -222,7 +221,7 @@ func New(opts Options) (http.Handler, error) {
 	// The first transport that supports a request serves it: WebSocket (any Upgrade header)
 	// first, and SSE before POST, whose check ignores Accept.
 	gql.AddTransport(newWSTransport(opts, origins, limits, wsMetrics))
-	gql.AddTransport(sseTransport{transport.SSE{KeepAlivePingInterval: opts.KeepAliveInterval}})
+	gql.AddTransport(sseTransport{keepAlive: opts.KeepAliveInterval})
 	gql.AddTransport(getTransport{})
 	gql.AddTransport(postTransport{})
 	gql.AddTransport(unsupported{})

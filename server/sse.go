@@ -1,128 +1,148 @@
 package server
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
 	"io"
 	"mime"
 	"net/http"
-	"strconv"
-	"strings"
+	"sync"
+	"time"
 
 	"github.com/99designs/gqlgen/graphql"
-	"github.com/99designs/gqlgen/graphql/handler/transport"
-	"github.com/gorilla/websocket"
 	"github.com/vektah/gqlparser/v2/ast"
+	"github.com/vektah/gqlparser/v2/gqlerror"
 
 	"github.com/computeql/computeql/instance"
 )
 
-// sseTransport is gqlgen's Server-Sent Events transport as graphql-sse's distinct-connections
+// sseTransport serves GraphQL over Server-Sent Events as graphql-sse's distinct-connections
 // mode says: over POST, and over GET with the operation in the query string (query,
 // variables, operationName, extensions; queries and subscriptions only), for clients that
-// can only GET; and with a data line on the complete event, without which a browser's
-// EventSource never fires it. The token comes in the Authorization header either way.
-type sseTransport struct{ transport.SSE }
+// can only GET. Every result is a next event, answered as POST answers (a refusal before
+// execution has no data entry), and the stream ends with a complete event that has a data
+// line, without which a browser's EventSource never fires it. The token comes in the
+// Authorization header either way. keepAlive is how long the stream may be silent before a
+// comment keeps proxies from closing it.
+type sseTransport struct{ keepAlive time.Duration }
 
-func (t sseTransport) Supports(r *http.Request) bool {
-	if websocket.IsWebSocketUpgrade(r) || !prefersEventStream(r.Header.Get("Accept")) {
+func (sseTransport) Supports(r *http.Request) bool {
+	if asksForWebSocket(r) || !prefersEventStream(r.Header.Get("Accept")) {
 		return false
 	}
-	return r.Method == http.MethodGet || t.SSE.Supports(r)
+	switch r.Method {
+	case http.MethodGet:
+		return true
+	case http.MethodPost:
+		mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+		return err == nil && mt == mediaJSON
+	}
+	return false
 }
 
-// prefersEventStream reports whether an Accept header prefers an event stream to every JSON
-// answer it also accepts: the highest q wins, the earlier at equal q. A client that lists the
-// event stream after JSON (urql lists every type it can read) gets JSON.
-func prefersEventStream(accept string) bool {
-	best, bestQ := "", 0.0
-	for part := range strings.SplitSeq(accept, ",") {
-		mt, params, err := mime.ParseMediaType(strings.TrimSpace(part))
-		if err != nil {
-			continue
-		}
-		switch mt {
-		case "text/event-stream", mediaJSON, mediaGraphQLResponse:
-		default:
-			continue
-		}
-		q := 1.0
-		if v, ok := params["q"]; ok {
-			if f, err := strconv.ParseFloat(v, 64); err == nil {
-				q = f
-			}
-		}
-		if q > bestQ {
-			best, bestQ = mt, q
-		}
-	}
-	return best == "text/event-stream"
-}
+var sseGetRefused = map[ast.Operation]opRefusal{ast.Mutation: {why: mutationOverGET}}
 
 func (t sseTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
+	start := graphql.Now()
 	var params *graphql.RawParams
 	var err error
+	var refused map[ast.Operation]opRefusal
 	if r.Method == http.MethodGet {
 		params, err = getParams(r)
-		exec = refuseOperations{exec, map[ast.Operation]opRefusal{ast.Mutation: {why: mutationOverGET}}}
-	} else if body, rerr := io.ReadAll(r.Body); rerr != nil { // bounded by limitBody
-		err = errors.New("could not read the request body")
+		refused = sseGetRefused
 	} else {
-		params, err = decodeRequest(body)
-	}
-	if err == nil {
-		r, err = asPost(r, params)
+		params, err = readRequest(r)
 	}
 	if err != nil {
 		writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, err.Error())
 		return
 	}
-	t.SSE.Do(completeWithData{w}, r, exec)
-}
+	ctx := r.Context()
+	params.Headers = r.Header
+	params.ReadTime = graphql.TraceTiming{Start: start, End: graphql.Now()}
+	exec = refuseOperations{exec, refused}
+	oc, errs := exec.CreateOperationContext(ctx, params)
+	ctx = graphql.WithOperationContext(ctx, oc)
 
-// asPost returns the request with the operation as the JSON body gqlgen's transport decodes:
-// the request as this server read it, whatever it was sent as (a GET, or a POST whose keys
-// gqlgen would match in any letter case and, if it could not take them, echo back whole).
-func asPost(r *http.Request, p *graphql.RawParams) (*http.Request, error) {
-	b, err := json.Marshal(struct {
-		Query         string         `json:"query"`
-		OperationName string         `json:"operationName,omitempty"`
-		Variables     map[string]any `json:"variables,omitempty"`
-		Extensions    map[string]any `json:"extensions,omitempty"`
-	}{p.Query, p.OperationName, p.Variables, p.Extensions})
-	if err != nil {
-		return nil, err
-	}
-	post := r.Clone(r.Context())
-	post.Method = http.MethodPost
-	post.Header.Set("Content-Type", "application/json")
-	post.Body = io.NopCloser(bytes.NewReader(b))
-	post.ContentLength = int64(len(b))
-	return post, nil
-}
-
-// completeWithData gives the complete event a data line: an event without one is never
-// dispatched by an EventSource, which would then never learn the stream ended.
-type completeWithData struct{ http.ResponseWriter }
-
-var completeEvent = []byte("event: complete\n\n")
-
-func (c completeWithData) Write(b []byte) (int, error) {
-	if bytes.Equal(b, completeEvent) {
-		if _, err := c.ResponseWriter.Write([]byte("event: complete\ndata:\n\n")); err != nil {
-			return 0, err
+	w.Header().Set("Content-Type", mediaEventStream)
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	s := newSSEStream(w, t.keepAlive)
+	defer s.close()
+	if errs != nil {
+		s.next(exec.DispatchError(ctx, errs), false)
+	} else {
+		responses, ctx := exec.DispatchOperation(ctx, oc)
+		for resp := responses(ctx); resp != nil; resp = responses(ctx) {
+			s.next(resp, true)
 		}
-		return len(b), nil
 	}
-	return c.ResponseWriter.Write(b)
+	s.write("event: complete\ndata:\n\n")
 }
 
-// Unwrap lets http.ResponseController reach the connection.
-func (c completeWithData) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+// sseStream writes one stream's events, each flushed at once, and a keep-alive comment after
+// every keepAlive of silence, from a goroutine the stream owns until close.
+type sseStream struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
 
-func (c completeWithData) Flush() {
-	if f, ok := c.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
+	mu    sync.Mutex
+	timer *time.Timer // nil without keep-alives
+	every time.Duration
+
+	stop chan struct{}
+	done sync.WaitGroup
+}
+
+func newSSEStream(w http.ResponseWriter, keepAlive time.Duration) *sseStream {
+	s := &sseStream{w: w, rc: http.NewResponseController(w), every: keepAlive, stop: make(chan struct{})}
+	// A comment first, so that the client sees the stream open before any event.
+	s.write(":\n\n")
+	if keepAlive > 0 {
+		s.timer = time.NewTimer(keepAlive)
+		s.done.Go(s.keepAlive)
+	}
+	return s
+}
+
+func (s *sseStream) keepAlive() {
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-s.timer.C:
+			s.write(": ping\n\n")
+		}
+	}
+}
+
+// next writes resp as a next event, without its data entry when withData is false.
+func (s *sseStream) next(resp *graphql.Response, withData bool) {
+	b, err := appendResponse([]byte("event: next\ndata: "), resp, withData)
+	if err != nil {
+		b, _ = appendResponse([]byte("event: next\ndata: "), &graphql.Response{Errors: gqlerror.List{{
+			Message: "the result could not be encoded", Extensions: map[string]any{"code": string(instance.CodeInternal)},
+		}}}, false)
+	}
+	s.write(string(append(b, "\n\n"...)))
+}
+
+// write writes and flushes one event or comment, and puts off the next keep-alive. A failed
+// write needs no handling here: the client is gone, which ends the request's context and with
+// it the subscription.
+func (s *sseStream) write(event string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	io.WriteString(s.w, event)
+	s.rc.Flush()
+	if s.timer != nil {
+		s.timer.Reset(s.every)
+	}
+}
+
+// close stops the keep-alives and waits for their goroutine.
+func (s *sseStream) close() {
+	close(s.stop)
+	s.done.Wait()
+	if s.timer != nil {
+		s.timer.Stop()
 	}
 }

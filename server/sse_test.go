@@ -223,3 +223,79 @@ func TestSSEStreamsTheBodyAsRead(t *testing.T) {
 		t.Errorf("status %d, %q: want the query's result streamed, and no echo of the body", res.StatusCode, raw)
 	}
 }
+
+// TestSSERefusalsHaveNoData: an operation refused before it ran is a next event without a
+// data entry, over POST and GET alike, as it is over plain POST; the stream still completes.
+func TestSSERefusalsHaveNoData(t *testing.T) {
+	a, s := wsServer(t)
+	tok := a.admin(t)
+	for name, res := range map[string]*http.Response{
+		"POST, not valid":    ssePost(t, s, tok, `{ nope }`),
+		"POST, not parsed":   ssePost(t, s, tok, `{ me {`),
+		"GET, a mutation":    sseGet(t, s.URL, tok, `mutation { createStreamTicket { ticket } }`, nil),
+		"GET, unknown field": sseGet(t, s.URL, tok, `{ nope }`, nil),
+	} {
+		events, err := readSSE(res.Body)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(events) != 2 || events[0].Event != "next" || events[1].Event != "complete" {
+			t.Fatalf("%s: events %+v, want next then complete", name, events)
+		}
+		var body map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(events[0].Data), &body); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if _, ok := body["data"]; ok || body["errors"] == nil {
+			t.Errorf("%s: %s, want errors and no data entry", name, events[0].Data)
+		}
+	}
+}
+
+// TestSSEAcceptIsCaseInsensitive: media types are case-insensitive, so Text/Event-Stream
+// streams a POST as it streams a GET.
+func TestSSEAcceptIsCaseInsensitive(t *testing.T) {
+	a, s := wsServer(t)
+	req, err := http.NewRequest(http.MethodPost, s.URL+"/graphql", strings.NewReader(`{"query":"{ me { subject } }"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "Application/JSON")
+	req.Header.Set("Accept", "Text/Event-Stream")
+	req.Header.Set("Authorization", "Bearer "+a.admin(t))
+	res, err := s.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	events, err := readSSE(res.Body)
+	if err != nil || len(events) != 2 || !strings.Contains(events[0].Data, `"subject":"admin"`) {
+		t.Fatalf("events %+v (%v), want the answer streamed", events, err)
+	}
+}
+
+// TestSSEKeepAlive: a stream silent for KeepAliveInterval gets a comment, so that proxies do
+// not close it, and goes on delivering events after.
+func TestSSEKeepAlive(t *testing.T) {
+	a, s := wsServer(t, func(o *Options) { o.KeepAliveInterval = 20 * time.Millisecond })
+	tok := a.admin(t)
+	inst := a.mustCreate(t, tok, createInput("quiet"))
+	sub := bufio.NewReader(ssePost(t, s, tok, subQuery("acme", "")).Body)
+	read := func(want string) {
+		t.Helper()
+		for {
+			line, err := sub.ReadString('\n')
+			if err != nil {
+				t.Fatalf("waiting for %q: %v", want, err)
+			}
+			if strings.Contains(line, want) {
+				return
+			}
+		}
+	}
+	read(`"SYNCED"`)
+	read(": ping")
+	read(": ping")
+	a.describe(t, tok, inst.ID, "after the pings")
+	read(`"UPDATED"`)
+}

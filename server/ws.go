@@ -2,13 +2,11 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -194,8 +192,7 @@ func initToken(p map[string]any) (string, error) {
 // streamDeadlines serves an SSE stream, which lasts as long as its subscription: it lifts the
 // http.Server's ReadTimeout (whose expiry would cancel the request's context, ending the stream)
 // and WriteTimeout (which would cut the response) and instead bounds every write and flush by
-// writeTimeout, so a client that stops reading is dropped and one that reads is kept. Writes
-// after the handler returned (the SSE transport's keep-alive ticker may still fire) are dropped.
+// writeTimeout, so a client that stops reading is dropped and one that reads is kept.
 func streamDeadlines(writeTimeout time.Duration, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The same test the SSE transport serves by, so that every stream it serves (a GET
@@ -208,55 +205,25 @@ func streamDeadlines(writeTimeout time.Duration, next http.Handler) http.Handler
 		// Errors mean the writer has no deadlines (e.g. a test recorder): nothing to lift.
 		_ = rc.SetReadDeadline(time.Time{})
 		_ = rc.SetWriteDeadline(time.Time{})
-		dw := &deadlineWriter{ResponseWriter: w, rc: rc, timeout: writeTimeout}
-		defer dw.finish()
-		next.ServeHTTP(dw, r)
+		next.ServeHTTP(&deadlineWriter{ResponseWriter: w, rc: rc, timeout: writeTimeout}, r)
 	})
 }
 
-var errStreamEnded = errors.New("server: write after the stream's handler returned")
-
-// deadlineWriter sets a write deadline before every write and flush.
+// deadlineWriter sets a write deadline before every write and flush. The stream writes from
+// one goroutine at a time (sseStream's lock).
 type deadlineWriter struct {
 	http.ResponseWriter
 	rc      *http.ResponseController
 	timeout time.Duration
-
-	mu       sync.Mutex
-	finished bool
-}
-
-func (w *deadlineWriter) finish() {
-	w.mu.Lock()
-	w.finished = true
-	w.mu.Unlock()
-}
-
-func (w *deadlineWriter) WriteHeader(status int) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.finished {
-		w.ResponseWriter.WriteHeader(status)
-	}
 }
 
 func (w *deadlineWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.finished {
-		return 0, errStreamEnded
-	}
 	_ = w.rc.SetWriteDeadline(time.Now().Add(w.timeout))
 	return w.ResponseWriter.Write(p)
 }
 
-// Flush implements http.Flusher, which gqlgen's SSE transport requires.
+// Flush implements http.Flusher, which the SSE stream flushes every event with.
 func (w *deadlineWriter) Flush() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.finished {
-		return
-	}
 	_ = w.rc.SetWriteDeadline(time.Now().Add(w.timeout))
 	_ = w.rc.Flush()
 }
