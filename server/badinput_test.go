@@ -109,6 +109,9 @@ func TestBadRequestBodies(t *testing.T) {
 		{"operationName not a string", "application/json", `{"query": "{ me { subject } }", "operationName": ["a"]}`, "BAD_USER_INPUT"},
 		{"variables not an object", "application/json", `{"query": "{ me { subject } }", "variables": [1]}`, "BAD_USER_INPUT"},
 		{"extensions not an object", "application/json", `{"query": "{ me { subject } }", "extensions": "x"}`, "BAD_USER_INPUT"},
+		{"no query", "application/json", `{"qeury": "{ me { subject } }"}`, "BAD_USER_INPUT"},
+		{"an empty object", "application/json", `{}`, "BAD_USER_INPUT"},
+		{"a null query", "application/json", `{"query": null, "variables": {}}`, "BAD_USER_INPUT"},
 		{"text/plain", "text/plain", `{"query": "{ me { subject } }"}`, "BAD_USER_INPUT"},
 		{"application/graphql", "application/graphql", `{ me { subject } }`, "BAD_USER_INPUT"},
 		{"form", "application/x-www-form-urlencoded", `query=%7B+me+%7B+subject+%7D+%7D`, "BAD_USER_INPUT"},
@@ -398,5 +401,23 @@ func TestHostileRequestsNeverCauseA500(t *testing.T) {
 	got := a.mustPost(t, tok, `query($id: ID!) { instance(id: $id) { generation deletedAt } }`, map[string]any{"id": inst.ID})
 	if d := got.Data["instance"].(map[string]any); d["generation"] != float64(1) || d["deletedAt"] != nil {
 		t.Errorf("the instance changed: %s", got.Raw)
+	}
+}
+
+// TestPersistedQueryRefusalsHaveCodes: every refusal of gqlgen's persisted-query extension
+// carries a code, as every top-level error does: a hash it does not know, and extension data
+// it cannot use.
+func TestPersistedQueryRefusalsHaveCodes(t *testing.T) {
+	a := newAPI(t)
+	tok := a.admin(t)
+	for body, code := range map[string]string{
+		`{"extensions": {"persistedQuery": {"version": 1, "sha256Hash": "00"}}}`:                                "PERSISTED_QUERY_NOT_FOUND",
+		`{"query": "{ me { subject } }", "extensions": {"persistedQuery": {"version": 1, "sha256Hash": "00"}}}`: "BAD_USER_INPUT",
+		`{"query": "{ me { subject } }", "extensions": {"persistedQuery": {"version": 2, "sha256Hash": "00"}}}`: "BAD_USER_INPUT",
+		`{"query": "{ me { subject } }", "extensions": {"persistedQuery": "yes"}}`:                              "BAD_USER_INPUT",
+	} {
+		req := httptest.NewRequest(http.MethodPost, "/graphql", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		wantError(t, a.send(t, tok, req), http.StatusOK, code)
 	}
 }

@@ -37,6 +37,9 @@ func (getTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Grap
 		writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, err.Error())
 		return
 	}
+	// The answer's media type follows Accept: a cache that stores a GET's answer must key it
+	// by Accept too.
+	w.Header().Add("Vary", "Accept")
 	execute(w, r, exec, params, start, getRefused)
 }
 
@@ -57,12 +60,15 @@ func getParams(r *http.Request) (*graphql.RawParams, error) {
 			continue
 		}
 		v, err := jsonvalue.Parse([]byte(s))
-		if err != nil {
+		switch {
+		case errors.Is(err, jsonvalue.ErrTooDeep):
+			return nil, errors.New(f.key + " nests arrays and objects too deeply")
+		case err != nil:
 			return nil, errors.New(f.key + " is not valid JSON")
 		}
 		if *f.into, err = objectParam(f.key, v); err != nil {
 			return nil, err
 		}
 	}
-	return p, nil
+	return p, requireQuery(p, q.Has("query"))
 }

@@ -2,9 +2,7 @@ package server
 
 import (
 	"encoding/json"
-	"mime"
 	"net/http"
-	"strings"
 
 	"github.com/99designs/gqlgen/graphql"
 	"github.com/vektah/gqlparser/v2/gqlerror"
@@ -12,40 +10,11 @@ import (
 	"github.com/computeql/computeql/instance"
 )
 
-// The media types of answers, as the GraphQL-over-HTTP specification names them.
-const (
-	mediaJSON            = "application/json"
-	mediaGraphQLResponse = "application/graphql-response+json"
-)
-
-// responseType chooses the media type of an answer to r as gqlgen's transports do: the first
-// of the two the Accept header lists, application/json for a wildcard or no Accept at all
-// (what curl and older clients send), application/graphql-response+json otherwise.
-func responseType(r *http.Request) string {
-	accept := r.Header.Get("Accept")
-	if accept == "" {
-		return mediaJSON
-	}
-	for part := range strings.SplitSeq(accept, ",") {
-		mt, _, err := mime.ParseMediaType(strings.TrimSpace(part))
-		if err != nil {
-			continue
-		}
-		switch mt {
-		case mediaJSON, "*/*", "application/*":
-			return mediaJSON
-		case mediaGraphQLResponse:
-			return mediaGraphQLResponse
-		}
-	}
-	return mediaGraphQLResponse
-}
-
 // writeErrors answers r with the errors alone (no data: nothing was executed) and the status,
 // in the media type the client accepts, so that a client that reads error bodies only as
 // application/graphql-response+json (Apollo Client 4) sees the code of a 401 or a 429.
 func writeErrors(w http.ResponseWriter, r *http.Request, status int, errs gqlerror.List) {
-	w.Header().Set("Content-Type", responseType(r))
+	w.Header().Set("Content-Type", responseType(r.Header.Get("Accept")))
 	w.WriteHeader(status)
 	json.NewEncoder(w).Encode(map[string]any{"errors": errs})
 }

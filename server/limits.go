@@ -12,6 +12,8 @@ import (
 	"github.com/vektah/gqlparser/v2/gqlerror"
 	"github.com/vektah/gqlparser/v2/lexer"
 	"github.com/vektah/gqlparser/v2/parser"
+
+	"github.com/computeql/computeql/instance"
 )
 
 // size is an operation's shape with every fragment expanded.
@@ -257,7 +259,8 @@ const maxErrors = 100
 
 // refuseOperations refuses the operations a transport must not serve, once parsed and
 // validated and before they run, with GRAPHQL_VALIDATION_FAILED and a message saying why; and
-// it answers at most maxErrors errors of any refusal, the last saying how many were left out.
+// it answers at most maxErrors errors of any refusal, the last saying how many were left out,
+// each with a code.
 type refuseOperations struct {
 	graphql.GraphExecutor
 	refused map[ast.Operation]opRefusal
@@ -265,6 +268,12 @@ type refuseOperations struct {
 
 func (e refuseOperations) CreateOperationContext(ctx context.Context, params *graphql.RawParams) (*graphql.OperationContext, gqlerror.List) {
 	oc, errs := e.GraphExecutor.CreateOperationContext(ctx, params)
+	for _, err := range errs {
+		// gqlgen's persisted-query extension refuses malformed extension data without a code.
+		if _, ok := err.Extensions["code"]; !ok {
+			errcode.Set(err, string(instance.CodeBadUserInput))
+		}
+	}
 	if len(errs) > maxErrors {
 		more := gqlerror.Errorf("%d more errors left out", len(errs)-maxErrors+1)
 		more.Extensions = map[string]any{"code": errs[0].Extensions["code"]}

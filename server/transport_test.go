@@ -23,8 +23,8 @@ func TestGETRunsQueries(t *testing.T) {
 	if res.Status != http.StatusOK || len(res.Errors) > 0 || !reflect.DeepEqual(res.Data, map[string]any{"me": map[string]any{"subject": "mia"}}) {
 		t.Errorf("GET me: %d %s", res.Status, res.Raw)
 	}
-	if ct := res.Header.Get("Content-Type"); ct != "application/json" {
-		t.Errorf("Content-Type = %q", ct)
+	if ct, vary := res.Header.Get("Content-Type"), res.Header.Get("Vary"); ct != "application/json" || vary != "Accept" {
+		t.Errorf("Content-Type %q, Vary %q; want application/json, Accept", ct, vary)
 	}
 	res = a.get(t, tok, `query($id: ID!) { instance(id: $id) { name } }`, map[string]any{"id": inst.ID})
 	if res.Status != http.StatusOK || len(res.Errors) > 0 || !reflect.DeepEqual(res.Data["instance"], map[string]any{"name": "over-get"}) {
@@ -45,6 +45,8 @@ func TestGETRunsQueries(t *testing.T) {
 		url.Values{"query": {`query($id: ID!) { instance(id: $id) { name } }`}, "variables": {`["x"]`}}.Encode(),
 		url.Values{"query": {`{ me { subject } }`}, "extensions": {`"persisted"`}}.Encode(),
 		"query=%7Bme%7Bsubject%7D%7D&variables=%zz",
+		"operationName=Q",
+		url.Values{"query": {`{ me { subject } }`}, "variables": {`{"a": ` + strings.Repeat("[", 600) + strings.Repeat("]", 600) + `}`}}.Encode(),
 	} {
 		wantError(t, a.send(t, tok, httptest.NewRequest(http.MethodGet, "/graphql?"+query, nil)), http.StatusBadRequest, "BAD_USER_INPUT")
 	}
