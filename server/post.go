@@ -69,8 +69,8 @@ func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor,
 	if errs != nil {
 		status := refusedStatus(w, mediaType, errs)
 		if oc != nil && oc.Operation != nil {
-			if r, ok := refused[oc.Operation.Operation]; ok && r.status != 0 {
-				status = r.status
+			if why, ok := refused[oc.Operation.Operation]; ok && why.status != 0 {
+				status = why.status
 			}
 		}
 		if status == http.StatusMethodNotAllowed {
