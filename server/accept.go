@@ -2,6 +2,7 @@ package server
 
 import (
 	"mime"
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -14,10 +15,14 @@ const (
 	mediaEventStream     = "text/event-stream"
 )
 
+// qValue is RFC 9110's weight: 0 to 1 with at most three decimals.
+var qValue = regexp.MustCompile(`^(0(\.[0-9]{0,3})?|1(\.0{0,3})?)$`)
+
 // preferred returns which of the offered media types an Accept header ranks highest, as RFC
 // 9110 §12.5.1 says: each type takes the q of the most specific range that matches it (the type
-// itself, then type/*, then */*); the highest q wins, then the range listed first, then the
-// earlier offered. exact says its range named it rather than a wildcard. It returns "" when the
+// itself, then type/*, then */*; parameters other than q are ignored, as clients send
+// application/json;charset=utf-8); the highest q wins, then the range listed first, then the
+// earlier offered; a range with a malformed q is ignored. exact says its range named it rather than a wildcard. It returns "" when the
 // header accepts none (every match has q=0, or none matches).
 func preferred(accept string, offered ...string) (best string, exact bool) {
 	type rng struct {
@@ -32,9 +37,10 @@ func preferred(accept string, offered ...string) (best string, exact bool) {
 		}
 		q := 1.0
 		if v, ok := params["q"]; ok {
-			if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 && f <= 1 {
-				q = f
+			if !qValue.MatchString(v) {
+				continue // a range whose weight cannot be read weighs nothing
 			}
+			q, _ = strconv.ParseFloat(v, 64)
 		}
 		ranges = append(ranges, rng{mt, q})
 	}

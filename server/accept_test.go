@@ -30,6 +30,12 @@ func TestAcceptPreference(t *testing.T) {
 		{"text/event-stream;q=0", mediaGraphQLResponse, false},
 		{"text/*", mediaGraphQLResponse, false},
 		{"text/*, application/json;q=0.1", mediaJSON, false},
+		{"application/json; charset=utf-8", mediaJSON, false},
+		{"text/event-stream;q=-1, application/json", mediaJSON, false},
+		{"text/event-stream;q=2, application/json", mediaJSON, false},
+		{"text/event-stream;q=abc, application/json", mediaJSON, false},
+		{"text/event-stream;q=1e-1, application/json;q=0.5", mediaJSON, false},
+		{"text/event-stream;q=0.500, application/json;q=0.25", mediaJSON, true},
 	}
 	for _, tt := range tests {
 		if got := responseType(tt.accept); got != tt.answer {

@@ -25,6 +25,7 @@ const (
 	fuzzDepth  = 4
 	fuzzFields = 30
 	fuzzWidth  = 6
+	fuzzPairs  = 20
 	fuzzTokens = 300
 	// fuzzDeadline bounds one request: far above what any document within the token limit
 	// needs, even under -race, so only a runaway parse, validation or resolver reaches it.
@@ -43,6 +44,9 @@ var resolverCodes = []string{
 // every expansion, independently of the memoised measurer the server uses.
 type shape struct {
 	depth, fields, widest int
+	// pairs sums, over every selection set as expanded, the products of the sizes of each two
+	// of its fields of one response name.
+	pairs int
 	// over says the walk stopped because the fields passed fuzzFields.
 	over bool
 	// cyclic says a fragment spreads itself, through others or not. Validation refuses the
@@ -69,15 +73,22 @@ func newNaiveWalk(doc *ast.QueryDocument) *naiveWalk {
 	return w
 }
 
+// namedSize is a field of a set, by response name, and its size: itself and what it selects.
+type namedSize struct {
+	name string
+	size int
+}
+
 // set walks one selection set and returns its depth and its fields directly in it,
-// fragments flattened.
-func (w *naiveWalk) set(sel ast.SelectionSet, onPath map[string]bool) (depth, direct int) {
+// fragments flattened, adding those fields to flat.
+func (w *naiveWalk) set(sel ast.SelectionSet, onPath map[string]bool, flat *[]namedSize) (depth, direct int) {
 	for _, s := range sel {
 		if w.s.over {
 			return depth, direct
 		}
 		switch s := s.(type) {
 		case *ast.Field:
+			before := w.s.fields
 			w.s.fields++
 			w.s.over = w.s.fields > fuzzFields
 			direct++
@@ -86,17 +97,26 @@ func (w *naiveWalk) set(sel ast.SelectionSet, onPath map[string]bool) (depth, di
 				d = 0
 			}
 			depth = max(depth, 1+d)
+			name := s.Alias
+			if name == "" {
+				name = s.Name
+			}
+			*flat = append(*flat, namedSize{name, w.s.fields - before})
 		case *ast.InlineFragment:
-			d, n := w.set(s.SelectionSet, onPath)
+			d, n := w.set(s.SelectionSet, onPath, flat)
 			depth, direct = max(depth, d), direct+n
 		case *ast.FragmentSpread:
+			// A spread counts as a field of the set it is in, whatever it spreads.
+			w.s.fields++
+			w.s.over = w.s.fields > fuzzFields
+			direct++
 			f := w.fragments[s.Name]
 			w.s.cyclic = w.s.cyclic || onPath[s.Name]
 			if f == nil || onPath[s.Name] {
 				continue
 			}
 			onPath[s.Name] = true
-			d, n := w.set(f.SelectionSet, onPath)
+			d, n := w.set(f.SelectionSet, onPath, flat)
 			delete(onPath, s.Name)
 			depth, direct = max(depth, d), direct+n
 		}
@@ -104,10 +124,19 @@ func (w *naiveWalk) set(sel ast.SelectionSet, onPath map[string]bool) (depth, di
 	return depth, direct
 }
 
-// measure walks a field's own selection set, which is a selection set of its own for width.
+// measure walks a field's own selection set, which is a selection set of its own for width
+// and for the pairs of its fields of one name.
 func (w *naiveWalk) measure(sel ast.SelectionSet, onPath map[string]bool) (depth, direct int) {
-	depth, direct = w.set(sel, onPath)
+	var flat []namedSize
+	depth, direct = w.set(sel, onPath, &flat)
 	w.s.widest = max(w.s.widest, direct)
+	for i := range flat {
+		for j := i + 1; j < len(flat); j++ {
+			if flat[i].name == flat[j].name {
+				w.s.pairs += flat[i].size * flat[j].size
+			}
+		}
+	}
 	return depth, direct
 }
 
@@ -198,6 +227,7 @@ func longestNameNaively(query string) int {
 func FuzzGraphQLDocument(f *testing.F) {
 	a := newAPI(f, func(o *Options) {
 		o.MaxDepth, o.MaxFields, o.MaxWidth, o.MaxTokens = fuzzDepth, fuzzFields, fuzzWidth, fuzzTokens
+		o.MaxMergeComparisons = fuzzPairs
 		o.RateLimit = -1
 	})
 	tok := a.token(f, "fuzz", auth.Grant{OrganizationID: "acme", Role: auth.RoleViewer})
@@ -219,6 +249,7 @@ func FuzzGraphQLDocument(f *testing.F) {
 		{`{ ...F0 } fragment F0 on Query { ...F1 ...F1 } fragment F1 on Query { ...F2 ...F2 } fragment F2 on Query { ...F3 ...F3 } fragment F3 on Query { me { subject } }`, ""},
 		{`{ me { subject subject subject subject subject subject subject } }`, ""},
 		{`{ me { a: subject a: grants { role } } }`, ""},
+		{`{ a: me { subject } a: me { subject } a: me { subject } a: me { subject } }`, ""},
 		{`{ __schema { types { fields { type { ofType { name } } } } } }`, ""},
 		{`{ instances(organizationId: "acme") { edges { node { status { conditions { reason } } } } } }`, ""},
 		{strings.Repeat("{ me ", 40) + strings.Repeat("}", 40), ""},
@@ -278,7 +309,7 @@ func FuzzGraphQLDocument(f *testing.F) {
 		case s.cyclic:
 			refused(http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
 			return
-		case s.over || s.widest > fuzzWidth:
+		case s.over || s.widest > fuzzWidth || s.pairs > fuzzPairs:
 			refused(http.StatusOK, "GRAPHQL_VALIDATION_FAILED")
 			if !strings.Contains(string(res.Raw), "the limit is") {
 				t.Fatalf("%+v is over budget but the refusal does not say so: %s", s, res.Raw)

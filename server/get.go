@@ -32,16 +32,18 @@ func (getTransport) Supports(r *http.Request) bool {
 
 func (getTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
 	start := graphql.Now()
+	varyByAccept(w)
 	params, err := getParams(r)
 	if err != nil {
 		writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, err.Error())
 		return
 	}
-	// The answer's media type follows Accept: a cache that stores a GET's answer must key it
-	// by Accept too.
-	w.Header().Add("Vary", "Accept")
 	execute(w, r, exec, params, start, getRefused)
 }
+
+// varyByAccept says that the answer to a GET follows its Accept (its media type, and whether
+// it streams), so that a cache that stores it keys it by Accept too.
+func varyByAccept(w http.ResponseWriter) { w.Header().Add("Vary", "Accept") }
 
 // getParams reads a GET request's operation from its query string: query, operationName, and
 // variables and extensions as JSON objects, decoded as a POST body's are.

@@ -301,6 +301,13 @@ func TestValidationWorkIsBoundedPerDocument(t *testing.T) {
 		}
 		return a.send(t, tok, req)
 	}
+	spreads := func(n int, name func(int) string) string {
+		var b strings.Builder
+		for i := range n {
+			b.WriteString("..." + name(i) + " ")
+		}
+		return b.String()
+	}
 	var unused strings.Builder
 	for i := range 26 {
 		fmt.Fprintf(&unused, "a%d: me { %s} ", i, strings.Repeat("subject ", 199))
@@ -310,8 +317,12 @@ func TestValidationWorkIsBoundedPerDocument(t *testing.T) {
 		want                       string // in the only error; "" for an answer with data
 	}{
 		{"many operations within the budget", ops(200, "me { subject }"), "Q0", ""},
-		{"many operations over the budget together", ops(1000, "a: me { subject } b: me { subject } c: me { subject }"), "Q0", "the document selects 6006 fields"},
+		{"many operations over the budget together", ops(1000, "a: me { subject } b: me { subject } c: me { subject }"), "Q0", "the document selects 7006 fields"},
 		{"a fragment nobody spreads counts", "{ me { subject } } fragment Unused on Query { " + unused.String() + "}", "", "the document selects 5202 fields"},
+		{"spreads of fragments that do not exist", "{ __typename " + spreads(2000, func(i int) string { return fmt.Sprint("f", i) }) + "}", "", "a selection set holds 2001 fields"},
+		{"spreads of one unknown fragment, spread in turn", "fragment Z on Query { __typename " + spreads(300, func(int) string { return "x" }) + "} query { ...Z }", "", "a selection set holds 302 fields"},
+		{"fragments selecting the same fields of one object", "{ me { ...A ...B subject } } fragment A on Principal { subject grants { role } } fragment B on Principal { subject grants { role } }", "", ""},
+		{"70 fields of one name, each selecting 70", "{ " + strings.Repeat("me { "+strings.Repeat("subject ", 70)+"} ", 70) + "}", "", "would be compared 12343065 times"},
 		{"a name of 257 bytes", ops(200, "f"+strings.Repeat("y", 256)), "Q0", "a name of 257 bytes at line 1; names are at most 256"},
 		{"an operationName of 257 bytes", "{ me { subject } }", strings.Repeat("Q", 257), "operationName is 257 bytes long"},
 	}
@@ -346,6 +357,11 @@ func TestValidationWorkIsBoundedPerDocument(t *testing.T) {
 	}
 	if res := post(`{ mee { subject } }`, ""); strings.Contains(string(res.Raw), "Did you mean") {
 		t.Errorf("a suggestion: %s", res.Raw)
+	}
+	// A message that quotes a value is cut short: the answer need not repeat the document.
+	res = post(`{ me @skip(if: "`+strings.Repeat("x", 5000)+`") { subject } }`, "")
+	if len(res.Errors) != 1 || len(res.Errors[0].Message) > maxMessageBytes+len("…") || !strings.HasSuffix(res.Errors[0].Message, "…") {
+		t.Errorf("a message of %d bytes: %.200s", len(res.Raw), res.Raw)
 	}
 	// Each error quotes one name, so the answer is bounded whatever the document: 100 errors of
 	// a name and some 200 bytes more.

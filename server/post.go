@@ -68,7 +68,8 @@ func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor,
 	oc, errs := exec.CreateOperationContext(ctx, params)
 	if errs != nil {
 		status := refusedStatus(w, mediaType, errs)
-		if oc != nil && oc.Operation != nil {
+		// A rate limit's 429 stands: retrying after it may succeed, or get the refusal.
+		if status != http.StatusTooManyRequests && oc != nil && oc.Operation != nil {
 			if why, ok := refused[oc.Operation.Operation]; ok && why.status != 0 {
 				status = why.status
 			}

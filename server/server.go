@@ -61,6 +61,10 @@ type Options struct {
 	MaxFields int
 	// MaxWidth caps the fields of one selection set, fragments flattened. Defaults to 200.
 	MaxWidth int
+	// MaxMergeComparisons caps what checking that fields of the same response name in one
+	// selection set can be merged may compare, in field pairs weighed by what they select.
+	// Defaults to 100,000.
+	MaxMergeComparisons int
 	// Registry receives the metrics served at /metrics. Defaults to a new registry with the Go
 	// and process collectors.
 	Registry *prometheus.Registry
@@ -172,6 +176,7 @@ func (o *Options) applyDefaults() error {
 	if o.MaxWidth == 0 {
 		o.MaxWidth = 200
 	}
+	o.MaxMergeComparisons = cmp.Or(o.MaxMergeComparisons, 100_000)
 	if o.KeepAliveInterval == 0 {
 		o.KeepAliveInterval = 15 * time.Second
 	}
@@ -225,9 +230,9 @@ func New(opts Options) (http.Handler, error) {
 	gql.AddTransport(getTransport{})
 	gql.AddTransport(postTransport{})
 	gql.AddTransport(unsupported{})
-	// Shared by every caller, so bounded by bytes: a parsed document weighs about 10 to 30
-	// times its text.
-	queries := newBoundedCache(1000, 64<<20, func(q string, _ *ast.QueryDocument) int { return 32 * len(q) })
+	// Shared by every caller, so bounded by bytes: a parsed and validated document weighs 10
+	// to 80 times its text, the most for short names in deep sets.
+	queries := newBoundedCache(1000, 64<<20, func(q string, _ *ast.QueryDocument) int { return 128 * len(q) })
 	gql.SetQueryCache(queries)
 	gql.SetParserTokenLimit(opts.MaxTokens)
 	// Suggestions ("Did you mean …?") compare every unknown name with every name of its type,
@@ -252,7 +257,7 @@ func New(opts Options) (http.Handler, error) {
 		gql.Use(extension.Introspection{})
 	}
 	gql.Use(extension.AutomaticPersistedQuery{Cache: newBoundedCache(1000, 16<<20, func(hash, q string) int { return len(hash) + len(q) })})
-	gql.Use(documentGate{budget: documentBudget{maxFields: opts.MaxFields, maxWidth: opts.MaxWidth}, maxTokens: opts.MaxTokens, cache: queries})
+	gql.Use(documentGate{budget: documentBudget{maxFields: opts.MaxFields, maxWidth: opts.MaxWidth, maxPairs: opts.MaxMergeComparisons}, maxTokens: opts.MaxTokens, cache: queries})
 	gql.Use(depthLimit{max: opts.MaxDepth})
 	gql.Use(complexityLimit{extension.FixedComplexityLimit(opts.MaxComplexity)})
 	gql.Use(queryCost{rl})
@@ -329,9 +334,9 @@ func authenticate(keys *auth.Keys, redeem func(context.Context, string) (auth.Pr
 		}
 		// An event stream a client opens with a GET it cannot add headers to (EventSource)
 		// carries a stream ticket instead of the token.
-		// Only a request the SSE transport serves: a ticket is never spent on a plain GET.
+		// Only a GET the SSE transport serves: a ticket is never spent on another request.
 		if ticket := r.URL.Query().Get("ticket"); ticket != "" && r.Method == http.MethodGet && r.Header.Get("Authorization") == "" &&
-			prefersEventStream(r.Header.Get("Accept")) {
+			(sseTransport{}).Supports(r) {
 			p, err := redeem(r.Context(), ticket)
 			if err != nil {
 				status, code, msg := http.StatusUnauthorized, instance.CodeUnauthenticated, "the stream ticket is unknown, used or expired: ask for another with createStreamTicket"

@@ -46,6 +46,7 @@ func (t sseTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 	var err error
 	var refused map[ast.Operation]opRefusal
 	if r.Method == http.MethodGet {
+		varyByAccept(w)
 		params, err = getParams(r)
 		refused = sseGetRefused
 	} else {

@@ -48,7 +48,11 @@ func TestSSEOverGET(t *testing.T) {
 	tok := a.admin(t)
 	inst := a.mustCreate(t, tok, createInput("one"))
 
-	raw, err := io.ReadAll(sseGet(t, s.URL, tok, `query($id: ID!) { instance(id: $id) { name } }`, map[string]any{"id": inst.ID}).Body)
+	res := sseGet(t, s.URL, tok, `query($id: ID!) { instance(id: $id) { name } }`, map[string]any{"id": inst.ID})
+	if vary := res.Header.Get("Vary"); vary != "Accept" {
+		t.Errorf("Vary %q: the same GET is answered as JSON without the event stream in Accept", vary)
+	}
+	raw, err := io.ReadAll(res.Body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,6 +160,18 @@ func TestStreamTickets(t *testing.T) {
 		{"a plain GET", func() *http.Response { return open(unspent, "application/json", `{ me { subject } }`) }, 0},
 		{"a GET that lists JSON before the event stream", func() *http.Response {
 			return open(unspent, "application/json, text/event-stream", `{ me { subject } }`)
+		}, 0},
+		{"a GET that asks for a WebSocket", func() *http.Response {
+			q := url.Values{"query": {subQuery("acme", "")}, "ticket": {unspent}}
+			req, _ := http.NewRequest(http.MethodGet, s.URL+"/graphql?"+q.Encode(), nil)
+			req.Header.Set("Accept", "text/event-stream")
+			req.Header.Set("Upgrade", "websocket")
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { res.Body.Close() })
+			return res
 		}, 0},
 	} {
 		before := calls.N()

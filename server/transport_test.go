@@ -48,7 +48,11 @@ func TestGETRunsQueries(t *testing.T) {
 		"operationName=Q",
 		url.Values{"query": {`{ me { subject } }`}, "variables": {`{"a": ` + strings.Repeat("[", 600) + strings.Repeat("]", 600) + `}`}}.Encode(),
 	} {
-		wantError(t, a.send(t, tok, httptest.NewRequest(http.MethodGet, "/graphql?"+query, nil)), http.StatusBadRequest, "BAD_USER_INPUT")
+		res := a.send(t, tok, httptest.NewRequest(http.MethodGet, "/graphql?"+query, nil))
+		wantError(t, res, http.StatusBadRequest, "BAD_USER_INPUT")
+		if vary := res.Header.Get("Vary"); vary != "Accept" {
+			t.Errorf("%s: Vary %q, want Accept", query, vary)
+		}
 	}
 }
 
@@ -93,6 +97,14 @@ func TestGETRefusesMutations(t *testing.T) {
 			}
 		})
 	}
+	// A mutation of more top-level fields than the tokens left is a rate limit's 429, not a
+	// 405 that retrying could never change.
+	clock := newTestClock()
+	limited := newAPI(t, func(o *Options) { o.RateLimit, o.RateBurst, o.now = 1, 5, clock.now })
+	three := url.Values{"query": {`mutation { a: createStreamTicket { ticket } b: createStreamTicket { ticket } c: createStreamTicket { ticket } }`}}.Encode()
+	ltok := limited.admin(t)
+	wantError(t, limited.send(t, ltok, httptest.NewRequest(http.MethodGet, "/graphql?"+three, nil)), http.StatusMethodNotAllowed, "GRAPHQL_VALIDATION_FAILED")
+	wantError(t, limited.send(t, ltok, httptest.NewRequest(http.MethodGet, "/graphql?"+three, nil)), http.StatusTooManyRequests, "RATE_LIMITED")
 	// The query of the same document still runs over GET.
 	params := url.Values{"query": {`query Q { me { subject } } mutation M { deleteInstance(input: {id: "x"}) { instance { id } } }`}, "operationName": {"Q"}}
 	if res := a.send(t, tok, httptest.NewRequest(http.MethodGet, "/graphql?"+params.Encode(), nil)); res.Status != http.StatusOK || len(res.Errors) > 0 {
