@@ -235,9 +235,11 @@ func TestResizeRules(t *testing.T) {
 	refused(t, map[string]any{"id": pending, "flavorId": "g1.medium", "allowRestart": true}, fc("UNPROCESSABLE", "input", "id"))
 
 	// The refusals below compare all of Redis before and after: no worker or region clock
-	// may write meanwhile, so each runs only while the test waits for the region.
-	clock := a.realise(t)
+	// may write meanwhile, so each runs only while the test waits for the region. The
+	// subscription comes first: one opened after the workers could begin after the instance
+	// ran, and would wait for a change already made (a CI run on a loaded machine did).
 	c := subscribeWS(t, s, protoTransportWS, admin, resizeSubQuery)
+	clock := a.realise(t)
 	awaitResize(c, "the pending instance running", settled(pending, "g1.small", "RUNNING"))
 	clock.stopWorkers()
 	id := pending
