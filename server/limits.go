@@ -98,38 +98,47 @@ func (m *measurer) selectionSet(set ast.SelectionSet) size {
 			if strings.HasPrefix(sel.Name, "__") {
 				child.depth = 1
 			}
-			if m.countPairs {
-				name := sel.Alias
-				if name == "" {
-					name = sel.Name
-				}
-				n := s.names[name]
-				size := min(child.fields, 1<<30)
-				s.names[name] = nameSizes{addCapped(n.sum, size), addCapped(n.squares, size*size)}
+			name := sel.Alias
+			if name == "" {
+				name = sel.Name
 			}
+			size := min(child.fields, 1<<30)
+			s.addName(name, nameSizes{size, size * size})
 		case *ast.InlineFragment:
 			child = m.selectionSet(sel.SelectionSet)
+			s.addNames(child.names)
 		case *ast.FragmentSpread:
 			// The spread itself counts as a field: validation does work for every spread,
 			// of a fragment that exists or not (a set of thousands of spreads of unknown
 			// names made the overlapping-fields rule compare millions of pairs).
 			child = m.fragment(sel.Name)
 			child.fields, child.direct = addCapped(child.fields, 1), addCapped(child.direct, 1)
+			s.addNames(child.names)
 		}
 		s.depth = max(s.depth, child.depth)
 		s.fields = addCapped(s.fields, child.fields)
 		s.direct = addCapped(s.direct, child.direct)
 		s.widest = max(s.widest, child.widest)
 		s.pairs = addCapped(s.pairs, child.pairs)
-		if _, ok := sel.(*ast.Field); !ok {
-			for name, c := range child.names {
-				n := s.names[name]
-				s.names[name] = nameSizes{addCapped(n.sum, c.sum), addCapped(n.squares, c.squares)}
-			}
-		}
 	}
 	s.widest = max(s.widest, s.direct)
 	return s
+}
+
+// addName adds fields of one response name to the set's sums, when pairs are counted.
+func (s *size) addName(name string, n nameSizes) {
+	if s.names == nil {
+		return
+	}
+	c := s.names[name]
+	s.names[name] = nameSizes{addCapped(c.sum, n.sum), addCapped(c.squares, n.squares)}
+}
+
+// addNames adds the sums of a fragment flattened into the set.
+func (s *size) addNames(names map[string]nameSizes) {
+	for name, n := range names {
+		s.addName(name, n)
+	}
 }
 
 func (m *measurer) fragment(name string) size {

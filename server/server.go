@@ -223,8 +223,8 @@ func New(opts Options) (http.Handler, error) {
 		return nil, err
 	}
 	gql := handler.New(graph.NewSchema(opts.Service, opts.Feed, opts.BookmarkInterval))
-	// The first transport that supports a request serves it: WebSocket (any Upgrade header)
-	// first, and SSE before POST, whose check ignores Accept.
+	// The first transport that supports a request serves it: WebSocket (an Upgrade to one)
+	// first, and SSE before GET and POST, whose checks ignore Accept.
 	gql.AddTransport(newWSTransport(opts, origins, limits, wsMetrics))
 	gql.AddTransport(sseTransport{keepAlive: opts.KeepAliveInterval})
 	gql.AddTransport(getTransport{})

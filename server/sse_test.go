@@ -297,16 +297,19 @@ func TestSSEKeepAlive(t *testing.T) {
 	tok := a.admin(t)
 	inst := a.mustCreate(t, tok, createInput("quiet"))
 	sub := bufio.NewReader(ssePost(t, s, tok, subQuery("acme", "")).Body)
+	// Bounded, so that a stream without keep-alives fails the test rather than stalling it.
 	read := func(want string) {
 		t.Helper()
-		for {
-			line, err := sub.ReadString('\n')
-			if err != nil {
-				t.Fatalf("waiting for %q: %v", want, err)
+		err := within(t, verbLimit, func() error {
+			for {
+				line, err := sub.ReadString('\n')
+				if err != nil || strings.Contains(line, want) {
+					return err
+				}
 			}
-			if strings.Contains(line, want) {
-				return
-			}
+		})
+		if err != nil {
+			t.Fatalf("waiting for %q: %v", want, err)
 		}
 	}
 	read(`"SYNCED"`)
