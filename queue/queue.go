@@ -274,32 +274,28 @@ func (q *Queue) Waiting(ctx context.Context, key string) (bool, error) {
 	return st != scheduled && st != scheduledFailed, nil
 }
 
-// ErrNotPipelined: the queue's keys are not reachable from one pipeline (a Redis Cluster,
-// where they live on other shards than the caller's), so EnqueueIf cannot join it.
-var ErrNotPipelined = errors.New("the queue cannot join a pipeline on a Redis Cluster")
+// ErrOtherShards: on a Redis Cluster the queue's keys live on other shards than a caller's,
+// so no script of the caller's can reach them (Addition).
+var ErrOtherShards = errors.New("the queue's keys are on other Redis Cluster shards")
 
-// EnqueueIf adds to the pipeline the enqueue of key, as Enqueue does, which takes effect only
-// if guard exists when it runs: pipelined after a command that writes guard only when the key
-// has work (a create's script writing the new record), the two make one round trip, and a
-// refused write enqueues nothing. Once the pipeline ran, Joined says whether the key was
-// enqueued. On a Redis Cluster it adds nothing and returns ErrNotPipelined.
-func (q *Queue) EnqueueIf(ctx context.Context, pipe redis.Pipeliner, key, guard string) (*redis.Cmd, error) {
-	if q.cluster() {
-		return nil, ErrNotPipelined
-	}
-	keys := append(q.keys[q.Shard(key)].enqueue, guard) // a copy: the shard's keys are clipped
-	return enqueueOneScript.EvalSha(ctx, pipe, keys, append([]any{key}, q.traceFields(ctx)...)...), nil
+// Addition is the enqueue of a key as a script of another package makes it, with EnqueueLua
+// defined in it: enqueue(Keys[1], Keys[2], Keys[3], Args...). Made in the script that writes
+// what the key's work is for (a create's record), the write and its work are one atomic step,
+// in one round trip, and a refused write adds nothing.
+type Addition struct {
+	// Keys are the queue's: the key's shard's stream, state and delayed set.
+	Keys []string
+	// Args are the key and the adder's trace fields (field/value pairs, stored with the message).
+	Args []any
 }
 
-// Joined reports whether the enqueue EnqueueIf added to a pipeline, since run, added the key.
-// It did not when its guard was missing, or when Redis had lost the queue's scripts (a restart,
-// a failover): those are loaded again, so that the next one does; meanwhile Enqueue the key.
-func (q *Queue) Joined(ctx context.Context, cmd *redis.Cmd) bool {
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		enqueueOneScript.Load(ctx, q.rdb)
-		return false
+// Addition returns the enqueue of key for a script of another package, as Enqueue would
+// make it; on a Redis Cluster, ErrOtherShards.
+func (q *Queue) Addition(ctx context.Context, key string) (Addition, error) {
+	if q.cluster() {
+		return Addition{}, ErrOtherShards
 	}
-	return cmd.Err() == nil && cmd.Val() != "unguarded"
+	return Addition{Keys: q.keys[q.Shard(key)].enqueue, Args: append([]any{key}, q.traceFields(ctx)...)}, nil
 }
 
 // EnqueueAfter adds the key after d. A key already scheduled earlier keeps the earlier time.

@@ -2,8 +2,9 @@ package queue
 
 import "github.com/redis/go-redis/v9"
 
-// enqueueLua is shared by the scripts that add a key. enqueue(stream, state, delayed, key, ...)
-// appends a message only for an idle key: a key already waiting is left alone, and a key being
+// EnqueueLua is shared by the scripts that add a key, the queue's own and those of other
+// packages that add one in the script that writes what the key's work is for (Addition).
+// enqueue(stream, state, delayed, key, ...) appends a message only for an idle key: a key already waiting is left alone, and a key being
 // handled (its state starts with "a", byte 97) is marked to run once more when its handler
 // ends. A delayed run of the key is dropped: it would only repeat the run this one asks for.
 // The optional field/value pairs after the key (the adder's trace context) are stored with the
@@ -15,7 +16,7 @@ import "github.com/redis/go-redis/v9"
 // no later run took the key over. An idle key has no state unless it is scheduled: "s", or "f"
 // with earlier failures. So a key with no state has no delayed run to drop, and the add of a
 // fresh key, the common case, skips the sorted set.
-const enqueueLua = `
+const EnqueueLua = `
 local function enqueue(stream, state, delayed, key, ...)
   local st = redis.call('HGET', state, key)
   if st then
@@ -68,7 +69,7 @@ end
 // ARGV, per shard: how many keys, then per key: the key, how many field/value items follow,
 // and those (stored with a new message)
 // Returns per key, in order: "queued", "again" or "coalesced".
-var enqueueScript = redis.NewScript(enqueueLua + `
+var enqueueScript = redis.NewScript(EnqueueLua + `
 local out = {}
 local a = 1
 for k = 0, #KEYS - 1, 3 do
@@ -84,22 +85,17 @@ return out
 `)
 
 // enqueueOneScript adds one key now, as enqueueScript does, in a call of its own: lighter
-// than a batch of one, and the common case. With a guard, it adds the key only if the guard
-// exists when it runs: pipelined after a command that writes the guard only when the key has
-// work, the two make one round trip, and a refused write enqueues nothing.
+// than a batch of one, and the common case.
 //
-// KEYS[1] stream, KEYS[2] state, KEYS[3] delayed, KEYS[4] the guard (optional)
+// KEYS[1] stream, KEYS[2] state, KEYS[3] delayed
 // ARGV[1] key, then field/value items (stored with a new message)
-// Returns "queued", "again", "coalesced", or "unguarded" (the guard did not exist).
-var enqueueOneScript = redis.NewScript(enqueueLua + `
-if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 0 then
-  return 'unguarded'
-end
+// Returns "queued", "again" or "coalesced".
+var enqueueOneScript = redis.NewScript(EnqueueLua + `
 return enqueue(KEYS[1], KEYS[2], KEYS[3], ARGV[1], unpack(ARGV, 2))
 `)
 
 // enqueueAfterScript schedules a key, keeping an earlier schedule if there is one. An idle
-// key's state says it is scheduled (enqueueLua); a key waiting or being handled keeps its own.
+// key's state says it is scheduled (EnqueueLua); a key waiting or being handled keeps its own.
 //
 // KEYS[1] delayed, KEYS[2] state
 // ARGV[1] key, ARGV[2] when (Unix ms)
@@ -114,7 +110,7 @@ return 1
 // KEYS[1] stream, KEYS[2] state, KEYS[3] delayed
 // ARGV[1] now (Unix ms), ARGV[2] most keys to move
 // Returns how many keys were due.
-var forwardScript = redis.NewScript(enqueueLua + `
+var forwardScript = redis.NewScript(EnqueueLua + `
 local due = redis.call('ZRANGE', KEYS[3], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]))
 if #due > 0 then
   redis.call('ZREM', KEYS[3], unpack(due))
@@ -312,7 +308,7 @@ return {finished, taken}
 // finishLua ends handler runs of one shard: it acknowledges and deletes their messages (so the
 // stream holds only entries still waiting or pending), records each outcome, and adds each key
 // again if it was added while being handled, or schedules it (its state then says so:
-// enqueueLua). A run whose fence no longer holds its key (a later run took it over) changes
+// EnqueueLua). A run whose fence no longer holds its key (a later run took it over) changes
 // nothing. batch holds the runs: {message id, key, fence, "ok" (attempts reset) or "failed"
 // (attempt and error kept), earlier failed deliveries (when 0 there is nothing to reset),
 // attempt, error message, when to run again (Unix ms; 0 for not at all)}, all strings.
@@ -452,7 +448,7 @@ return removed
 // KEYS[1] stream, KEYS[2] state, KEYS[3] dead, KEYS[4] delayed
 // ARGV[1] dead-letter id
 // Returns the key, or false when there is no such dead letter.
-var requeueDeadScript = redis.NewScript(enqueueLua + `
+var requeueDeadScript = redis.NewScript(EnqueueLua + `
 local e = redis.call('XRANGE', KEYS[3], ARGV[1], ARGV[1])
 if #e == 0 then
   return false

@@ -184,8 +184,9 @@ func runScriptCases(t *testing.T, cases []scriptCase) {
 	}
 }
 
-// The single-key cases run through both scripts that add keys now: the batch script with a
-// batch of one, and the one-key script.
+// The single-key cases run through every script that adds keys now: the batch script with a
+// batch of one, the one-key script, and a script of another package's that defines EnqueueLua
+// and enqueues an Addition.
 func TestEnqueueScript(t *testing.T) {
 	shardKeys := []string{streamKey(0), stateKey(0), delayedKey(0)}
 	single := []struct {
@@ -261,9 +262,13 @@ func TestEnqueueScript(t *testing.T) {
 			run: func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
 				return enqueueOneScript.Run(ctx, rdb, shardKeys, c.key)
 			},
+		}, scriptCase{
+			name: "another package's script: " + c.name, init: c.init, wantResult: c.wantResult, want: c.want,
+			run: func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
+				return addition(ctx, rdb, c.key)
+			},
 		})
 	}
-	guarded := append(shardKeys[:3:3], "guard")
 	cases = append(cases, scriptCase{
 		name: "one call adds several keys, each as alone, with its own fields",
 		init: rawShard{waiting: []string{"w"}, pending: map[string]string{"busy": "c1"},
@@ -282,26 +287,31 @@ func TestEnqueueScript(t *testing.T) {
 		},
 		wantResult: "queued",
 		want:       rawShard{waiting: []string{"new"}, state: map[string]string{"new": "q@"}},
-	}, scriptCase{
-		name: "one key whose guard is missing is not added, nor loses its schedule",
-		init: rawShard{state: map[string]string{"k": "s"}, delayed: map[string]int64{"k": 5000}},
-		run: func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
-			return enqueueOneScript.Run(ctx, rdb, guarded, "k")
-		},
-		wantResult: "unguarded",
-		want:       rawShard{state: map[string]string{"k": "s"}, delayed: map[string]int64{"k": 5000}},
-	}, scriptCase{
-		name: "one key whose guard exists is added",
-		run: func(ctx context.Context, rdb *redis.Client, _ map[string]string) *redis.Cmd {
-			if err := rdb.Set(ctx, "guard", "1", 0).Err(); err != nil {
-				return redis.NewCmdResult(nil, err)
-			}
-			return enqueueOneScript.Run(ctx, rdb, guarded, "k")
-		},
-		wantResult: "queued",
-		want:       rawShard{waiting: []string{"k"}, state: map[string]string{"k": "q@"}},
 	})
 	runScriptCases(t, cases)
+}
+
+// addition enqueues key as a script of another package does: one that defines EnqueueLua and
+// does its own work, here a write, and enqueues the Addition of a queue of one shard.
+func addition(ctx context.Context, rdb *redis.Client, key string) *redis.Cmd {
+	q, err := New(rdb, Options{Shards: 1, Group: tableGroup})
+	if err != nil {
+		return redis.NewCmdResult(nil, err)
+	}
+	return runAddition(ctx, rdb, q, key)
+}
+
+var otherPackageScript = redis.NewScript(EnqueueLua + `
+redis.call('SET', KEYS[4], 'written')
+return enqueue(KEYS[1], KEYS[2], KEYS[3], unpack(ARGV))
+`)
+
+func runAddition(ctx context.Context, rdb *redis.Client, q *Queue, key string) *redis.Cmd {
+	add, err := q.Addition(ctx, key)
+	if err != nil {
+		return redis.NewCmdResult(nil, err)
+	}
+	return otherPackageScript.Run(ctx, rdb, append(add.Keys, "other-package"), add.Args...)
 }
 
 func TestEnqueueAfterScript(t *testing.T) {

@@ -117,6 +117,25 @@ func TestMessageCarriesTraceContext(t *testing.T) {
 	}
 }
 
+// An Addition carries the adder's trace context as Enqueue does: another package's script
+// stores it with the message.
+func TestAdditionCarriesTraceContext(t *testing.T) {
+	rdb, q := newTestQueue(t, Options{Shards: 2, Propagator: propagation.TraceContext{}})
+	ctx := trace.ContextWithSpanContext(context.Background(), adderSpan)
+	if err := runAddition(ctx, rdb, q, "k1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := rdb.XRange(ctx, streamKey(q.Shard("k1")), "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"k": "k1",
+		"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "vendor=v1"}
+	if len(entries) != 1 || !maps.Equal(entries[0].Values, want) {
+		t.Fatalf("stream entries = %v, want one with fields %v", entries, want)
+	}
+}
+
 // The span says how the run ended: a failing handler is retried and the span carries its
 // error; the retry, which the queue schedules by itself, is a new trace.
 func TestHandleSpanRecordsFailureAndRetryStartsNewTrace(t *testing.T) {

@@ -118,13 +118,16 @@ func State(tb testing.TB, c *redis.Client) map[string]string {
 	return out
 }
 
-// RoundTrips is a client hook that counts round trips to Redis: one per command or pipeline
-// sent, leaving out a new connection's handshake (HELLO and the CLIENT SETINFO pipeline),
-// which is the pool's cost, not the caller's.
-type RoundTrips struct{ n atomic.Int64 }
+// RoundTrips is a client hook that counts round trips to Redis, one per command or pipeline
+// sent, and the commands they carried, leaving out a new connection's handshake (HELLO and
+// the CLIENT SETINFO pipeline), which is the pool's cost, not the caller's.
+type RoundTrips struct{ n, commands atomic.Int64 }
 
 // N is how many round trips were counted.
 func (h *RoundTrips) N() int64 { return h.n.Load() }
+
+// Commands is how many commands those round trips carried.
+func (h *RoundTrips) Commands() int64 { return h.commands.Load() }
 
 // DialHook implements redis.Hook.
 func (h *RoundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -134,6 +137,7 @@ func (h *RoundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if cmd.Name() != "hello" {
 			h.n.Add(1)
+			h.commands.Add(1)
 		}
 		return next(ctx, cmd)
 	}
@@ -144,6 +148,7 @@ func (h *RoundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if len(cmds) > 0 && cmds[0].Name() != "client" {
 			h.n.Add(1)
+			h.commands.Add(int64(len(cmds)))
 		}
 		return next(ctx, cmds)
 	}

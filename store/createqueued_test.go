@@ -15,9 +15,9 @@ import (
 	"github.com/computeql/computeql/redistest"
 )
 
-// TestCreateQueuedInOneRoundTrip: with a queue that joins its pipeline, an accepted create
-// and the enqueue of its work key are one round trip; a refused create enqueues nothing; a
-// Redis that lost the scripts still creates, once, and leaves the enqueue to the caller, and
+// TestCreateQueuedInOneRoundTrip: with a queue whose keys its script reaches, an accepted
+// create and the enqueue of its work key are one script call, in one round trip; a refused
+// create enqueues nothing; a Redis that lost the scripts still creates and enqueues, once, and
 // the create after it is one round trip again; a store without a queue never enqueues.
 func TestCreateQueuedInOneRoundTrip(t *testing.T) {
 	rdb, q, s := queuedStore(t)
@@ -33,13 +33,13 @@ func TestCreateQueuedInOneRoundTrip(t *testing.T) {
 	}
 
 	accepted := newInstance("acme", "web", "a")
-	before := calls.N()
+	before, commandsBefore := calls.N(), calls.Commands()
 	refusal, queued, err := s.CreateQueued(ctx, accepted, "claim-a", roomy, instance.Idempotency{})
 	if err != nil || refusal != nil || !queued {
 		t.Fatalf("create: %+v, queued %t, %v; want accepted and queued", refusal, queued, err)
 	}
-	if n := calls.N() - before; n != 1 {
-		t.Errorf("the create and its enqueue took %d round trips, want 1", n)
+	if n, c := calls.N()-before, calls.Commands()-commandsBefore; n != 1 || c != 1 {
+		t.Errorf("the create and its enqueue took %d round trips of %d commands, want one of one", n, c)
 	}
 	if !waiting(accepted) {
 		t.Errorf("the created instance's work is not waiting in the queue")
@@ -59,11 +59,14 @@ func TestCreateQueuedInOneRoundTrip(t *testing.T) {
 	}
 	lost := newInstance("acme", "web", "b")
 	refusal, queued, err = s.CreateQueued(ctx, lost, "claim-b", roomy, instance.Idempotency{})
-	if err != nil || refusal != nil || queued {
-		t.Fatalf("create after the scripts were lost: %+v, queued %t, %v; want accepted, not queued", refusal, queued, err)
+	if err != nil || refusal != nil || !queued {
+		t.Fatalf("create after the scripts were lost: %+v, queued %t, %v; want accepted and queued", refusal, queued, err)
 	}
 	if got := rdb.Get(ctx, claimKey("acme", "claim-b")).Val(); got != lost.ID {
 		t.Errorf("after the scripts were lost the claim holds %q, want %q", got, lost.ID)
+	}
+	if !waiting(lost) {
+		t.Errorf("the work of the instance created after the scripts were lost is not waiting")
 	}
 	// The scripts are loaded again: the next create is one round trip with its enqueue.
 	again := newInstance("acme", "web", "d")

@@ -1,6 +1,7 @@
 // Package store keeps instances in Redis, the store of record. Every multi-key change is one
 // Lua script whose keys share the organization's hash tag, so the same code runs on a single
-// Redis and on Redis Cluster, and a crash leaves a change either whole or absent.
+// Redis and on Redis Cluster, and a crash leaves a change either whole or absent. (On a single
+// Redis, a create's script also takes the queue's keys, to enqueue the instance's work.)
 package store
 
 import (
@@ -16,6 +17,7 @@ import (
 
 	"github.com/computeql/computeql/auth"
 	"github.com/computeql/computeql/instance"
+	"github.com/computeql/computeql/queue"
 	"github.com/computeql/computeql/quota"
 	"github.com/computeql/computeql/roundtrip"
 )
@@ -25,22 +27,20 @@ type Store struct {
 	rdb redis.UniversalClient
 	// creates carries the creates' pipelines: many at once share round trips.
 	creates *roundtrip.Shared[redis.Pipeliner]
-	// queue, when set, joins a create's round trip with the enqueue of its work.
+	// queue, when set, has a create's script enqueue the new instance's work.
 	queue Enqueuer
 }
 
-// Enqueuer adds to a pipeline the enqueue of a key that takes effect only if a guard key
-// exists when it runs, and says, once the pipeline ran, whether it did (queue.Queue).
+// Enqueuer gives the enqueue of a key for a script of the store's to make (queue.Queue).
 type Enqueuer interface {
-	EnqueueIf(ctx context.Context, pipe redis.Pipeliner, key, guard string) (*redis.Cmd, error)
-	Joined(ctx context.Context, cmd *redis.Cmd) bool
+	Addition(ctx context.Context, key string) (queue.Addition, error)
 }
 
 // Option configures a Store.
 type Option func(*Store)
 
-// WithQueue makes CreateQueued enqueue a new instance's work in the create's round trip, where
-// the queue can join its pipeline (a standalone Redis).
+// WithQueue makes CreateQueued enqueue a new instance's work in the create's script, where
+// the script can reach the queue's keys (a standalone Redis).
 func WithQueue(q Enqueuer) Option { return func(s *Store) { s.queue = q } }
 
 var _ instance.Store = (*Store)(nil)
@@ -159,38 +159,37 @@ func (s *Store) Create(ctx context.Context, inst *instance.Instance, claim strin
 	return r, err
 }
 
-// CreateQueued implements instance.Store: with a queue that can join the pipeline, the create
-// script and the enqueue of the instance's work key, guarded by the instance's record (which
-// only an accepted create writes), go in one round trip. Should Redis have lost the scripts,
-// the create is run again by itself (the pipelined one did nothing) and the caller enqueues.
+// CreateQueued implements instance.Store: with a queue whose keys the create script can reach,
+// the script also enqueues the instance's work key, only if it stores the instance: one script
+// call, in one round trip. On a Redis Cluster the queue's keys are on other shards, and the
+// caller enqueues.
 func (s *Store) CreateQueued(ctx context.Context, inst *instance.Instance, claim string, limits quota.Amounts, idem instance.Idempotency) (*instance.Refusal, bool, error) {
 	return s.create(ctx, inst, claim, limits, idem, s.queue)
 }
 
-// create runs createScript, and the guarded enqueue when q is set, through the shared
+// create runs createScript, enqueueing too when q is set and reachable, through the shared
 // pipeline: concurrent creates share round trips.
 func (s *Store) create(ctx context.Context, inst *instance.Instance, claim string, limits quota.Amounts, idem instance.Idempotency, q Enqueuer) (*instance.Refusal, bool, error) {
 	keys, args, err := createCall(inst, claim, limits, idem)
 	if err != nil {
 		return nil, false, err
 	}
+	enqueues := false
+	if q != nil {
+		if add, err := q.Addition(ctx, inst.Key()); err == nil {
+			keys, args, enqueues = append(keys, add.Keys...), append(args, add.Args...), true
+		}
+	}
 	pipe := s.rdb.Pipeline() // s.creates sends it, alone or with others
 	created := createScript.EvalSha(ctx, pipe, keys, args...)
-	var queued *redis.Cmd
-	if q != nil {
-		queued, _ = q.EnqueueIf(ctx, pipe, inst.Key(), keys[1]) // nil where it cannot join
-	}
 	if err := s.creates.Do(ctx, pipe); err != nil {
 		return nil, false, failed("create", err)
 	}
-	// Asked whatever the create's fate: it loads the queue's script again if Redis lost it.
-	enqueued := queued != nil && q.Joined(ctx, queued)
 	if redis.HasErrorPrefix(created.Err(), "NOSCRIPT") {
-		r, err := createReply(createScript.Run(ctx, s.rdb, keys, args...))
-		return r, false, err
+		created = createScript.Run(ctx, s.rdb, keys, args...) // and loads it for the next
 	}
 	r, err := createReply(created)
-	return r, enqueued && err == nil && r == nil, err
+	return r, enqueues && err == nil && r == nil, err
 }
 
 // createCall is createScript's keys and arguments for the instance.
@@ -204,7 +203,6 @@ func createCall(inst *instance.Instance, claim string, limits quota.Amounts, ide
 		return nil, nil, fmt.Errorf("create: encode status: %w", err)
 	}
 	org := inst.OrganizationID
-	// The instance's record is second: CreateQueued guards the enqueue with it.
 	keys := append([]string{
 		claimKey(org, claim), instanceKey(org, inst.ID), orgIndexKey(org),
 		projectIndexKey(org, inst.ProjectID), quotaKey(org),
