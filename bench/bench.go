@@ -8,8 +8,10 @@
 //  1. the limits: the Redis round trip, bare XADD and XREADGROUP throughput on the same
 //     Redis, and a bare gqlgen handler answering a trivial query over loopback HTTP, in a
 //     process of its own as the API is;
-//  2. createInstance over HTTP GraphQL at a fixed number of clients and at a fixed offered
-//     rate, with the API alone (no worker runs, so the figure is the API's);
+//  2. createInstance over HTTP GraphQL at a fixed number of clients, in rounds that alternate
+//     with the bare handler's (each create run compared with the bare run just before it, and
+//     the median round reported), and at a fixed offered rate, with the API alone (no worker
+//     runs, so the figure is the API's);
 //  3. convergence: from sending each create to its instance's RUNNING commit;
 //  4. propagation: from a change of a server in the simulated region to the instance's status
 //     commit and to a WebSocket subscriber, under background changes;
@@ -90,6 +92,8 @@ type runner struct {
 	targets []target
 	// files is what raising the open-file limit came to, at the start of the run.
 	files fileLimit
+	// bare serves from the limits phase to the end of the create phase.
+	bare *bareServer
 }
 
 // maxInFlight bounds the requests of a fixed-rate run that are outstanding at once: far more
@@ -116,6 +120,11 @@ func run(ctx context.Context, cfg Config, command string, out io.Writer) (err er
 		return err
 	}
 	defer func() { err = errors.Join(err, r.sys.close()) }()
+	defer func() { // a run cut short between the limits and the end of the create phase
+		if r.bare != nil {
+			err = errors.Join(err, r.bare.stop())
+		}
+	}()
 	if r.token, err = r.sys.token(); err != nil {
 		return err
 	}
@@ -215,35 +224,67 @@ func (r *runner) limits(ctx context.Context) error {
 		return err
 	}
 	r.say("limits: PING %s, XADD %s, XREADGROUP %s", msPair(l.Ping.P50, l.Ping.P99), perSecond(l.XAdd.PerSecond), perSecond(l.XReadGroup.PerSecond))
-	server, err := startChild(ctx, r.sys.exe, "bare-graphql", r.sys.dir, []string{"bench", "--serve-bare-graphql"}, nil, servingAPI)
-	if err != nil {
+	// It serves until the create phase is done: its closed-loop runs alternate with the
+	// create's there.
+	if r.bare, err = startBare(ctx, r.sys); err != nil {
 		return err
 	}
-	bare := newClient("http://"+server.addrs[servingAPI]+"/graphql", "", maxInFlight)
-	defer bare.close()
-	ping := func(ctx context.Context, _ int) error { return bare.post(ctx, "{ ping }", nil, nil) }
-	r.say("limits: bare gqlgen handler, %d clients for %s, then %s/s for %s", c.Concurrency, c.Duration, count(c.CreateRate), c.Duration)
-	closedLoop(ctx, c.Concurrency, 2*c.Concurrency, 0, ping) // connections and caches warm
-	l.Bare = r.metered(ctx, server, func() Load { return closedLoop(ctx, c.Concurrency, 0, c.Duration, ping) })
-	l.BareRate = openLoop(ctx, c.CreateRate, c.Duration, maxInFlight, ping)
-	if err := server.stop(); err != nil {
-		return fmt.Errorf("bare graphql: %w", err)
-	}
-	for _, load := range []Load{l.Bare, l.BareRate} {
-		if load.Errors > 0 {
-			r.fail("bare gqlgen handler: %d of %d requests failed, the first: %s", load.Errors, load.Requests, load.FirstError)
-		}
-	}
-	r.say("limits: bare gqlgen %s at %d clients (p99 %s), p99 %s at %s/s",
-		perSecond(l.Bare.Throughput.PerSecond), c.Concurrency, msOne(l.Bare.Latency.P99), msOne(l.BareRate.Latency.P99), count(c.CreateRate))
+	r.say("limits: bare gqlgen handler at %s/s for %s", count(c.CreateRate), c.Duration)
+	closedLoop(ctx, c.Concurrency, 2*c.Concurrency, 0, r.bare.ping) // connections and caches warm
+	l.BareRate = openLoop(ctx, c.CreateRate, c.Duration, maxInFlight, r.bare.ping)
+	r.failedRequests("bare gqlgen handler", l.BareRate)
+	r.say("limits: bare gqlgen p99 %s at %s/s", msOne(l.BareRate.Latency.P99), count(c.CreateRate))
 	r.rep.Limits = l
 	return ctx.Err()
 }
 
+// bareServer is the bare gqlgen handler's process and a client of it.
+type bareServer struct {
+	proc   *child
+	client *client
+}
+
+func startBare(ctx context.Context, sys *system) (*bareServer, error) {
+	proc, err := startChild(ctx, sys.exe, "bare-graphql", sys.dir, []string{"bench", "--serve-bare-graphql"}, nil, servingAPI)
+	if err != nil {
+		return nil, err
+	}
+	return &bareServer{proc: proc, client: newClient("http://"+proc.addrs[servingAPI]+"/graphql", "", maxInFlight)}, nil
+}
+
+func (b *bareServer) ping(ctx context.Context, _ int) error {
+	return b.client.post(ctx, "{ ping }", nil, nil)
+}
+
+func (b *bareServer) stop() error {
+	b.client.close()
+	if err := b.proc.stop(); err != nil {
+		return fmt.Errorf("bare graphql: %w", err)
+	}
+	return nil
+}
+
+// failedRequests records a load's failures, if it had any.
+func (r *runner) failedRequests(what string, l Load) {
+	if l.Errors > 0 {
+		r.fail("%s: %d of %d requests failed, the first: %s", what, l.Errors, l.Requests, l.FirstError)
+	}
+}
+
 // create measures createInstance with the API alone: in the embedded system no worker runs
-// yet, so the figures are the API's, and the run's many instances are never reconciled.
+// yet, so the figures are the API's, and the run's many instances are never reconciled. Its
+// closed-loop runs alternate with the bare handler's, so that each create run is compared with
+// one the machine made just before it, under the same load from elsewhere.
 func (r *runner) create(ctx context.Context) error {
 	c := r.cfg
+	defer func() {
+		if r.bare != nil {
+			if err := r.bare.stop(); err != nil {
+				r.fail("%v", err)
+			}
+			r.bare = nil
+		}
+	}()
 	if r.sys.embedded {
 		r.say("create: starting the API process")
 		if err := r.sys.startAPI(ctx); err != nil {
@@ -262,20 +303,30 @@ func (r *runner) create(ctx context.Context) error {
 		}
 	}
 	closedLoop(ctx, c.Concurrency, 2*c.Concurrency, 0, named("warm"))
-	r.say("create: %d clients for %s", c.Concurrency, c.Duration)
-	prof := r.startProfile(ctx, "create", r.sys.api)
-	r.rep.Create.Concurrency = r.metered(ctx, r.sys.api, func() Load { return closedLoop(ctx, c.Concurrency, 0, c.Duration, named("c")) })
-	prof()
-	r.say("create: %s at %d clients, p50 / p99 %s", perSecond(r.rep.Create.Concurrency.Throughput.PerSecond), c.Concurrency,
-		msPair(r.rep.Create.Concurrency.Latency.P50, r.rep.Create.Concurrency.Latency.P99))
+	rounds := make([]Round, c.Rounds)
+	for i := range rounds {
+		r.say("create: round %d of %d: the bare handler, then the create, %d clients for %s each", i+1, c.Rounds, c.Concurrency, c.Duration)
+		rounds[i].Bare = r.metered(ctx, r.bare.proc, func() Load { return closedLoop(ctx, c.Concurrency, 0, c.Duration, r.bare.ping) })
+		prof := func() {}
+		if i == 0 {
+			prof = r.startProfile(ctx, "create", r.sys.api)
+		}
+		rounds[i].Create = r.metered(ctx, r.sys.api, func() Load { return closedLoop(ctx, c.Concurrency, 0, c.Duration, named("c"+strconv.Itoa(i))) })
+		prof()
+		rd := rounds[i]
+		r.say("create: round %d: bare %s (p99 %s), create %s (p50 / p99 %s): %s of the bare handler's throughput, p99 %s",
+			i+1, perSecond(rd.Bare.Throughput.PerSecond), msOne(rd.Bare.Latency.P99), perSecond(rd.Create.Throughput.PerSecond),
+			msPair(rd.Create.Latency.P50, rd.Create.Latency.P99), rd.share(), rd.p99Multiple())
+		r.failedRequests("bare gqlgen handler", rd.Bare)
+		r.failedRequests("create", rd.Create)
+	}
+	m := medianRound(rounds)
+	r.rep.Create.Rounds, r.rep.Create.Median = rounds, m
+	r.rep.Limits.Bare, r.rep.Create.Concurrency = rounds[m].Bare, rounds[m].Create
 	r.say("create: %s/s offered for %s", count(c.CreateRate), c.Duration)
 	r.rep.Create.Rate = openLoop(ctx, c.CreateRate, c.Duration, maxInFlight, named("r"))
 	r.say("create: p50 / p99 %s at %s/s", msPair(r.rep.Create.Rate.Latency.P50, r.rep.Create.Rate.Latency.P99), count(c.CreateRate))
-	for _, load := range []Load{r.rep.Create.Concurrency, r.rep.Create.Rate} {
-		if load.Errors > 0 {
-			r.fail("create: %d of %d creates failed, the first: %s", load.Errors, load.Requests, load.FirstError)
-		}
-	}
+	r.failedRequests("create", r.rep.Create.Rate)
 	return ctx.Err()
 }
 

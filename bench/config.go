@@ -36,6 +36,10 @@ type Config struct {
 	// Concurrency is the number of clients of the closed-loop runs (create, the bare
 	// handler, the Redis commands). Defaults to 64.
 	Concurrency int
+	// Rounds is how many closed-loop runs of the bare handler and of the create alternate,
+	// each create run right after a bare one: the figures that compare the two come from the
+	// round whose create throughput is the median share of its bare run's. Defaults to 3.
+	Rounds int
 	// CreateRate is the offered rate of the fixed-rate create run, per second. Defaults to 1,000.
 	CreateRate float64
 	// Instances is how many instances the convergence run creates; the propagation and
@@ -121,6 +125,7 @@ func parseConfig(args []string, env func(string) (string, bool), usage io.Writer
 	fs.IntVar(&c.Workers, "workers", 2, "worker processes of the embedded system")
 	fs.DurationVar(&c.Duration, "duration", 5*time.Second, "length of each timed load")
 	fs.IntVar(&c.Concurrency, "concurrency", 64, "clients of the closed-loop runs")
+	fs.IntVar(&c.Rounds, "rounds", 3, "closed-loop runs of the bare handler and of the create, alternating; the comparison is the median round's")
 	fs.Float64Var(&c.CreateRate, "create-rate", 1000, "creates per second of the fixed-rate run")
 	fs.IntVar(&c.Instances, "instances", 2000, "instances the convergence run creates")
 	fs.Float64Var(&c.ChurnRate, "churn-rate", 200, "background server changes per second while propagation is timed")
@@ -177,6 +182,7 @@ func (c Config) validate() error {
 	check(c.Workers >= 1, "--workers must be at least 1")
 	check(c.Duration > 0, "--duration must be positive")
 	check(c.Concurrency >= 1, "--concurrency must be at least 1")
+	check(c.Rounds >= 1, "--rounds must be at least 1")
 	check(c.CreateRate > 0, "--create-rate must be positive")
 	check(c.Instances >= 1, "--instances must be at least 1")
 	check(c.ChurnRate >= 0, "--churn-rate must not be negative")

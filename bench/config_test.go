@@ -19,7 +19,7 @@ func TestParseConfigDefaults(t *testing.T) {
 	}
 	want := Config{
 		Org: "bench", Project: "load", Network: "bench-net", Flavor: "bench-small", Image: "bench-image",
-		Workers: 2, Duration: 5 * time.Second, Concurrency: 64, CreateRate: 1000, Instances: 2000,
+		Workers: 2, Duration: 5 * time.Second, Concurrency: 64, Rounds: 3, CreateRate: 1000, Instances: 2000,
 		ChurnRate: 200, Probes: 100, ProbeRate: 50, Subscribers: 10_000, FanOutRate: 200,
 		RedisOps: 20_000, Pings: 2000, Timeout: time.Minute, Out: "bench-results",
 	}
@@ -49,6 +49,8 @@ func TestParseConfig(t *testing.T) {
 			check: func(c Config) bool { return c.Target == "http://127.0.0.1:8080" && c.RedisURL != "" }},
 		{name: "a malformed environment value is an error, not the default", env: map[string]string{"COMPUTEQL_DURATION": "soon"},
 			wantErr: "COMPUTEQL_DURATION"},
+		{name: "rounds are set", args: []string{"--rounds", "5"}, check: func(c Config) bool { return c.Rounds == 5 }},
+		{name: "at least one round", args: []string{"--rounds", "0"}, wantErr: "--rounds must be at least 1"},
 		{name: "a target needs its Redis and secret", args: []string{"--target", "http://127.0.0.1:8080"},
 			wantErr: "--target needs --redis"},
 		{name: "a target is an http URL", args: []string{"--target", "127.0.0.1:8080", "--redis", "redis://x:1", "--token-secret", "s"},

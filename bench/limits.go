@@ -34,8 +34,8 @@ type Limits struct {
 	// clients: the most queue reads a second the Redis answers.
 	XReadGroup Throughput `json:"xreadgroup"`
 	// Bare is a bare gqlgen handler answering { ping } over loopback HTTP from a process of
-	// its own, with the load shapes of the create runs: Concurrency clients, and the create
-	// run's fixed rate.
+	// its own, with the load shapes of the create runs: Concurrency clients (the run of the
+	// create phase's median round, Create.Rounds), and the create run's fixed rate.
 	Bare     Load `json:"bareGraphQL"`
 	BareRate Load `json:"bareGraphQLRate"`
 }

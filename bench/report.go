@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -55,6 +57,7 @@ type Sizes struct {
 	Workers     int     `json:"workers"`
 	Duration    string  `json:"duration"`
 	Concurrency int     `json:"concurrency"`
+	Rounds      int     `json:"rounds"`
 	CreateRate  float64 `json:"createRate"`
 	Instances   int     `json:"instances"`
 	ChurnRate   float64 `json:"churnRate"`
@@ -68,7 +71,7 @@ type Sizes struct {
 
 func sizesOf(c Config) Sizes {
 	return Sizes{
-		Workers: c.Workers, Duration: c.Duration.String(), Concurrency: c.Concurrency, CreateRate: c.CreateRate,
+		Workers: c.Workers, Duration: c.Duration.String(), Concurrency: c.Concurrency, Rounds: c.Rounds, CreateRate: c.CreateRate,
 		Instances: c.Instances, ChurnRate: c.ChurnRate, Probes: c.Probes, ProbeRate: c.ProbeRate,
 		Subscribers: c.Subscribers, FanOutRate: c.FanOutRate, RedisOps: c.RedisOps, Pings: c.Pings,
 	}
@@ -76,8 +79,45 @@ func sizesOf(c Config) Sizes {
 
 // Create is createInstance over HTTP: at a fixed number of clients, and at a fixed rate.
 type Create struct {
+	// Concurrency is the closed-loop run of the median round (Rounds[Median]); Limits.Bare is
+	// that round's bare run.
 	Concurrency Load `json:"concurrency"`
 	Rate        Load `json:"rate"`
+	// Rounds are the closed-loop runs of the bare handler and of the create, in the order run.
+	Rounds []Round `json:"rounds"`
+	Median int     `json:"median"`
+}
+
+// Round is a closed-loop run of the bare handler and one of the create right after it.
+type Round struct {
+	Bare   Load `json:"bare"`
+	Create Load `json:"create"`
+}
+
+func (rd Round) shareOf() float64 {
+	if rd.Bare.Throughput.PerSecond <= 0 {
+		return 0
+	}
+	return rd.Create.Throughput.PerSecond / rd.Bare.Throughput.PerSecond
+}
+
+// share is the create's throughput as a percentage of the bare handler's.
+func (rd Round) share() string {
+	return share(rd.Create.Throughput.PerSecond, rd.Bare.Throughput.PerSecond)
+}
+
+// p99Multiple is the create's p99 as a multiple of the bare handler's.
+func (rd Round) p99Multiple() string { return times(rd.Create.Latency.P99, rd.Bare.Latency.P99) }
+
+// medianRound is the index of the round whose create throughput is the median share of its
+// bare run's: the lower of the middle two for an even number.
+func medianRound(rounds []Round) int {
+	order := make([]int, len(rounds))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(rounds[a].shareOf(), rounds[b].shareOf()) })
+	return order[(len(order)-1)/2]
 }
 
 // Convergence is the time from sending each create to its instance's RUNNING commit.
@@ -191,6 +231,14 @@ func (r *Report) figures() []Figure {
 	add(Figure{Section: cr, Name: "createInstance, " + conc + " clients: p50 / p90 / p99 / max", Value: msAll(c.Concurrency.Latency),
 		Target: "p99 ≤ " + strconv.Itoa(targetCreateP99Ms) + " ms", Met: met(c.Concurrency.Latency.Count > 0 && c.Concurrency.Latency.P99 <= targetCreateP99Ms),
 		Limit: "bare gqlgen p99 " + msOne(l.Bare.Latency.P99), Ratio: times(c.Concurrency.Latency.P99, l.Bare.Latency.P99)})
+	if len(c.Rounds) > 1 {
+		each := make([]string, len(c.Rounds))
+		for i, rd := range c.Rounds {
+			each[i] = rd.share() + " / " + rd.p99Multiple()
+		}
+		add(Figure{Section: cr, Name: "createInstance, " + conc + " clients, each round: share of the bare handler's throughput / p99 multiple",
+			Value: strings.Join(each, ", ") + " (the median share's round is above)"})
+	}
 	add(Figure{Section: cr, Name: "createInstance, " + conc + " clients: CPU per create, load generator / API / Redis", Value: cpuValue(c.Concurrency.CPU),
 		Limit: "bare gqlgen " + cpuValue(l.Bare.CPU), Ratio: cpuRatio(c.Concurrency.CPU, l.Bare.CPU)})
 	add(Figure{Section: cr, Name: "createInstance at " + rate + " offered: p50 / p90 / p99 / max",

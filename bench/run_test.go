@@ -61,6 +61,10 @@ func TestRun(t *testing.T) {
 		{"stream commands counted", r.Limits.XAdd.Ops == 300 && r.Limits.XReadGroup.Ops == 300},
 		{"bare handler loaded", r.Limits.Bare.Requests > 0 && r.Limits.BareRate.Requests == 15 && r.Limits.Bare.Errors == 0},
 		{"creates at a concurrency", r.Create.Concurrency.Requests > 0 && r.Create.Concurrency.Errors == 0 && r.Create.Concurrency.Concurrency == 8},
+		{"three rounds of the bare handler and the create, the median's reported", len(r.Create.Rounds) == 3 &&
+			r.Create.Median == medianRound(r.Create.Rounds) && r.Create.Rounds[r.Create.Median].Bare.Requests == r.Limits.Bare.Requests &&
+			r.Create.Rounds[r.Create.Median].Create.Requests == r.Create.Concurrency.Requests &&
+			r.Create.Rounds[0].Bare.Requests > 0 && r.Create.Rounds[2].Create.Requests > 0},
 		{"CPU per request of the bare handler and of a create", r.Limits.Bare.CPU != nil && r.Limits.Bare.CPU.Client > 0 && r.Limits.Bare.CPU.Server > 0 &&
 			r.Create.Concurrency.CPU != nil && r.Create.Concurrency.CPU.Client > 0 && r.Create.Concurrency.CPU.Server > 0 && r.Create.Concurrency.CPU.Redis > 0},
 		{"creates at a rate", r.Create.Rate.Requests == 15 && r.Create.Rate.Errors == 0},
