@@ -308,7 +308,7 @@ func serve(ctx context.Context, role string, args []string, out io.Writer) error
 	if err != nil {
 		return err
 	}
-	// A create and the enqueue of its work share one round trip where the queue can join it.
+	// A create's script enqueues its work too, where it can reach the queue's keys.
 	st := store.New(rdb, store.WithQueue(q))
 	if err := st.Load(ctx); err != nil {
 		return err

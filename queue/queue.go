@@ -283,7 +283,8 @@ var ErrOtherShards = errors.New("the queue's keys are on other Redis Cluster sha
 // what the key's work is for (a create's record), the write and its work are one atomic step,
 // in one round trip, and a refused write adds nothing.
 type Addition struct {
-	// Keys are the queue's: the key's shard's stream, state and delayed set.
+	// Keys are the queue's, three: the key's shard's stream, state and delayed set. They are
+	// the queue's own; append them to the script's keys, never write to them.
 	Keys []string
 	// Args are the key and the adder's trace fields (field/value pairs, stored with the message).
 	Args []any

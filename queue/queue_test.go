@@ -2,8 +2,10 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -416,5 +418,26 @@ func TestRequeueUnknownDeadLetter(t *testing.T) {
 		if key, err := q.Requeue(ctx, id); err == nil {
 			t.Errorf("Requeue(%q) = %q, no error", id, key)
 		}
+	}
+}
+
+// On a Redis Cluster no script of another package can reach the queue's keys, which live on
+// shards of their own: Addition says so rather than give keys a script would fail on
+// (CROSSSLOT); on a standalone Redis it gives the key's shard's keys and the key.
+func TestAdditionNeedsAStandaloneRedis(t *testing.T) {
+	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	t.Cleanup(func() { cluster.Close() })
+	cq, err := New(cluster, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cq.Addition(context.Background(), "k"); !errors.Is(err, ErrOtherShards) {
+		t.Errorf("Addition on a cluster: %v, want ErrOtherShards", err)
+	}
+	_, q := newTestQueue(t, Options{Shards: 4})
+	add, err := q.Addition(context.Background(), "k")
+	shard := q.Shard("k")
+	if want := []string{streamKey(shard), stateKey(shard), delayedKey(shard)}; err != nil || !slices.Equal(add.Keys, want) || len(add.Args) != 1 || add.Args[0] != "k" {
+		t.Errorf("Addition = %+v, %v; want keys %v and the key", add, err, want)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/instance"
 	"github.com/computeql/computeql/queue"
+	"github.com/computeql/computeql/quota"
 	"github.com/computeql/computeql/redistest"
 )
 
@@ -87,6 +88,88 @@ func TestCreateQueuedInOneRoundTrip(t *testing.T) {
 	}
 }
 
+// TestCreateQueuedEnqueuesOnlyWhatItStores: the create script enqueues the work of the
+// instance it stores, and only then: a create refused by quota or replayed by its idempotency
+// key enqueues nothing; and an enqueue that fails (the queue's state a string) leaves the
+// instance stored, answered as created and not queued, so that the caller enqueues.
+func TestCreateQueuedEnqueuesOnlyWhatItStores(t *testing.T) {
+	idem := instance.Idempotency{Key: "key-1", Value: "fingerprint id-1"}
+	tests := []struct {
+		name string
+		// before runs first, on the instance the test creates.
+		before     func(t *testing.T, rdb *redis.Client, q *queue.Queue, s *Store, inst *instance.Instance)
+		limits     quota.Amounts
+		idem       instance.Idempotency
+		wantStored bool
+		wantQueued bool
+		refused    func(*instance.Refusal) bool
+	}{{
+		name: "accepted", limits: roomy, wantStored: true, wantQueued: true,
+	}, {
+		name: "refused by quota", limits: quota.Amounts{quota.Servers: 0, quota.CPUs: 100, quota.MemoryGiB: 100},
+		refused: func(r *instance.Refusal) bool { return len(r.Exceeded) == 1 && r.Exceeded[0].Kind == quota.Servers },
+	}, {
+		name: "replayed by its idempotency key", limits: roomy, idem: idem,
+		before: func(t *testing.T, _ *redis.Client, _ *queue.Queue, s *Store, _ *instance.Instance) {
+			if r, queued, err := s.CreateQueued(ctx, newInstance("acme", "web", "first"), "claim-first", roomy, idem); err != nil || r != nil || !queued {
+				t.Fatalf("first create: %+v, queued %t, %v", r, queued, err)
+			}
+		},
+		refused: func(r *instance.Refusal) bool { return r.Replayed == idem.Value },
+	}, {
+		name: "its enqueue fails", limits: roomy, wantStored: true,
+		before: func(t *testing.T, rdb *redis.Client, q *queue.Queue, _ *Store, inst *instance.Instance) {
+			add, err := q.Addition(ctx, inst.Key())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := rdb.Set(ctx, add.Keys[1], "not a hash", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+		},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rdb, q, s := queuedStore(t)
+			inst := newInstance("acme", "web", "a")
+			if tt.before != nil {
+				tt.before(t, rdb, q, s, inst)
+			}
+			refusal, queued, err := s.CreateQueued(ctx, inst, "claim-a", tt.limits, tt.idem)
+			if err != nil {
+				t.Fatalf("create: %v", err)
+			}
+			if tt.refused == nil && refusal != nil || tt.refused != nil && (refusal == nil || !tt.refused(refusal)) {
+				t.Errorf("refusal %+v", refusal)
+			}
+			if queued != tt.wantQueued {
+				t.Errorf("queued %t, want %t", queued, tt.wantQueued)
+			}
+			stored := rdb.Exists(ctx, instanceKey("acme", inst.ID)).Val() == 1
+			if stored != tt.wantStored {
+				t.Errorf("the instance stored: %t, want %t", stored, tt.wantStored)
+			}
+			add, err := q.Addition(ctx, inst.Key())
+			if err != nil {
+				t.Fatal(err)
+			}
+			entries, err := rdb.XRange(ctx, add.Keys[0], "-", "+").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			messages := 0
+			for _, e := range entries {
+				if e.Values["k"] == inst.Key() {
+					messages++
+				}
+			}
+			if want := map[bool]int{true: 1}[tt.wantQueued]; messages != want {
+				t.Errorf("the queue holds %d messages of the instance's key, want %d", messages, want)
+			}
+		})
+	}
+}
+
 // TestConcurrentCreatesShareRoundTrips: while createTrips creates are under way, the creates
 // that come wait and go together in one pipeline; each still gets its own answer: of two
 // creates of one name exactly one is accepted and enqueued, the other refused and not.
@@ -159,7 +242,7 @@ func TestConcurrentCreatesShareRoundTrips(t *testing.T) {
 	}
 }
 
-// queuedStore is a store on a fresh database whose creates join the queue's pipeline.
+// queuedStore is a store on a fresh database whose create script enqueues too.
 func queuedStore(t *testing.T) (*redis.Client, *queue.Queue, *Store) {
 	t.Helper()
 	rdb := redisServer.Client(t)

@@ -168,7 +168,9 @@ end
 // createScript stores a new instance, claims its name and charges its quota, all or nothing.
 //
 // With the queue's keys for the instance's work key after its own, it also enqueues that key
-// (queue.Addition), only when it stores the instance.
+// (queue.Addition), only when it stores the instance. An enqueue that fails (a queue key of
+// the wrong type) leaves the stored instance, which a script's error would not undo, and is
+// answered {"unqueued"}: the create stands, and the caller enqueues.
 //
 // KEYS[1] claim, KEYS[2] instance, KEYS[3] org index, KEYS[4] project index, KEYS[5] quota,
 // KEYS[6] events, KEYS[7] event bytes, KEYS[8] history index, KEYS[9] idempotency key,
@@ -177,9 +179,9 @@ end
 // ARGV[6..8] description, tags and user data, ARGV[9] what the idempotency key records (""
 // for none), ARGV[10] its time to live in seconds, ARGV[11..] the charge, then, with the
 // queue's keys, the queue's arguments
-// Returns an empty array on success (a CREATED event appended), {"replay", value} when the
-// idempotency key records a write already, else the refusals: "name" when the claim is
-// taken, and the quota refusals of readCharge.
+// Returns an empty array on success (a CREATED event appended), {"unqueued"} on success
+// whose enqueue failed, {"replay", value} when the idempotency key records a write already,
+// else the refusals: "name" when the claim is taken, and the quota refusals of readCharge.
 var createScript = redis.NewScript(quotaLua + eventLua + idemLua + queue.EnqueueLua + `
 local prior = priorIdem(KEYS[9], ARGV[9])
 if prior then
@@ -205,8 +207,8 @@ redis.call('ZADD', KEYS[4], '0', ARGV[1])
 applyCharge(KEYS[5], usage)
 appendEntry(KEYS[6], KEYS[7], KEYS[8], f, ARGV[1], 'CREATED', '', ARGV[5], '')
 recordIdem(KEYS[9], ARGV[9], ARGV[10])
-if KEYS[12] then
-  enqueue(KEYS[10], KEYS[11], KEYS[12], unpack(ARGV, 12 + 3 * tonumber(ARGV[11])))
+if KEYS[12] and not pcall(enqueue, KEYS[10], KEYS[11], KEYS[12], unpack(ARGV, 12 + 3 * tonumber(ARGV[11]))) then
+  return {'unqueued'}
 end
 return refusals
 `)

@@ -188,6 +188,9 @@ func (s *Store) create(ctx context.Context, inst *instance.Instance, claim strin
 	if redis.HasErrorPrefix(created.Err(), "NOSCRIPT") {
 		created = createScript.Run(ctx, s.rdb, keys, args...) // and loads it for the next
 	}
+	if reply, err := created.StringSlice(); err == nil && len(reply) == 1 && reply[0] == "unqueued" {
+		return nil, false, nil
+	}
 	r, err := createReply(created)
 	return r, enqueues && err == nil && r == nil, err
 }
