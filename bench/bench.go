@@ -9,7 +9,7 @@
 //     Redis, and a bare gqlgen handler answering a trivial query over loopback HTTP, in a
 //     process of its own as the API is;
 //  2. createInstance over HTTP GraphQL at a fixed number of clients, in rounds that alternate
-//     with the bare handler's (each create run compared with the bare run just before it, and
+//     with the bare handler's (each create run compared with the bare run beside it, and
 //     the median round reported), and at a fixed offered rate, with the API alone (no worker
 //     runs, so the figure is the API's);
 //  3. convergence: from sending each create to its instance's RUNNING commit;
@@ -274,7 +274,7 @@ func (r *runner) failedRequests(what string, l Load) {
 // create measures createInstance with the API alone: in the embedded system no worker runs
 // yet, so the figures are the API's, and the run's many instances are never reconciled. Its
 // closed-loop runs alternate with the bare handler's, so that each create run is compared with
-// one the machine made just before it, under the same load from elsewhere.
+// one the machine made beside it, under the same load from elsewhere.
 func (r *runner) create(ctx context.Context) error {
 	c := r.cfg
 	defer func() {
@@ -305,20 +305,36 @@ func (r *runner) create(ctx context.Context) error {
 	closedLoop(ctx, c.Concurrency, 2*c.Concurrency, 0, named("warm"))
 	rounds := make([]Round, c.Rounds)
 	for i := range rounds {
-		r.say("create: round %d of %d: the bare handler, then the create, %d clients for %s each", i+1, c.Rounds, c.Concurrency, c.Duration)
-		rounds[i].Bare = r.metered(ctx, r.bare.proc, func() Load { return closedLoop(ctx, c.Concurrency, 0, c.Duration, r.bare.ping) })
-		prof := func() {}
-		if i == 0 {
-			prof = r.startProfile(ctx, "create", r.sys.api)
+		bare := func() { // the bare handler and the create in turn, nothing else between
+			rounds[i].Bare = r.metered(ctx, r.bare.proc, func() Load { return closedLoop(ctx, c.Concurrency, 0, c.Duration, r.bare.ping) })
 		}
-		rounds[i].Create = r.metered(ctx, r.sys.api, func() Load { return closedLoop(ctx, c.Concurrency, 0, c.Duration, named("c"+strconv.Itoa(i))) })
-		prof()
+		create := func() {
+			rounds[i].Create = r.metered(ctx, r.sys.api, func() Load { return closedLoop(ctx, c.Concurrency, 0, c.Duration, named("c"+strconv.Itoa(i))) })
+		}
+		// Every other round runs the create first: each create run adds tens of thousands of
+		// instances, and a trend over the rounds then weighs on both orders alike.
+		if i%2 == 0 {
+			r.say("create: round %d of %d: the bare handler, then the create, %d clients for %s each", i+1, c.Rounds, c.Concurrency, c.Duration)
+			bare()
+			create()
+		} else {
+			r.say("create: round %d of %d: the create, then the bare handler, %d clients for %s each", i+1, c.Rounds, c.Concurrency, c.Duration)
+			create()
+			bare()
+		}
 		rd := rounds[i]
 		r.say("create: round %d: bare %s (p99 %s), create %s (p50 / p99 %s): %s of the bare handler's throughput, p99 %s",
 			i+1, perSecond(rd.Bare.Throughput.PerSecond), msOne(rd.Bare.Latency.P99), perSecond(rd.Create.Throughput.PerSecond),
 			msPair(rd.Create.Latency.P50, rd.Create.Latency.P99), rd.share(), rd.p99Multiple())
 		r.failedRequests("bare gqlgen handler", rd.Bare)
 		r.failedRequests("create", rd.Create)
+	}
+	if r.cfg.Profile != "" && r.sys.api != nil {
+		// A run of its own: the profiler's cost is in no figure the rounds report.
+		r.say("create: profiling the API over one more create run of %s", c.Duration)
+		prof := r.startProfile(ctx, "create", r.sys.api)
+		closedLoop(ctx, c.Concurrency, 0, c.Duration, named("p"))
+		prof()
 	}
 	m := medianRound(rounds)
 	r.rep.Create.Rounds, r.rep.Create.Median = rounds, m

@@ -36,9 +36,10 @@ type Config struct {
 	// Concurrency is the number of clients of the closed-loop runs (create, the bare
 	// handler, the Redis commands). Defaults to 64.
 	Concurrency int
-	// Rounds is how many closed-loop runs of the bare handler and of the create alternate,
-	// each create run right after a bare one: the figures that compare the two come from the
-	// round whose create throughput is the median share of its bare run's. Defaults to 3.
+	// Rounds is how many pairs of closed-loop runs of the bare handler and of the create are
+	// made, the two runs of a pair back to back (the create second, then first, in turn): the
+	// figures that compare the two come from the pair whose create throughput is the median
+	// share of its bare run's. Defaults to 3.
 	Rounds int
 	// CreateRate is the offered rate of the fixed-rate create run, per second. Defaults to 1,000.
 	CreateRate float64
@@ -69,8 +70,8 @@ type Config struct {
 	// asked (make bench-publish, or --out docs/bench).
 	Out string
 	// Profile, when set, is a directory the CPU and memory profiles of the API process
-	// during the create and fan-out runs, and of the first worker during convergence, are
-	// written to (embedded only).
+	// during the create (a closed-loop run after the rounds, which no figure reports) and
+	// fan-out runs, and of the first worker during convergence, are written to (embedded only).
 	Profile string
 	// Instructions, when above 0, makes the run count the instructions of that many creates
 	// in the API and Redis, and of as many requests to the bare handler, under valgrind's

@@ -88,7 +88,7 @@ type Create struct {
 	Median int     `json:"median"`
 }
 
-// Round is a closed-loop run of the bare handler and one of the create right after it.
+// Round is a closed-loop run of the bare handler and one of the create beside it.
 type Round struct {
 	Bare   Load `json:"bare"`
 	Create Load `json:"create"`
