@@ -22,8 +22,9 @@ var qValue = regexp.MustCompile(`^(0(\.[0-9]{0,3})?|1(\.0{0,3})?)$`)
 // 9110 §12.5.1 says: each type takes the q of the most specific range that matches it (the type
 // itself, then type/*, then */*; parameters other than q are ignored, as clients send
 // application/json;charset=utf-8); the highest q wins, then the range listed first, then the
-// earlier offered; a range with a malformed q is ignored. exact says its range named it rather than a wildcard. It returns "" when the
-// header accepts none (every match has q=0, or none matches).
+// earlier offered; a range with a malformed q is ignored. exact says its range named it rather
+// than a wildcard. It returns "" when the header accepts none (every match has q=0, or none
+// matches).
 func preferred(accept string, offered ...string) (best string, exact bool) {
 	type rng struct {
 		typ string
