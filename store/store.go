@@ -188,10 +188,14 @@ func (s *Store) create(ctx context.Context, inst *instance.Instance, claim strin
 	if redis.HasErrorPrefix(created.Err(), "NOSCRIPT") {
 		created = createScript.Run(ctx, s.rdb, keys, args...) // and loads it for the next
 	}
-	if reply, err := created.StringSlice(); err == nil && len(reply) == 1 && reply[0] == "unqueued" {
+	reply, err := created.StringSlice()
+	if err != nil {
+		return nil, false, failed("create", err)
+	}
+	if len(reply) == 1 && reply[0] == "unqueued" {
 		return nil, false, nil
 	}
-	r, err := createReply(created)
+	r, err := parseRefusals(reply)
 	return r, enqueues && err == nil && r == nil, err
 }
 
@@ -214,14 +218,6 @@ func createCall(inst *instance.Instance, claim string, limits quota.Amounts, ide
 	args := chargeArgs([]any{inst.ID, spec, status, inst.ProjectID, inst.CreatedAt.UnixMilli(), large[0], large[1], large[2],
 		idemValue(idem), idemTTL(idem)}, inst.Charge, limits)
 	return keys, args, nil
-}
-
-func createReply(cmd *redis.Cmd) (*instance.Refusal, error) {
-	reply, err := cmd.StringSlice()
-	if err != nil {
-		return nil, failed("create", err)
-	}
-	return parseRefusals(reply)
 }
 
 // UpdateSpec implements instance.Store with updateSpecScript.
