@@ -232,7 +232,7 @@ func (documentGate) Validate(graphql.ExecutableSchema) error { return nil }
 
 func (g documentGate) MutateOperationParameters(ctx context.Context, p *graphql.RawParams) *gqlerror.Error {
 	if len(p.OperationName) > maxNameBytes {
-		return refusedDocument("operationName is %d bytes long; names are at most %d", len(p.OperationName), maxNameBytes)
+		return validationFailed("operationName is %d bytes long; names are at most %d", len(p.OperationName), maxNameBytes)
 	}
 	if p.Query == "" {
 		return nil
@@ -245,10 +245,10 @@ func (g documentGate) MutateOperationParameters(ctx context.Context, p *graphql.
 		return nil // gqlgen parses it again and says where it fails
 	}
 	if line, n := longestName(p.Query); n > maxNameBytes {
-		return refusedDocument("a name of %d bytes at line %d; names are at most %d", n, line, maxNameBytes)
+		return validationFailed("a name of %d bytes at line %d; names are at most %d", n, line, maxNameBytes)
 	}
 	if reason := g.budget.check(doc); reason != "" {
-		return refusedDocument("%s", reason)
+		return validationFailed("%s", reason)
 	}
 	return nil
 }
@@ -267,7 +267,8 @@ func longestName(query string) (line, n int) {
 	}
 }
 
-func refusedDocument(format string, args ...any) *gqlerror.Error {
+// validationFailed is a refusal before execution with GRAPHQL_VALIDATION_FAILED.
+func validationFailed(format string, args ...any) *gqlerror.Error {
 	err := gqlerror.Errorf(format, args...)
 	errcode.Set(err, errcode.ValidationFailed)
 	return err
@@ -360,9 +361,7 @@ func (e refuseOperations) CreateOperationContext(ctx context.Context, params *gr
 		return oc, errs
 	}
 	if r, ok := e.refused[oc.Operation.Operation]; ok {
-		err := gqlerror.Errorf("%s", r.why)
-		errcode.Set(err, errcode.ValidationFailed)
-		return oc, gqlerror.List{err}
+		return oc, gqlerror.List{validationFailed("%s", r.why)}
 	}
 	return oc, errs
 }

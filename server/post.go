@@ -59,13 +59,9 @@ func (postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gra
 // in application/json.
 func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor, params *graphql.RawParams, start time.Time, refused map[ast.Operation]opRefusal) {
 	ctx := r.Context()
-	params.Headers = r.Header
-	params.ReadTime = graphql.TraceTiming{Start: start, End: graphql.Now()}
-
 	mediaType := responseType(r.Header.Get("Accept"))
 	w.Header().Set("Content-Type", mediaType)
-	exec = refuseOperations{exec, refused}
-	oc, errs := exec.CreateOperationContext(ctx, params)
+	exec, oc, errs := operationContext(r, exec, params, start, refused)
 	if errs != nil {
 		status := refusedStatus(w, mediaType, errs)
 		// A rate limit's 429 stands: retrying after it may succeed, or get the refusal.
@@ -82,6 +78,17 @@ func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor,
 	}
 	responses, ctx := exec.DispatchOperation(ctx, oc)
 	writeResponse(w, r, http.StatusOK, responses(ctx), true)
+}
+
+// operationContext parses, validates and prepares params' operation, read from r since start,
+// as every HTTP transport does, refusing the operations in refused; it returns the executor
+// that refuses them, to answer with.
+func operationContext(r *http.Request, exec graphql.GraphExecutor, params *graphql.RawParams, start time.Time, refused map[ast.Operation]opRefusal) (graphql.GraphExecutor, *graphql.OperationContext, gqlerror.List) {
+	params.Headers = r.Header
+	params.ReadTime = graphql.TraceTiming{Start: start, End: graphql.Now()}
+	exec = refuseOperations{exec, refused}
+	oc, errs := exec.CreateOperationContext(r.Context(), params)
+	return exec, oc, errs
 }
 
 // refusedStatus is the status of an answer refused before execution, which has no data:

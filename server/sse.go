@@ -56,12 +56,8 @@ func (t sseTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 		writeError(w, r, http.StatusBadRequest, instance.CodeBadUserInput, err.Error())
 		return
 	}
-	ctx := r.Context()
-	params.Headers = r.Header
-	params.ReadTime = graphql.TraceTiming{Start: start, End: graphql.Now()}
-	exec = refuseOperations{exec, refused}
-	oc, errs := exec.CreateOperationContext(ctx, params)
-	ctx = graphql.WithOperationContext(ctx, oc)
+	exec, oc, errs := operationContext(r, exec, params, start, refused)
+	ctx := graphql.WithOperationContext(r.Context(), oc)
 
 	w.Header().Set("Content-Type", mediaEventStream)
 	w.Header().Set("Cache-Control", "no-cache")
