@@ -416,8 +416,6 @@ func TestPersistedQueryRefusalsHaveCodes(t *testing.T) {
 		`{"query": "{ me { subject } }", "extensions": {"persistedQuery": {"version": 2, "sha256Hash": "00"}}}`: "BAD_USER_INPUT",
 		`{"query": "{ me { subject } }", "extensions": {"persistedQuery": "yes"}}`:                              "BAD_USER_INPUT",
 	} {
-		req := httptest.NewRequest(http.MethodPost, "/graphql", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		wantError(t, a.send(t, tok, req), http.StatusOK, code)
+		wantError(t, a.do(t, tok, "application/json", []byte(body)), http.StatusOK, code)
 	}
 }

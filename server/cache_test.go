@@ -44,6 +44,11 @@ func TestBoundedCacheHoldsItsBytes(t *testing.T) {
 	if c.bytes != before-50 {
 		t.Errorf("replacing an entry: %d bytes, want %d", c.bytes, before-50)
 	}
+	// Replaced under budget, the old entry's weight goes: nothing else need be evicted.
+	c.Add(ctx, "a", value(99))
+	if _, ok := c.Get(ctx, "c"); !ok || c.bytes != before {
+		t.Errorf("replacing an entry under budget: c, the least recently used, kept %v, %d bytes, want kept and %d", ok, c.bytes, before)
+	}
 	// The entry count bounds it too.
 	few := newBoundedCache(2, 1<<20, func(k, v string) int { return len(k) + len(v) })
 	for _, k := range []string{"x", "y", "z"} {

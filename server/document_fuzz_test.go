@@ -260,6 +260,11 @@ func FuzzGraphQLDocument(f *testing.F) {
 		{`"\u{0}" { me }`, ""},
 		{``, ""},
 		{`subscription { instanceEvents(organizationId: "acme") { cursor } }`, ""},
+		// Over the budget only by what the spreads count, by a fragment no operation spreads,
+		// and by a name's length.
+		{"{ me { " + strings.Repeat("...Unknown ", fuzzFields+1) + "} }", ""},
+		{`{ me { subject } } fragment U on Query { a { b c d e f } g { h i j k l } m { n o p q r } s { t u v w x } y { z aa bb cc dd } ee { ff gg hh ii jj } }`, ""},
+		{"{ me { " + strings.Repeat("n", maxNameBytes+1) + ": subject } }", ""},
 	} {
 		f.Add(s[0], s[1])
 	}

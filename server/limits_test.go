@@ -1,11 +1,8 @@
 package server
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"reflect"
 	"slices"
 	"strings"
@@ -293,13 +290,7 @@ func TestValidationWorkIsBoundedPerDocument(t *testing.T) {
 		return b.String()
 	}
 	post := func(query, operationName string) *gqlResponse {
-		req := postRequest(t, query, nil)
-		if operationName != "" {
-			body, _ := json.Marshal(map[string]any{"query": query, "operationName": operationName})
-			req = httptest.NewRequest(http.MethodPost, "/graphql", bytes.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-		}
-		return a.send(t, tok, req)
+		return a.do(t, tok, "application/json", mustJSON(t, map[string]any{"query": query, "operationName": operationName}))
 	}
 	spreads := func(n int, name func(int) string) string {
 		var b strings.Builder

@@ -40,18 +40,22 @@ func TestGETRunsQueries(t *testing.T) {
 	wantError(t, a.get(t, tok, `query($id: ID!) { instance(id: $id) { name } }`, map[string]any{"id": "nope"}), http.StatusOK, "BAD_USER_INPUT")
 	wantError(t, a.get(t, tok, `{ me { subject }`, nil), http.StatusOK, "GRAPHQL_PARSE_FAILED")
 	// A query string that cannot be read is a 400 with a code.
-	for _, query := range []string{
-		url.Values{"query": {`query($id: ID!) { instance(id: $id) { name } }`}, "variables": {"{not json"}}.Encode(),
-		url.Values{"query": {`query($id: ID!) { instance(id: $id) { name } }`}, "variables": {`["x"]`}}.Encode(),
-		url.Values{"query": {`{ me { subject } }`}, "extensions": {`"persisted"`}}.Encode(),
-		"query=%7Bme%7Bsubject%7D%7D&variables=%zz",
-		"operationName=Q",
-		url.Values{"query": {`{ me { subject } }`}, "variables": {`{"a": ` + strings.Repeat("[", 600) + strings.Repeat("]", 600) + `}`}}.Encode(),
+	for _, c := range []struct{ query, message string }{
+		{url.Values{"query": {`query($id: ID!) { instance(id: $id) { name } }`}, "variables": {"{not json"}}.Encode(), "variables is not valid JSON"},
+		{url.Values{"query": {`query($id: ID!) { instance(id: $id) { name } }`}, "variables": {`["x"]`}}.Encode(), "variables"},
+		{url.Values{"query": {`{ me { subject } }`}, "extensions": {`"persisted"`}}.Encode(), "extensions"},
+		{"query=%7Bme%7Bsubject%7D%7D&variables=%zz", "query string is not valid"},
+		{"operationName=Q", "query is required"},
+		{url.Values{"query": {`{ me { subject } }`}, "variables": {`{"a": ` + strings.Repeat("[", 600) + strings.Repeat("]", 600) + `}`}}.Encode(),
+			"variables nests arrays and objects too deeply"},
 	} {
-		res := a.send(t, tok, httptest.NewRequest(http.MethodGet, "/graphql?"+query, nil))
+		res := a.send(t, tok, httptest.NewRequest(http.MethodGet, "/graphql?"+c.query, nil))
 		wantError(t, res, http.StatusBadRequest, "BAD_USER_INPUT")
+		if len(res.Errors) == 0 || !strings.Contains(res.Errors[0].Message, c.message) {
+			t.Errorf("%s: errors %v, want one saying %q", c.query, res.Errors, c.message)
+		}
 		if vary := res.Header.Get("Vary"); vary != "Accept" {
-			t.Errorf("%s: Vary %q, want Accept", query, vary)
+			t.Errorf("%s: Vary %q, want Accept", c.query, vary)
 		}
 	}
 }
