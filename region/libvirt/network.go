@@ -2,8 +2,10 @@ package libvirt
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"hash/fnv"
 	"net/netip"
 	"strings"
 	"time"
@@ -85,9 +87,10 @@ func defineNetwork(conn *golibvirt.Libvirt, n *region.Network) (golibvirt.Networ
 	return net, nil
 }
 
-// maxConflicts bounds the addresses tried that other processes reserved meanwhile: more than
-// a few means the refusal is of something else, which trying every address would not cure.
-const maxConflicts = 4
+// maxConflicts bounds the addresses tried that others took meanwhile (another process on
+// the host, or another host of the region): more than a few means the refusal is of something
+// else, or the network is all but full, which trying every address would not cure.
+const maxConflicts = 8
 
 // errNetworkFull: every address of the network's prefix is reserved or leased.
 var errNetworkFull = fmt.Errorf("no free address: %w", region.ErrNoCapacity)
@@ -95,7 +98,8 @@ var errNetworkFull = fmt.Errorf("no free address: %w", region.ErrNoCapacity)
 // reserve picks a free address of the prefix and reserves it for the MAC in the network's
 // DHCP. An address is free when no reservation holds it and no lease does: dnsmasq would not
 // hand out an address still leased to a deleted server's MAC. A reservation another process
-// made meanwhile makes the host refuse ours, and the next address is tried.
+// made meanwhile makes the host refuse ours, and the next address is tried; one another host
+// of the region made meanwhile is found once ours is made, and ours is given back.
 func (d *hostDriver) reserve(conn *golibvirt.Libvirt, net golibvirt.Network, n *region.Network, mac string) (string, error) {
 	d.allocate.Lock()
 	defer d.allocate.Unlock()
@@ -108,16 +112,16 @@ func (d *hostDriver) reserve(conn *golibvirt.Libvirt, net golibvirt.Network, n *
 			used[ip] = true
 		}
 	}
-	last := lastAddress(n.Prefix)
-	conflicts := 0
-	for ip := gateway(n.Prefix).Next(); ip.Less(last); ip = ip.Next() {
-		if used[ip.String()] {
-			continue
+	moved, conflicts := 0, 0
+	for {
+		ip, ok := candidate(n.Prefix, used, mac, moved)
+		if !ok {
+			return "", errNetworkFull
 		}
+		used[ip.String()] = true // whatever comes of it, it is not tried again
 		// No host name: names need not be unique across projects, and libvirt refuses a
 		// second reservation with the same one. The guest learns its name from the seed.
-		host := libvirtxml.NetworkDHCPHost{MAC: mac, IP: ip.String()}
-		doc, err := xmlOf(host)
+		doc, err := xmlOf(libvirtxml.NetworkDHCPHost{MAC: mac, IP: ip.String()})
 		if err != nil {
 			return "", err
 		}
@@ -125,10 +129,13 @@ func (d *hostDriver) reserve(conn *golibvirt.Libvirt, net golibvirt.Network, n *
 		if err == nil && d.elsewhere != nil {
 			// Another host of the region may have taken it since it was read: looked at again
 			// once ours is made, so that of two hosts reserving it at once at least one sees
-			// the other's and moves on.
+			// the other's and moves on (both, when both look after both made theirs).
 			if other, taken := d.elsewhere(net.Name)[ip.String()]; taken && !strings.EqualFold(other, mac) {
 				if err := release(conn, net.Name, mac); err != nil {
 					return "", fmt.Errorf("give back %s in network %s: %w", ip, net.Name, err)
+				}
+				if moved++; moved+conflicts == maxConflicts {
+					return "", fmt.Errorf("reserve an address in network %s: the region's other hosts took the %d tried meanwhile: %w", net.Name, moved, region.ErrUnavailable)
 				}
 				continue
 			}
@@ -136,11 +143,44 @@ func (d *hostDriver) reserve(conn *golibvirt.Libvirt, net golibvirt.Network, n *
 		if err == nil {
 			return ip.String(), nil
 		}
-		if conflicts++; !isCode(err, golibvirt.ErrOperationInvalid) || conflicts == maxConflicts {
+		if conflicts++; !isCode(err, golibvirt.ErrOperationInvalid) || moved+conflicts == maxConflicts {
 			return "", fmt.Errorf("reserve %s in network %s: %w", ip, net.Name, err)
 		}
 	}
-	return "", errNetworkFull
+}
+
+// candidate is the free address of the prefix (past its gateway, before its broadcast
+// address) to try next for the MAC: the lowest, until the region's other hosts took one this
+// reservation tried (moved of them); then the first free one from a point the MAC and moved
+// decide. Two hosts reserving at once both try the same lowest address, both see the other's
+// and both give theirs back: were both to go on to the next one, they could go on in step
+// through the whole prefix, each step a network update on each host. From points of their own
+// they part.
+func candidate(p netip.Prefix, used map[string]bool, mac string, moved int) (netip.Addr, bool) {
+	// The catalogue's prefixes are /8 to /30: at least one address is left once the
+	// network's, the gateway's and the broadcast address are.
+	first, count := gateway(p).Next(), uint32(1)<<(32-p.Bits())-3
+	from := uint32(0)
+	if moved > 0 {
+		h := fnv.New32a()
+		fmt.Fprintf(h, "%s/%d", strings.ToLower(mac), moved)
+		from = h.Sum32() % count
+	}
+	for i := range count {
+		ip := addrAdd(first, (from+i)%count)
+		if !used[ip.String()] {
+			return ip, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// addrAdd is the IPv4 address n past a.
+func addrAdd(a netip.Addr, n uint32) netip.Addr {
+	b := a.As4()
+	v := binary.BigEndian.Uint32(b[:]) + n
+	binary.BigEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
 }
 
 // release removes the MAC's reservation; a reservation already gone is no error.
@@ -247,10 +287,7 @@ func leased(conn *golibvirt.Libvirt, netName, mac, ip string) (bool, error) {
 
 // lastAddress is the prefix's broadcast address.
 func lastAddress(p netip.Prefix) netip.Addr {
-	a := p.Masked().Addr().As4()
-	host := uint32(1)<<(32-p.Bits()) - 1
-	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3]) | host
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	return addrAdd(p.Masked().Addr(), uint32(1)<<(32-p.Bits())-1)
 }
 
 // xmlOf marshals a network section for NetworkUpdate.

@@ -192,6 +192,8 @@ func (d *hostDriver) create(ctx context.Context, spec region.ServerSpec, r resol
 	}
 	if rec.IP, err = d.reserve(conn, net, network, rec.MAC); errors.Is(err, region.ErrNoCapacity) {
 		return region.Server{}, fmt.Errorf("network %s has %w", network.ID, err)
+	} else if errors.Is(err, region.ErrUnavailable) {
+		return region.Server{}, fmt.Errorf("create server: %w", err)
 	} else if err != nil {
 		return region.Server{}, d.fault("create server", err)
 	}
