@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/computeql/computeql/e2e/harness"
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/virttest"
 )
 
@@ -26,6 +28,12 @@ func TestLibvirtHosts(t *testing.T) {
 
 	var ids []string
 	step(t, "two instances spread over the hosts", func(t *testing.T) {
+		// Placement leaves out a host the worker is not connected to yet, which would put
+		// both instances on the other.
+		for _, h := range racks {
+			eventually.Holds(t, stepLimit, func() bool { return connectedTo(lab.worker, h) },
+				"the worker connected to %s; its log:\n%s", h.URI, eventually.Lazy(func() string { return lab.worker.Tail(30) }))
+		}
 		for _, name := range []string{"one", "two"} {
 			ids = append(ids, lab.mustCreate(ctx, t, map[string]any{"name": name, "flavorId": "tiny", "imageId": "busybox"}))
 		}
@@ -97,4 +105,15 @@ func TestLibvirtHosts(t *testing.T) {
 			}
 		}
 	})
+}
+
+// connectedTo reports whether the worker's log says it connected to the host, in this run or
+// an earlier one.
+func connectedTo(worker *harness.Process, h *virttest.Host) bool {
+	for _, line := range strings.Split(worker.Log(), "\n") {
+		if strings.Contains(line, "connected to libvirt host") && strings.Contains(line, h.URI) {
+			return true
+		}
+	}
+	return false
 }

@@ -172,9 +172,9 @@ func image(id string, sizeGiB int, boot map[string]any) map[string]any {
 // lab is a deployment serving the catalogue: one api and one worker process on a Redis of
 // their own, and an admin of the organization.
 type lab struct {
-	api    *harness.Process
-	client *harness.Client
-	token  string
+	api, worker *harness.Process
+	client      *harness.Client
+	token       string
 }
 
 func deploy(t *testing.T, catalog string) *lab {
@@ -184,9 +184,9 @@ func deploy(t *testing.T, catalog string) *lab {
 		Args: []string{"--catalog", catalog, "--rate-limit", "-1"},
 	})
 	api := d.API(t)
-	d.Worker(t)
+	worker := d.Worker(t)
 	token := d.Token(t, "--subject", "e2e-virt", "--grant", org+"=admin")
-	return &lab{api: api, client: api.Client(t, token), token: token}
+	return &lab{api: api, worker: worker, client: api.Client(t, token), token: token}
 }
 
 // userError is a mutation payload's userErrors entry.
