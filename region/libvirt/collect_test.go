@@ -71,6 +71,12 @@ func labCatalogJSON(host *virttest.Host, images string) string {
 // the test ends, and returns it once connected, with its connection.
 func labDriver(t *testing.T, doc, redisAddr string, log *slog.Logger, now func() time.Time) (*hostDriver, *golibvirt.Libvirt) {
 	t.Helper()
+	return labDriverWith(t, doc, redisAddr, func(o *Options) { o.Logger, o.Now = log, now })
+}
+
+// labDriverWith is labDriver with its options edited.
+func labDriverWith(t *testing.T, doc, redisAddr string, edit func(*Options)) (*hostDriver, *golibvirt.Libvirt) {
+	t.Helper()
 	cat, err := region.Parse([]byte(doc))
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +84,9 @@ func labDriver(t *testing.T, doc, redisAddr string, log *slog.Logger, now func()
 	lab, _ := cat.Region("lab")
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
 	t.Cleanup(func() { _ = rdb.Close() })
-	r, err := New(Options{Region: *lab, Catalog: cat, Redis: rdb, Logger: log, Now: now})
+	opts := Options{Region: *lab, Catalog: cat, Redis: rdb}
+	edit(&opts)
+	r, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

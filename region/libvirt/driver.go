@@ -48,6 +48,13 @@ type Options struct {
 	// ConnectTimeout bounds connecting to the host and reading its state at the start of each
 	// connection; a host that takes longer is dialled again. Defaults to 1m.
 	ConnectTimeout time.Duration
+	// StuckTimeout is how long a trivial call on the driver's connection may go unanswered
+	// while the host answers on the heartbeat's before the connection is cut and dialled
+	// again: libvirtd reads only a few calls of one connection at once (max_client_requests,
+	// 5 by default), so calls waiting on a guest that does not answer hold up every call behind
+	// them. It is longer than libvirt's 30 s wait for a domain's job, after which calls queued
+	// on a busy domain give up by themselves. Defaults to 2m.
+	StuckTimeout time.Duration
 }
 
 // hostDriver is one host of a libvirt region. Its methods are safe for concurrent use; Run
@@ -222,16 +229,22 @@ func (d *hostDriver) dialer() *dial.CutDialer {
 
 // session is one connection's life.
 func (d *hostDriver) session(parent context.Context) error {
-	cut := d.dialer()
+	// The heartbeat asks on a connection of its own: libvirtd reads only a few calls of one
+	// connection at once, and on the driver's its question would wait behind calls held up by
+	// one guest that does not answer, which would pass for the whole host not answering.
+	cut, beatCut := d.dialer(), d.dialer()
+	cutBoth := func() { cut.Cut(); beatCut.Cut() }
 	// go-libvirt's calls carry no deadline, and a host that accepts the connection without
 	// answering (a libvirtd still starting, or hung) would hold the connecting calls below for
 	// ever; cutting the connection fails them all. The heartbeat takes over once connected.
-	watchdog := time.AfterFunc(d.opts.ConnectTimeout, cut.Cut)
+	watchdog := time.AfterFunc(d.opts.ConnectTimeout, cutBoth)
 	defer watchdog.Stop()
-	conn := golibvirt.NewWithDialer(cut)
-	if err := conn.ConnectToURI(golibvirt.ConnectURI(d.uri.Name)); err != nil {
-		cut.Cut()
-		return fmt.Errorf("connect %s %s: %w", d.uri.Network, d.uri.Address, err)
+	conn, beatConn := golibvirt.NewWithDialer(cut), golibvirt.NewWithDialer(beatCut)
+	for _, c := range []*golibvirt.Libvirt{conn, beatConn} {
+		if err := c.ConnectToURI(golibvirt.ConnectURI(d.uri.Name)); err != nil {
+			cutBoth()
+			return fmt.Errorf("connect %s %s: %w", d.uri.Network, d.uri.Address, err)
+		}
 	}
 	// The session's own context ends the event subscriptions with it; their goroutines send
 	// each event unconditionally, so the channels are drained until they close.
@@ -253,14 +266,8 @@ func (d *hostDriver) session(parent context.Context) error {
 				}
 			}()
 		}
-		// A host that stopped answering would hold Disconnect's goodbye for ever.
-		bye := make(chan struct{})
-		go func() { conn.Disconnect(); close(bye) }()
-		select {
-		case <-bye:
-		case <-time.After(heartbeat):
-			cut.Cut()
-		}
+		hangUp(conn, cut)
+		hangUp(beatConn, beatCut)
 		// Last: a job in a call to the host returns when the call does, which the connection
 		// ending fails at once (a copy under way would otherwise hold the session's end).
 		if jobs != nil {
@@ -348,28 +355,15 @@ func (d *hostDriver) session(parent context.Context) error {
 		stopBeat()
 		beating.Wait()
 	}()
-	beating.Go(func() {
-		beat := time.NewTicker(heartbeat)
-		defer beat.Stop()
-		for {
-			select {
-			case <-beatCtx.Done():
-				return
-			case <-beat.C:
-				if err := alive(conn); err != nil {
-					d.log.WarnContext(beatCtx, "libvirt host stopped answering; cutting the connection", "err", err)
-					cut.Cut()
-					return
-				}
-			}
-		}
-	})
+	beating.Go(func() { d.beat(beatCtx, conn, beatConn, cutBoth) })
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-conn.Disconnected():
 			return errors.New("disconnected")
+		case <-beatConn.Disconnected():
+			return errors.New("the heartbeat's connection was lost")
 		case ev, ok := <-events:
 			if !ok {
 				return errors.New("lifecycle events ended")
@@ -451,6 +445,57 @@ func (d *hostDriver) recover(jobs *jobGroup, conn *golibvirt.Libvirt, pool golib
 // the host carry no deadline of their own, so a host that stops answering without closing the
 // connection would otherwise hold every call for as long as TCP takes to give up.
 const heartbeat = 5 * time.Second
+
+// beat asks the host for its version every heartbeat on the heartbeat's connection, and cuts
+// both connections when it does not answer within the heartbeat. It also keeps a question
+// under way on the driver's connection, and cuts both when that one has gone unanswered for
+// StuckTimeout while the host answers: the calls on it are held up, and would be for good.
+func (d *hostDriver) beat(ctx context.Context, conn, beatConn *golibvirt.Libvirt, cutBoth func()) {
+	tick := time.NewTicker(heartbeat)
+	defer tick.Stop()
+	// asked is when the question under way on conn was asked; zero while none is. Its
+	// goroutine returns when the call does, which the connection ending fails at the latest.
+	var asked time.Time
+	answered := make(chan struct{}, 1)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-answered:
+			asked = time.Time{}
+		case <-tick.C:
+			if err := alive(beatConn); err != nil {
+				d.log.WarnContext(ctx, "libvirt host stopped answering; cutting the connection", "err", err)
+				cutBoth()
+				return
+			}
+			switch {
+			case asked.IsZero():
+				asked = time.Now()
+				go func() {
+					_, _ = conn.ConnectGetLibVersion()
+					answered <- struct{}{}
+				}()
+			case time.Since(asked) >= d.opts.StuckTimeout:
+				d.log.WarnContext(ctx, "calls on the libvirt host's connection went unanswered while the host answers others; cutting the connection", "unanswered_for", time.Since(asked).Round(time.Second))
+				cutBoth()
+				return
+			}
+		}
+	}
+}
+
+// hangUp says goodbye on the connection, and cuts it when the host does not answer within the
+// heartbeat: a host that stopped answering would hold Disconnect's goodbye for ever.
+func hangUp(conn *golibvirt.Libvirt, cut *dial.CutDialer) {
+	bye := make(chan struct{})
+	go func() { conn.Disconnect(); close(bye) }()
+	select {
+	case <-bye:
+	case <-time.After(heartbeat):
+		cut.Cut()
+	}
+}
 
 // alive asks the host for its version within the heartbeat.
 func alive(conn *golibvirt.Libvirt) error {

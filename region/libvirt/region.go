@@ -64,6 +64,9 @@ func New(opts Options) (*Driver, error) {
 	if opts.ConnectTimeout <= 0 {
 		opts.ConnectTimeout = time.Minute
 	}
+	if opts.StuckTimeout <= 0 {
+		opts.StuckTimeout = 2 * time.Minute
+	}
 	d := &Driver{opts: opts, watches: newBroadcaster()}
 	named := len(r.Libvirt.Hosts) > 0
 	for i, cfg := range r.Libvirt.HostList() {
