@@ -2,6 +2,8 @@ package server
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -418,4 +420,35 @@ func TestPersistedQueryRefusalsHaveCodes(t *testing.T) {
 	} {
 		wantError(t, a.do(t, tok, "application/json", []byte(body)), http.StatusOK, code)
 	}
+}
+
+// TestPersistedQueryCacheHoldsNoHeavyEntry: the persisted queries are held in a cache bounded by
+// bytes, which keeps no entry over a sixteenth of its 16 MiB: a query of over 1 MiB runs when
+// sent whole, and is not found by its hash alone afterwards, where a small one is.
+func TestPersistedQueryCacheHoldsNoHeavyEntry(t *testing.T) {
+	a := newAPI(t, func(o *Options) { o.MaxBodyBytes = 4 << 20 })
+	tok := a.admin(t)
+	persisted := func(query string, whole bool) []byte {
+		sum := sha256.Sum256([]byte(query))
+		req := map[string]any{"extensions": map[string]any{"persistedQuery": map[string]any{"version": 1, "sha256Hash": hex.EncodeToString(sum[:])}}}
+		if whole {
+			req["query"] = query
+		}
+		body, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return body
+	}
+	small := "{ me { subject } }"
+	heavy := small + "\n#" + strings.Repeat("x", 1<<20)
+	for _, q := range []string{small, heavy} {
+		if got := a.do(t, tok, "application/json", persisted(q, true)); len(got.Errors) > 0 || got.Data["me"] == nil {
+			t.Fatalf("a persisted query of %d bytes sent whole: %s", len(q), got.Raw)
+		}
+	}
+	if got := a.do(t, tok, "application/json", persisted(small, false)); len(got.Errors) > 0 || got.Data["me"] == nil {
+		t.Errorf("the small query by its hash: %s", got.Raw)
+	}
+	wantError(t, a.do(t, tok, "application/json", persisted(heavy, false)), http.StatusOK, "PERSISTED_QUERY_NOT_FOUND")
 }
