@@ -52,8 +52,8 @@ type Options struct {
 	// while the host answers on the heartbeat's before the connection is cut and dialled
 	// again: libvirtd reads only a few calls of one connection at once (max_client_requests,
 	// 5 by default), so calls waiting on a guest that does not answer hold up every call behind
-	// them. It is longer than libvirt's 30 s wait for a domain's job, after which calls queued
-	// on a busy domain give up by themselves. Defaults to 2m.
+	// them. Keep it longer than libvirt's 30 s wait for a domain's job, after which calls
+	// queued on a busy domain give up by themselves. Defaults to 2m.
 	StuckTimeout time.Duration
 }
 
@@ -84,6 +84,10 @@ type hostDriver struct {
 	jobs *jobGroup
 	// recovering is set while a pass of recoverSnapshots runs.
 	recovering atomic.Bool
+	// heldUp is set while a question on the connection has gone unanswered for a heartbeat
+	// or more though the host answers the heartbeat: placements and the other hosts' address
+	// checks pass the host by rather than wait behind the calls held up on it.
+	heldUp atomic.Bool
 
 	index *index
 	// watches is the region's: every host's events go to every watch of the region.
@@ -240,11 +244,13 @@ func (d *hostDriver) session(parent context.Context) error {
 	watchdog := time.AfterFunc(d.opts.ConnectTimeout, cutBoth)
 	defer watchdog.Stop()
 	conn, beatConn := golibvirt.NewWithDialer(cut), golibvirt.NewWithDialer(beatCut)
-	for _, c := range []*golibvirt.Libvirt{conn, beatConn} {
-		if err := c.ConnectToURI(golibvirt.ConnectURI(d.uri.Name)); err != nil {
-			cutBoth()
-			return fmt.Errorf("connect %s %s: %w", d.uri.Network, d.uri.Address, err)
-		}
+	if err := conn.ConnectToURI(golibvirt.ConnectURI(d.uri.Name)); err != nil {
+		cutBoth()
+		return fmt.Errorf("connect %s %s: %w", d.uri.Network, d.uri.Address, err)
+	}
+	if err := beatConn.ConnectToURI(golibvirt.ConnectURI(d.uri.Name)); err != nil {
+		cutBoth()
+		return fmt.Errorf("connect %s %s for the heartbeat: %w", d.uri.Network, d.uri.Address, err)
 	}
 	// The session's own context ends the event subscriptions with it; their goroutines send
 	// each event unconditionally, so the channels are drained until they close.
@@ -266,8 +272,10 @@ func (d *hostDriver) session(parent context.Context) error {
 				}
 			}()
 		}
-		hangUp(conn, cut)
-		hangUp(beatConn, beatCut)
+		var hangingUp sync.WaitGroup
+		hangingUp.Go(func() { hangUp(conn, cut) })
+		hangingUp.Go(func() { hangUp(beatConn, beatCut) })
+		hangingUp.Wait()
 		// Last: a job in a call to the host returns when the call does, which the connection
 		// ending fails at once (a copy under way would otherwise hold the session's end).
 		if jobs != nil {
@@ -355,7 +363,7 @@ func (d *hostDriver) session(parent context.Context) error {
 		stopBeat()
 		beating.Wait()
 	}()
-	beating.Go(func() { d.beat(beatCtx, conn, beatConn, cutBoth) })
+	beating.Go(func() { d.beat(beatCtx, jobs, conn, beatConn, cutBoth) })
 	for {
 		select {
 		case <-ctx.Done():
@@ -448,13 +456,15 @@ const heartbeat = 5 * time.Second
 
 // beat asks the host for its version every heartbeat on the heartbeat's connection, and cuts
 // both connections when it does not answer within the heartbeat. It also keeps a question
-// under way on the driver's connection, and cuts both when that one has gone unanswered for
-// StuckTimeout while the host answers: the calls on it are held up, and would be for good.
-func (d *hostDriver) beat(ctx context.Context, conn, beatConn *golibvirt.Libvirt, cutBoth func()) {
+// under way on the driver's connection: while that one goes unanswered for a heartbeat the host
+// is held up, and once for StuckTimeout both connections are cut, failing every call on them,
+// which would otherwise wait as long as what holds them up.
+func (d *hostDriver) beat(ctx context.Context, jobs *jobGroup, conn, beatConn *golibvirt.Libvirt, cutBoth func()) {
 	tick := time.NewTicker(heartbeat)
 	defer tick.Stop()
-	// asked is when the question under way on conn was asked; zero while none is. Its
-	// goroutine returns when the call does, which the connection ending fails at the latest.
+	defer d.heldUp.Store(false)
+	// asked is when the question under way on conn was asked; zero while none is. It is a
+	// job of the session, which waits for it once the connection has ended, which fails it.
 	var asked time.Time
 	answered := make(chan struct{}, 1)
 	for {
@@ -463,38 +473,48 @@ func (d *hostDriver) beat(ctx context.Context, conn, beatConn *golibvirt.Libvirt
 			return
 		case <-answered:
 			asked = time.Time{}
+			d.heldUp.Store(false)
 		case <-tick.C:
 			if err := alive(beatConn); err != nil {
 				d.log.WarnContext(ctx, "libvirt host stopped answering; cutting the connection", "err", err)
 				cutBoth()
 				return
 			}
-			switch {
-			case asked.IsZero():
+			if asked.IsZero() {
 				asked = time.Now()
-				go func() {
+				jobs.Go(func(context.Context) {
 					_, _ = conn.ConnectGetLibVersion()
 					answered <- struct{}{}
-				}()
-			case time.Since(asked) >= d.opts.StuckTimeout:
-				d.log.WarnContext(ctx, "calls on the libvirt host's connection went unanswered while the host answers others; cutting the connection", "unanswered_for", time.Since(asked).Round(time.Second))
+				})
+				continue
+			}
+			unanswered := time.Since(asked)
+			if unanswered >= d.opts.StuckTimeout {
+				d.log.WarnContext(ctx, "calls on the libvirt host's connection went unanswered while the host answers others; cutting the connection", "unanswered_for", unanswered)
 				cutBoth()
 				return
+			}
+			if unanswered >= heartbeat && !d.heldUp.Swap(true) {
+				d.log.WarnContext(ctx, "calls on the libvirt host's connection are held up", "unanswered_for", unanswered)
 			}
 		}
 	}
 }
 
-// hangUp says goodbye on the connection, and cuts it when the host does not answer within the
-// heartbeat: a host that stopped answering would hold Disconnect's goodbye for ever.
+// answering reports whether the host is connected and its calls are not held up.
+func (d *hostDriver) answering() bool { return d.Connected() && !d.heldUp.Load() }
+
+// hangUp says goodbye on the connection, and cuts it: at once when the host does not answer
+// within the heartbeat (a host that stopped answering would hold the goodbye for ever), and
+// after it anyway, since go-libvirt leaves the socket open when the goodbye fails.
 func hangUp(conn *golibvirt.Libvirt, cut *dial.CutDialer) {
 	bye := make(chan struct{})
 	go func() { conn.Disconnect(); close(bye) }()
 	select {
 	case <-bye:
 	case <-time.After(heartbeat):
-		cut.Cut()
 	}
+	cut.Cut()
 }
 
 // alive asks the host for its version within the heartbeat.

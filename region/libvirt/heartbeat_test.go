@@ -2,9 +2,9 @@ package libvirt
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/redistest"
+	"github.com/computeql/computeql/region"
 	"github.com/computeql/computeql/virttest"
 )
 
@@ -76,22 +77,40 @@ func TestLibvirtHeartbeatOutlastsCallsHeldUp(t *testing.T) {
 		stuck   = "calls on the libvirt host's connection went unanswered while the host answers others; cutting the connection"
 		stopped = "libvirt host stopped answering; cutting the connection"
 	)
+	// Held up meanwhile: a placement passes the host by, at once, rather than wait behind them.
+	eventually.Holds(t, 2*time.Minute, func() bool { return d.heldUp.Load() || logs.has(stopped) },
+		"the driver sees its calls held up; it logged %v", eventually.Lazy(logs.String))
+	tiny := &region.Flavor{ID: "tiny", CPUs: 1, MemoryGiB: 1, DiskGB: 1}
+	if _, err := d.room(tiny); !errors.Is(err, region.ErrUnreachable) {
+		t.Errorf("the room of a host whose calls are held up: %v, want ErrUnreachable", err)
+	}
 	eventually.Holds(t, 2*time.Minute, func() bool { return logs.has(stuck) || logs.has(stopped) },
 		"the driver cuts its held-up connection; it logged %v", eventually.Lazy(logs.String))
 	if !logs.has(stuck) {
 		t.Fatalf("the heartbeat took calls held up by guests for the host not answering; logged %v", logs)
 	}
+	cut, _ := logs.find(stuck)
+	var waited time.Duration
+	cut.Attrs(func(a slog.Attr) bool {
+		if a.Key == "unanswered_for" {
+			waited = a.Value.Duration()
+		}
+		return true
+	})
+	if waited < 30*time.Second {
+		t.Errorf("the connection was cut after %s unanswered, before its StuckTimeout of 30s", waited)
+	}
 	waiting.Wait()
 	eventually.Holds(t, time.Minute, d.Connected, "the driver connected again")
-	if _, err := d.host("test"); err != nil {
-		t.Fatal(err)
+	if _, err := d.room(tiny); errors.Is(err, region.ErrUnreachable) || d.heldUp.Load() {
+		t.Errorf("the room of the host connected again: %v, held up %v; want it answered", err, d.heldUp.Load())
 	}
 }
 
-// messages is a slog handler that keeps the messages logged.
+// messages is a slog handler that keeps the records logged.
 type messages struct {
-	mu   sync.Mutex
-	msgs []string
+	mu      sync.Mutex
+	records []slog.Record
 }
 
 func (m *messages) Enabled(context.Context, slog.Level) bool { return true }
@@ -101,18 +120,33 @@ func (m *messages) WithGroup(string) slog.Handler            { return m }
 func (m *messages) Handle(_ context.Context, r slog.Record) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.msgs = append(m.msgs, r.Message)
+	m.records = append(m.records, r.Clone())
 	return nil
 }
 
 func (m *messages) has(msg string) bool {
+	_, found := m.find(msg)
+	return found
+}
+
+// find returns the first record of the message.
+func (m *messages) find(msg string) (slog.Record, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return slices.Contains(m.msgs, msg)
+	for _, r := range m.records {
+		if r.Message == msg {
+			return r, true
+		}
+	}
+	return slog.Record{}, false
 }
 
 func (m *messages) String() string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return strings.Join(m.msgs, "; ")
+	msgs := make([]string, len(m.records))
+	for i, r := range m.records {
+		msgs[i] = r.Message
+	}
+	return strings.Join(msgs, "; ")
 }

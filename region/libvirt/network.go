@@ -135,7 +135,7 @@ func (d *hostDriver) reserve(conn *golibvirt.Libvirt, net golibvirt.Network, n *
 					return "", fmt.Errorf("give back %s in network %s: %w", ip, net.Name, err)
 				}
 				if moved++; moved+conflicts == maxConflicts {
-					return "", fmt.Errorf("reserve an address in network %s: the region's other hosts took the %d tried meanwhile: %w", net.Name, moved, region.ErrUnavailable)
+					return "", fmt.Errorf("reserve an address in network %s: the %d addresses tried were all taken meanwhile, %d of them by the region's other hosts: %w", net.Name, moved+conflicts, moved, region.ErrUnavailable)
 				}
 				continue
 			}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"strings"
@@ -53,8 +54,13 @@ func TestCandidate(t *testing.T) {
 // MACs here parts within the conflicts a reservation may meet.
 func TestCandidatesOfHostsInStepPart(t *testing.T) {
 	prefix := netip.MustParsePrefix("10.0.0.0/24")
+	// MACs as randomMAC makes them, from a fixed seed: pairs that differ in more than a byte.
+	rnd := rand.New(rand.NewPCG(1, 2))
+	mac := func() string {
+		return fmt.Sprintf("52:54:00:%02x:%02x:%02x", rnd.IntN(256), rnd.IntN(256), rnd.IntN(256))
+	}
 	for pair := range 2000 {
-		a, b := fmt.Sprintf("52:54:00:%02x:%02x:01", pair>>8, pair&0xff), fmt.Sprintf("52:54:00:%02x:%02x:02", pair>>8, pair&0xff)
+		a, b := mac(), mac()
 		// What both hosts saw used, plus what each tried itself.
 		seen := map[string]bool{"10.0.0.2": true, "10.0.0.7": true}
 		usedA, usedB := maps.Clone(seen), maps.Clone(seen)
@@ -63,7 +69,7 @@ func TestCandidatesOfHostsInStepPart(t *testing.T) {
 			ipA, okA := candidate(prefix, usedA, a, moved)
 			ipB, okB := candidate(prefix, usedB, b, moved)
 			if !okA || !okB {
-				t.Fatalf("pair %d: the prefix ran out after %d moves", pair, moved)
+				t.Fatalf("pair %d (%s, %s): the prefix ran out after %d moves", pair, a, b, moved)
 			}
 			if ipA != ipB {
 				break

@@ -280,19 +280,19 @@ func (d *Driver) place(flavor *region.Flavor, pinned *hostDriver) (h *hostDriver
 			return nil, nil, fmt.Errorf("create server: %w", err)
 		}
 	}
-	if pinned != nil && !pinned.Connected() {
+	if pinned != nil && !pinned.answering() {
 		return nil, nil, pinned.errUnreachable("create server from a snapshot in its pool")
 	}
-	if pinned == nil && !d.anyConnected() {
+	if pinned == nil && !d.anyAnswering() {
 		return nil, nil, fmt.Errorf("create server: no host of region %s can be reached: %w", d.opts.Region.ID, region.ErrUnreachable)
 	}
 	return nil, nil, fmt.Errorf("no host of region %s has room for flavor %s: %w", d.opts.Region.ID, flavor.ID, region.ErrNoCapacity)
 }
 
-// anyConnected reports whether a host of the region is connected.
-func (d *Driver) anyConnected() bool {
+// anyAnswering reports whether a host of the region is connected and not held up.
+func (d *Driver) anyAnswering() bool {
 	for _, h := range d.hosts {
-		if h.Connected() {
+		if h.answering() {
 			return true
 		}
 	}
@@ -480,7 +480,7 @@ func (d *Driver) addressesElsewhere(self *hostDriver) func(network string) map[s
 // addresses adds the addresses the host holds in the network to held: its reservations while
 // it answers, else those of the servers this process last saw there.
 func (d *hostDriver) addresses(network string, held map[string]string) {
-	if conn, err := d.host(""); err == nil {
+	if conn, err := d.host(""); err == nil && !d.heldUp.Load() {
 		if _, hosts, err := reservationsOf(conn, network); err == nil {
 			for _, h := range hosts {
 				held[h.IP] = h.MAC
@@ -501,6 +501,9 @@ func (d *hostDriver) room(f *region.Flavor) (uint64, error) {
 	conn, err := d.host("host capacity")
 	if err != nil {
 		return 0, err
+	}
+	if d.heldUp.Load() {
+		return 0, d.errUnreachable("host capacity: calls on the host are held up")
 	}
 	d.mu.RLock()
 	pool := d.pool
