@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
 	"github.com/gorilla/websocket"
 
+	"github.com/computeql/computeql/eventually"
 	"github.com/computeql/computeql/openstacktest"
 	"github.com/computeql/computeql/virttest"
 )
@@ -203,9 +205,19 @@ func TestOpenStackLifecycle(t *testing.T) {
 	step(t, "delete leaves nothing in the cloud", func(t *testing.T) {
 		d.mustVerb(ctx, t, "deleteInstance", id)
 		f.until(t, stepLimit, name+" DELETED", of(id, func(ev event) bool { return ev.Kind == "DELETED" }))
-		if list := os.servers(ctx, t, id); len(list) > 0 {
-			t.Errorf("Nova still lists %d servers of %s: %s %s", len(list), id, list[0].ID, list[0].Status)
-		}
+		// The instance is DELETED once Nova shows its server DELETED, which Nova still lists
+		// until it forgets the server's row a moment later.
+		var left []servers.Server
+		eventually.Holds(t, stepLimit, func() bool {
+			left = os.servers(ctx, t, id)
+			return len(left) == 0
+		}, "Nova lists no server of %s; it lists %v", id, eventually.Lazy(func() string {
+			var seen []string
+			for _, s := range left {
+				seen = append(seen, s.ID+" "+s.Status)
+			}
+			return strings.Join(seen, ", ")
+		}))
 		if ports := os.ports(ctx, t, serverID); len(ports) > 0 {
 			t.Errorf("ports of server %s left in Neutron: %+v", serverID, ports)
 		}
