@@ -501,8 +501,20 @@ func (d *hostDriver) beat(ctx context.Context, jobs *jobGroup, conn, beatConn *g
 	}
 }
 
+// answeringHost is host for what may pass the host by while its calls are held up (placement,
+// the other hosts' address checks) rather than wait behind them: ErrUnreachable meanwhile.
+func (d *hostDriver) answeringHost(op string) (*golibvirt.Libvirt, error) {
+	if d.heldUp.Load() {
+		return nil, d.errUnreachable(op + ": calls on the host are held up")
+	}
+	return d.host(op)
+}
+
 // answering reports whether the host is connected and its calls are not held up.
-func (d *hostDriver) answering() bool { return d.Connected() && !d.heldUp.Load() }
+func (d *hostDriver) answering() bool {
+	_, err := d.answeringHost("")
+	return err == nil
+}
 
 // hangUp says goodbye on the connection, and cuts it: at once when the host does not answer
 // within the heartbeat (a host that stopped answering would hold the goodbye for ever), and

@@ -480,7 +480,7 @@ func (d *Driver) addressesElsewhere(self *hostDriver) func(network string) map[s
 // addresses adds the addresses the host holds in the network to held: its reservations while
 // it answers, else those of the servers this process last saw there.
 func (d *hostDriver) addresses(network string, held map[string]string) {
-	if conn, err := d.host(""); err == nil && !d.heldUp.Load() {
+	if conn, err := d.answeringHost(""); err == nil {
 		if _, hosts, err := reservationsOf(conn, network); err == nil {
 			for _, h := range hosts {
 				held[h.IP] = h.MAC
@@ -498,12 +498,9 @@ func (d *hostDriver) addresses(network string, held map[string]string) {
 // room is how much memory the host has free beside what it holds and what this process is
 // making on it, when it has room for the flavor (else ErrNoCapacity, or ErrUnreachable).
 func (d *hostDriver) room(f *region.Flavor) (uint64, error) {
-	conn, err := d.host("host capacity")
+	conn, err := d.answeringHost("host capacity")
 	if err != nil {
 		return 0, err
-	}
-	if d.heldUp.Load() {
-		return 0, d.errUnreachable("host capacity: calls on the host are held up")
 	}
 	d.mu.RLock()
 	pool := d.pool
