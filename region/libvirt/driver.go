@@ -100,9 +100,9 @@ type hostDriver struct {
 	// building are the servers this process watches for the lease that makes them RUNNING:
 	// the host has no event for it.
 	building idSet
-	// downloads and consoles bound the console downloads and attached consoles, each on a
-	// connection of its own (streams).
-	downloads, consoles *streams
+	// downloads, consoles and copies bound the console downloads, attached consoles and
+	// snapshots' disk copies, each on a connection of its own (streams).
+	downloads, consoles, copies *streams
 	// allocate serialises this process's address reservations; the host refuses a duplicate
 	// reservation from another process, and the next address is tried.
 	allocate sync.Mutex
@@ -151,6 +151,7 @@ func newHost(opts Options, cfg region.LibvirtHost, keyHost string, watches *broa
 		index: newIndex(), watches: watches, unowned: map[string]time.Time{},
 		downloads: newStreams("console downloads", consoleDownloads, abandonedStreams),
 		consoles:  newStreams("consoles", consoleStreams, abandonedStreams),
+		copies:    newStreams("disk copies", diskCopies, abandonedStreams),
 	}, nil
 }
 

@@ -187,7 +187,7 @@ func (d *hostDriver) makeImage(ctx context.Context, conn *golibvirt.Libvirt, poo
 		wg.Wait()
 		_ = releaseLease.Run(context.WithoutCancel(ctx), d.opts.Redis, []string{lock}, imageID).Err()
 	}()
-	copyErr := d.copyDisk(conn, pool, rec)
+	copyErr := d.copyDisk(ctx, pool, rec)
 	if err := d.mergeBack(ctx, conn, pool, rec.Server); err != nil {
 		// The image does not depend on it; the next collection pass merges it.
 		d.log.Warn("merge a snapshot's overlay back into the server's disk", "server", rec.Server, "image", imageID, "err", err)
@@ -207,9 +207,30 @@ func (d *hostDriver) makeImage(ctx context.Context, conn *golibvirt.Libvirt, poo
 	d.log.Info("snapshot made", "server", rec.Server, "image", imageID, "state", rec.Image.State)
 }
 
+// diskCopies is how many snapshots' disk copies a host makes at once; the others wait their
+// turn, their images CREATING meanwhile. Each is a qemu-img of the host reading one disk and
+// writing another, and a worker thread of libvirtd's for as long: more at once would only
+// share the disks' bandwidth, and take threads the host's other calls need.
+const diskCopies = 4
+
 // copyDisk makes the image's volume: the host converts the server's frozen disk, through its
-// backing chain, into a qcow2 volume without a backing file.
-func (d *hostDriver) copyDisk(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, rec *snapshotRecord) error {
+// backing chain, into a qcow2 volume without a backing file. It waits for a turn among the
+// host's copies (diskCopies), and copies on a connection of its own (streams), cut when ctx
+// ends (the session's end: the host stopped answering, or the process is stopping).
+func (d *hostDriver) copyDisk(ctx context.Context, pool golibvirt.StoragePool, rec *snapshotRecord) error {
+	st, err := d.awaitStream(ctx, d.copies)
+	if err != nil {
+		return fmt.Errorf("wait for a turn to copy the disk: %w", err)
+	}
+	stop := context.AfterFunc(ctx, st.abandon)
+	err = copyVolume(st.conn, pool, rec)
+	stop()
+	st.returned(err)
+	return err
+}
+
+// copyVolume has the host copy the server's disk into the image's volume.
+func copyVolume(conn *golibvirt.Libvirt, pool golibvirt.StoragePool, rec *snapshotRecord) error {
 	src, err := conn.StorageVolLookupByName(pool, namePrefix+rec.Server+".qcow2")
 	if err != nil {
 		return fmt.Errorf("the server's disk: %w", err)

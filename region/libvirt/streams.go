@@ -1,6 +1,7 @@
 package libvirt
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -13,7 +14,9 @@ import (
 )
 
 // A libvirt stream (a console's output, a download of the console log) runs on a connection
-// of its own, never the host's shared one.
+// of its own, never the host's shared one, and so does a snapshot's disk copy, which takes as
+// long as the disk takes to copy: on the shared connection it would hold one of the five calls
+// libvirtd reads of a connection at once, and five copies would hold up every other call.
 //
 // go-libvirt can wedge a connection at the end of a stream: should a packet of the stream
 // arrive after the call has forgotten its serial (the empty packet that ends a download, then
@@ -53,13 +56,28 @@ type stream struct {
 	slot sync.Once
 }
 
-// openStream takes a slot of the kind and connects to the host.
+// openStream takes a slot of the kind, refusing when none is free, and connects to the host.
 func (d *hostDriver) openStream(of *streams) (*stream, error) {
 	select {
 	case of.running <- struct{}{}:
 	default:
 		return nil, fmt.Errorf("%d %s are under way on the host: %w", cap(of.running), of.what, region.ErrUnavailable)
 	}
+	return d.dialStream(of)
+}
+
+// awaitStream is openStream waiting for a free slot of the kind, until ctx ends.
+func (d *hostDriver) awaitStream(ctx context.Context, of *streams) (*stream, error) {
+	select {
+	case of.running <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return d.dialStream(of)
+}
+
+// dialStream connects to the host for a stream of the kind whose slot the caller took.
+func (d *hostDriver) dialStream(of *streams) (*stream, error) {
 	if n := of.abandoned.Load(); n >= of.maxAbandoned {
 		<-of.running
 		return nil, fmt.Errorf("%d %s are stuck on the host's connections: %w", n, of.what, region.ErrUnavailable)
