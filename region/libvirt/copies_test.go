@@ -1,6 +1,7 @@
 package libvirt
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -27,6 +28,7 @@ import (
 // the copies and those two would take all five calls libvirtd reads of a connection at once).
 // Once a copy ends, the copy waiting for a turn starts; every copy makes its volume.
 func TestLibvirtDiskCopiesTakeTurnsOnConnectionsOfTheirOwn(t *testing.T) {
+	virttest.Require(t)
 	// The host's qemu-img, run for a copy (convert), writes its PID down and stops itself
 	// until the test continues it: a copy that takes as long as the test wants.
 	bin := t.TempDir()
@@ -47,6 +49,7 @@ func TestLibvirtDiskCopiesTakeTurnsOnConnectionsOfTheirOwn(t *testing.T) {
 	}
 	t.Cleanup(rs.Stop)
 	d, conn := labDriverWith(t, labCatalogJSON(host, ""), rs.Addr, func(*Options) {})
+	results := make(chan error, diskCopies+1)
 	mine, err := host.Connect()
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +59,9 @@ func TestLibvirtDiskCopiesTakeTurnsOnConnectionsOfTheirOwn(t *testing.T) {
 	pool := d.pool
 	d.mu.RUnlock()
 
-	copying := func() []int {
+	// listed is every copy's qemu-img that wrote its PID down; copying, those of them that
+	// have stopped themselves (one that has not yet would miss a continue sent meanwhile).
+	listed := func() []int {
 		data, _ := os.ReadFile(held)
 		var pids []int
 		for _, f := range strings.Fields(string(data)) {
@@ -67,6 +72,26 @@ func TestLibvirtDiskCopiesTakeTurnsOnConnectionsOfTheirOwn(t *testing.T) {
 			pids = append(pids, pid)
 		}
 		return pids
+	}
+	copying := func() []int {
+		var pids []int
+		for _, pid := range listed() {
+			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			// "pid (comm) state ...": comm may hold spaces and parentheses.
+			if err == nil && bytes.HasPrefix(stat[bytes.LastIndexByte(stat, ')')+1:], []byte(" T")) {
+				pids = append(pids, pid)
+			}
+		}
+		return pids
+	}
+	ended := func() error {
+		select {
+		case err := <-results:
+			return err
+		case <-time.After(time.Minute):
+			t.Fatal("a copy continued did not end within a minute")
+			return nil
+		}
 	}
 	recs := make([]*snapshotRecord, diskCopies+1)
 	for i := range recs {
@@ -82,13 +107,26 @@ func TestLibvirtDiskCopiesTakeTurnsOnConnectionsOfTheirOwn(t *testing.T) {
 		}
 		recs[i] = &snapshotRecord{Server: id, Image: region.Image{ID: id, Volume: imageVolumeName(id)}}
 	}
-	results := make(chan error, len(recs))
 	var copies sync.WaitGroup
 	t.Cleanup(func() {
-		for _, pid := range copying() {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
+		// Continued until every copy ended: one may stop itself after a continue.
+		done := make(chan struct{})
+		go func() {
+			copies.Wait()
+			close(done)
+		}()
+		retry := time.NewTicker(100 * time.Millisecond)
+		defer retry.Stop()
+		for {
+			for _, pid := range listed() {
+				_ = syscall.Kill(pid, syscall.SIGCONT)
+			}
+			select {
+			case <-done:
+				return
+			case <-retry.C:
+			}
 		}
-		copies.Wait()
 	})
 	for _, rec := range recs {
 		copies.Go(func() { results <- d.copyDisk(t.Context(), pool, rec) })
@@ -97,39 +135,17 @@ func TestLibvirtDiskCopiesTakeTurnsOnConnectionsOfTheirOwn(t *testing.T) {
 		"%d copies under way", diskCopies)
 
 	// Two guests whose QEMU is stopped, made on the test's connection, and a call on the
-	// driver's connection for each, which waits on the guest's monitor.
+	// driver's connection for each, which waits on the guest's monitor until the guest is
+	// continued as the test ends (before this cleanup, registered first, waits for the calls).
 	var waiting sync.WaitGroup
-	var guests []int
-	t.Cleanup(func() {
-		for _, pid := range guests {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-		waiting.Wait()
-	})
+	t.Cleanup(waiting.Wait)
 	for i := range 2 {
-		def := libvirtxml.Domain{Type: "qemu", Name: fmt.Sprintf("held-up-%d", i), Memory: &libvirtxml.DomainMemory{Value: 64, Unit: "MiB"},
-			OS: &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Type: "hvm"}}}
-		doc, err := def.Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
-		dom, err := mine.DomainCreateXML(doc, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pid, err := host.DomainPID(def.Name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-			t.Fatal(err)
-		}
-		guests = append(guests, pid)
+		dom := stoppedGuest(t, host, mine, fmt.Sprintf("held-up-%d", i))
 		waiting.Go(func() { _ = conn.DomainSuspend(dom) })
 		eventually.Holds(t, time.Minute, func() bool {
 			state, _, _, err := mine.DomainGetControlInfo(dom, 0)
 			return err == nil && golibvirt.DomainControlState(state) != golibvirt.DomainControlOk
-		}, "the suspend of %s waits on its monitor (never read by libvirtd when the copies hold the driver's connection's room)", def.Name)
+		}, "the suspend of %s waits on its monitor (never read by libvirtd when the copies hold the driver's connection's room)", dom.Name)
 	}
 	answered := make(chan error, 1)
 	go func() {
@@ -144,7 +160,7 @@ func TestLibvirtDiskCopiesTakeTurnsOnConnectionsOfTheirOwn(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("a call on the driver's connection went unanswered while the copies run: they hold its room")
 	}
-	if n := len(copying()); n != diskCopies {
+	if n := len(listed()); n != diskCopies {
 		t.Fatalf("%d copies under way, want %d: the last should wait for a turn", n, diskCopies)
 	}
 
@@ -152,18 +168,18 @@ func TestLibvirtDiskCopiesTakeTurnsOnConnectionsOfTheirOwn(t *testing.T) {
 	if err := syscall.Kill(first, syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-results; err != nil {
+	if err := ended(); err != nil {
 		t.Fatalf("the copy continued: %v", err)
 	}
-	eventually.Holds(t, time.Minute, func() bool { return len(copying()) == diskCopies+1 },
+	eventually.Holds(t, time.Minute, func() bool { return len(copying()) == diskCopies && len(listed()) == diskCopies+1 },
 		"the copy that waited starts once one ended")
-	for _, pid := range copying()[1:] {
+	for _, pid := range copying() {
 		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for range diskCopies {
-		if err := <-results; err != nil {
+		if err := ended(); err != nil {
 			t.Errorf("a copy: %v", err)
 		}
 	}

@@ -278,7 +278,8 @@ func (d *hostDriver) session(parent context.Context) error {
 		hangingUp.Go(func() { hangUp(beatConn, beatCut) })
 		hangingUp.Wait()
 		// Last: a job in a call to the host returns when the call does, which the connection
-		// ending fails at once (a copy under way would otherwise hold the session's end).
+		// ending fails at once; a disk copy's connection of its own is cut as the jobs'
+		// context ends (copyDisk).
 		if jobs != nil {
 			jobs.wg.Wait()
 		}

@@ -48,25 +48,7 @@ func TestLibvirtHeartbeatOutlastsCallsHeldUp(t *testing.T) {
 	t.Cleanup(func() { _ = mine.Disconnect() })
 	var guests []golibvirt.Domain
 	for i := range 6 {
-		def := libvirtxml.Domain{Type: "qemu", Name: fmt.Sprintf("held-up-%d", i), Memory: &libvirtxml.DomainMemory{Value: 64, Unit: "MiB"},
-			OS: &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Type: "hvm"}}}
-		doc, err := def.Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
-		dom, err := mine.DomainCreateXML(doc, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pid, err := host.DomainPID(def.Name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
-		guests = append(guests, dom)
+		guests = append(guests, stoppedGuest(t, host, mine, fmt.Sprintf("held-up-%d", i)))
 	}
 	var waiting sync.WaitGroup
 	for _, dom := range guests {
@@ -149,4 +131,30 @@ func (m *messages) String() string {
 		msgs[i] = r.Message
 	}
 	return strings.Join(msgs, "; ")
+}
+
+// stoppedGuest starts a guest of no server's on conn (a connection of the test's: the driver
+// leaves the guest alone) and stops its QEMU until the test ends, so that a call waiting on its
+// monitor waits until then.
+func stoppedGuest(t *testing.T, host *virttest.Host, conn *golibvirt.Libvirt, name string) golibvirt.Domain {
+	t.Helper()
+	def := libvirtxml.Domain{Type: "qemu", Name: name, Memory: &libvirtxml.DomainMemory{Value: 64, Unit: "MiB"},
+		OS: &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Type: "hvm"}}}
+	doc, err := def.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dom, err := conn.DomainCreateXML(doc, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := host.DomainPID(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+	return dom
 }

@@ -27,7 +27,8 @@ import (
 // call behind, its goroutines with it, counted until it returns.
 
 // streams bounds a host's streams of one kind: those running, and those left behind whose call
-// has not returned. Past either bound a new stream is refused as unavailable, before it dials.
+// has not returned. Past either bound a new stream is refused as unavailable, before it dials;
+// a disk copy, which nobody waits for, waits for a running one to end instead (awaitStream).
 type streams struct {
 	what         string
 	running      chan struct{}
@@ -63,21 +64,29 @@ func (d *hostDriver) openStream(of *streams) (*stream, error) {
 	default:
 		return nil, fmt.Errorf("%d %s are under way on the host: %w", cap(of.running), of.what, region.ErrUnavailable)
 	}
-	return d.dialStream(of)
+	return d.dialStream(context.Background(), of)
 }
 
-// awaitStream is openStream waiting for a free slot of the kind, until ctx ends.
+// awaitStream is openStream waiting for a free slot of the kind, until ctx ends; the dial,
+// too, is cut when ctx ends.
 func (d *hostDriver) awaitStream(ctx context.Context, of *streams) (*stream, error) {
 	select {
 	case of.running <- struct{}{}:
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	return d.dialStream(of)
+	// A slot freed as ctx ended (a session's end cuts the copies under way) may have won
+	// the select: the host is going away, so dial no more.
+	if err := ctx.Err(); err != nil {
+		<-of.running
+		return nil, err
+	}
+	return d.dialStream(ctx, of)
 }
 
-// dialStream connects to the host for a stream of the kind whose slot the caller took.
-func (d *hostDriver) dialStream(of *streams) (*stream, error) {
+// dialStream connects to the host for a stream of the kind whose slot the caller took, giving
+// up when ctx ends.
+func (d *hostDriver) dialStream(ctx context.Context, of *streams) (*stream, error) {
 	if n := of.abandoned.Load(); n >= of.maxAbandoned {
 		<-of.running
 		return nil, fmt.Errorf("%d %s are stuck on the host's connections: %w", n, of.what, region.ErrUnavailable)
@@ -85,8 +94,10 @@ func (d *hostDriver) dialStream(of *streams) (*stream, error) {
 	cut := d.dialer()
 	conn := golibvirt.NewWithDialer(cut)
 	watchdog := time.AfterFunc(d.opts.ConnectTimeout, cut.Cut) // as session's: calls carry no deadline
+	ended := context.AfterFunc(ctx, cut.Cut)
 	err := conn.ConnectToURI(golibvirt.ConnectURI(d.uri.Name))
 	watchdog.Stop()
+	ended()
 	if err != nil {
 		cut.Cut()
 		<-of.running
