@@ -735,7 +735,12 @@ func TestRefusedPowerChangeGivesTheIntentBack(t *testing.T) {
 		t.Errorf("desired power %s after the refused stop, want RUNNING", got.DesiredPower())
 	}
 	// The refusal let go of the key with the undo: a retry with it, once the region takes
-	// it, stops the instance rather than replaying a stop that did not happen.
+	// it, stops the instance rather than replaying a stop that did not happen. The workers'
+	// region takes stops: one that read the stop's intent before the undo stopped the server,
+	// and starts it again now, so the retry waits until the instance has settled running (else
+	// the region refuses to stop a server already STOPPING).
+	eventually.Holds(t, convergeLimit, func() bool { return e.settled(t, inst.Key()) && converged(e.lookup(t, inst.ID)) },
+		"instance %s settled RUNNING after the refused stop", inst.ID)
 	if got, err := e.svc.Stop(operator, inst.ID, &key); err != nil || got.DesiredPower() != instance.IntentStopped {
 		t.Errorf("the refused stop retried with its key: %v, %v; want it stopped", got, err)
 	}
