@@ -222,7 +222,8 @@ func (d *hostDriver) copyDisk(ctx context.Context, pool golibvirt.StoragePool, r
 	if err != nil {
 		return fmt.Errorf("wait for a turn to copy the disk: %w", err)
 	}
-	stop := context.AfterFunc(ctx, st.abandon)
+	// Cut, not abandoned: the call fails at once on a cut connection, and is waited for.
+	stop := context.AfterFunc(ctx, st.cut.Cut)
 	err = copyVolume(st.conn, pool, rec)
 	stop()
 	st.returned(err)
