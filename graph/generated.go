@@ -1803,23 +1803,25 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 	opCtx := graphql.GetOperationContext(ctx)
 	ec := newExecutionContext(opCtx, e, make(chan graphql.DeferredResult))
-	inputUnmarshalMap := graphql.BuildUnmarshalerMap(
-		ec.unmarshalInputCreateConsoleSessionInput,
-		ec.unmarshalInputCreateInstanceInput,
-		ec.unmarshalInputDeleteImageInput,
-		ec.unmarshalInputDeleteInstanceInput,
-		ec.unmarshalInputInstanceFilter,
-		ec.unmarshalInputNetworkingInput,
-		ec.unmarshalInputQuotaLimitInput,
-		ec.unmarshalInputRebootInstanceInput,
-		ec.unmarshalInputResizeInstanceInput,
-		ec.unmarshalInputSetQuotaInput,
-		ec.unmarshalInputSnapshotInstanceInput,
-		ec.unmarshalInputStartInstanceInput,
-		ec.unmarshalInputStopInstanceInput,
-		ec.unmarshalInputTagInput,
-		ec.unmarshalInputUpdateInstanceInput,
-	)
+	inputUnmarshalers := func() *graphql.InputUnmarshalerIndex {
+		return graphql.NewInputUnmarshalerIndex(
+			graphql.NewInputUnmarshaler("CreateConsoleSessionInput", ec.unmarshalInputCreateConsoleSessionInput),
+			graphql.NewInputUnmarshaler("CreateInstanceInput", ec.unmarshalInputCreateInstanceInput),
+			graphql.NewInputUnmarshaler("DeleteImageInput", ec.unmarshalInputDeleteImageInput),
+			graphql.NewInputUnmarshaler("DeleteInstanceInput", ec.unmarshalInputDeleteInstanceInput),
+			graphql.NewInputUnmarshaler("InstanceFilter", ec.unmarshalInputInstanceFilter),
+			graphql.NewInputUnmarshaler("NetworkingInput", ec.unmarshalInputNetworkingInput),
+			graphql.NewInputUnmarshaler("QuotaLimitInput", ec.unmarshalInputQuotaLimitInput),
+			graphql.NewInputUnmarshaler("RebootInstanceInput", ec.unmarshalInputRebootInstanceInput),
+			graphql.NewInputUnmarshaler("ResizeInstanceInput", ec.unmarshalInputResizeInstanceInput),
+			graphql.NewInputUnmarshaler("SetQuotaInput", ec.unmarshalInputSetQuotaInput),
+			graphql.NewInputUnmarshaler("SnapshotInstanceInput", ec.unmarshalInputSnapshotInstanceInput),
+			graphql.NewInputUnmarshaler("StartInstanceInput", ec.unmarshalInputStartInstanceInput),
+			graphql.NewInputUnmarshaler("StopInstanceInput", ec.unmarshalInputStopInstanceInput),
+			graphql.NewInputUnmarshaler("TagInput", ec.unmarshalInputTagInput),
+			graphql.NewInputUnmarshaler("UpdateInstanceInput", ec.unmarshalInputUpdateInstanceInput),
+		)
+	}
 	first := true
 
 	switch opCtx.Operation.Operation {
@@ -1829,7 +1831,7 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 			var data graphql.Marshaler
 			if first {
 				first = false
-				ctx = graphql.WithUnmarshalerMap(ctx, inputUnmarshalMap)
+				ctx = graphql.WithLazyInputUnmarshalerIndex(ctx, inputUnmarshalers)
 				data = ec._Query(ctx, opCtx.Operation.SelectionSet)
 			} else {
 				if atomic.LoadInt32(&ec.PendingDeferred) > 0 {
@@ -1859,7 +1861,7 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 				return nil
 			}
 			first = false
-			ctx = graphql.WithUnmarshalerMap(ctx, inputUnmarshalMap)
+			ctx = graphql.WithLazyInputUnmarshalerIndex(ctx, inputUnmarshalers)
 			data := ec._Mutation(ctx, opCtx.Operation.SelectionSet)
 			var buf bytes.Buffer
 			data.MarshalGQL(&buf)
@@ -3867,8 +3869,8 @@ func (ec *executionContext) field___Directive_args_args(ctx context.Context, raw
 	var err error
 	args := map[string]any{}
 	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "includeDeprecated",
-		func(ctx context.Context, v any) (*bool, error) {
-			return ec.unmarshalOBoolean2ᚖbool(ctx, v)
+		func(ctx context.Context, v any) (bool, error) {
+			return ec.unmarshalOBoolean2bool(ctx, v)
 		})
 	if err != nil {
 		return nil, err
@@ -3881,8 +3883,8 @@ func (ec *executionContext) field___Field_args_args(ctx context.Context, rawArgs
 	var err error
 	args := map[string]any{}
 	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "includeDeprecated",
-		func(ctx context.Context, v any) (*bool, error) {
-			return ec.unmarshalOBoolean2ᚖbool(ctx, v)
+		func(ctx context.Context, v any) (bool, error) {
+			return ec.unmarshalOBoolean2bool(ctx, v)
 		})
 	if err != nil {
 		return nil, err
@@ -3906,6 +3908,20 @@ func (ec *executionContext) field___Type_enumValues_args(ctx context.Context, ra
 }
 
 func (ec *executionContext) field___Type_fields_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "includeDeprecated",
+		func(ctx context.Context, v any) (bool, error) {
+			return ec.unmarshalOBoolean2bool(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["includeDeprecated"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field___Type_inputFields_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
 	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "includeDeprecated",
@@ -3943,7 +3959,7 @@ func (ec *executionContext) _ChangePlan_rebuild(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext_ChangePlan_rebuild(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("ChangePlan", field, false, false, errors.New("field of type Boolean does not have child fields"))
+	return graphql.NewScalarFieldContext("ChangePlan", field, false, false, "Boolean")
 }
 
 func (ec *executionContext) _ChangePlan_restart(ctx context.Context, field graphql.CollectedField, obj *instance.Plan) (ret graphql.Marshaler) {
@@ -3966,7 +3982,7 @@ func (ec *executionContext) _ChangePlan_restart(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext_ChangePlan_restart(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("ChangePlan", field, false, false, errors.New("field of type Boolean does not have child fields"))
+	return graphql.NewScalarFieldContext("ChangePlan", field, false, false, "Boolean")
 }
 
 func (ec *executionContext) _ChangePlan_changedFields(ctx context.Context, field graphql.CollectedField, obj *instance.Plan) (ret graphql.Marshaler) {
@@ -3989,7 +4005,7 @@ func (ec *executionContext) _ChangePlan_changedFields(ctx context.Context, field
 	)
 }
 func (ec *executionContext) fieldContext_ChangePlan_changedFields(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("ChangePlan", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("ChangePlan", field, false, false, "String")
 }
 
 func (ec *executionContext) _ChangePlan_quotaChanges(ctx context.Context, field graphql.CollectedField, obj *instance.Plan) (ret graphql.Marshaler) {
@@ -4044,7 +4060,7 @@ func (ec *executionContext) _Condition_type(ctx context.Context, field graphql.C
 	)
 }
 func (ec *executionContext) fieldContext_Condition_type(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Condition", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Condition", field, false, false, "String")
 }
 
 func (ec *executionContext) _Condition_status(ctx context.Context, field graphql.CollectedField, obj *instance.Condition) (ret graphql.Marshaler) {
@@ -4067,7 +4083,7 @@ func (ec *executionContext) _Condition_status(ctx context.Context, field graphql
 	)
 }
 func (ec *executionContext) fieldContext_Condition_status(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Condition", field, false, false, errors.New("field of type ConditionStatus does not have child fields"))
+	return graphql.NewScalarFieldContext("Condition", field, false, false, "ConditionStatus")
 }
 
 func (ec *executionContext) _Condition_reason(ctx context.Context, field graphql.CollectedField, obj *instance.Condition) (ret graphql.Marshaler) {
@@ -4090,7 +4106,7 @@ func (ec *executionContext) _Condition_reason(ctx context.Context, field graphql
 	)
 }
 func (ec *executionContext) fieldContext_Condition_reason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Condition", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Condition", field, false, false, "String")
 }
 
 func (ec *executionContext) _Condition_message(ctx context.Context, field graphql.CollectedField, obj *instance.Condition) (ret graphql.Marshaler) {
@@ -4113,7 +4129,7 @@ func (ec *executionContext) _Condition_message(ctx context.Context, field graphq
 	)
 }
 func (ec *executionContext) fieldContext_Condition_message(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Condition", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Condition", field, false, false, "String")
 }
 
 func (ec *executionContext) _Condition_lastTransitionTime(ctx context.Context, field graphql.CollectedField, obj *instance.Condition) (ret graphql.Marshaler) {
@@ -4136,7 +4152,7 @@ func (ec *executionContext) _Condition_lastTransitionTime(ctx context.Context, f
 	)
 }
 func (ec *executionContext) fieldContext_Condition_lastTransitionTime(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Condition", field, false, false, errors.New("field of type Time does not have child fields"))
+	return graphql.NewScalarFieldContext("Condition", field, false, false, "Time")
 }
 
 func (ec *executionContext) _ConsoleOutput_text(ctx context.Context, field graphql.CollectedField, obj *region.ConsoleOutput) (ret graphql.Marshaler) {
@@ -4159,7 +4175,7 @@ func (ec *executionContext) _ConsoleOutput_text(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext_ConsoleOutput_text(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("ConsoleOutput", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("ConsoleOutput", field, false, false, "String")
 }
 
 func (ec *executionContext) _ConsoleOutput_truncated(ctx context.Context, field graphql.CollectedField, obj *region.ConsoleOutput) (ret graphql.Marshaler) {
@@ -4182,7 +4198,7 @@ func (ec *executionContext) _ConsoleOutput_truncated(ctx context.Context, field 
 	)
 }
 func (ec *executionContext) fieldContext_ConsoleOutput_truncated(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("ConsoleOutput", field, false, false, errors.New("field of type Boolean does not have child fields"))
+	return graphql.NewScalarFieldContext("ConsoleOutput", field, false, false, "Boolean")
 }
 
 func (ec *executionContext) _ConsoleOutput_capturedAt(ctx context.Context, field graphql.CollectedField, obj *region.ConsoleOutput) (ret graphql.Marshaler) {
@@ -4205,7 +4221,7 @@ func (ec *executionContext) _ConsoleOutput_capturedAt(ctx context.Context, field
 	)
 }
 func (ec *executionContext) fieldContext_ConsoleOutput_capturedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("ConsoleOutput", field, false, false, errors.New("field of type Time does not have child fields"))
+	return graphql.NewScalarFieldContext("ConsoleOutput", field, false, false, "Time")
 }
 
 func (ec *executionContext) _ConsoleSession_url(ctx context.Context, field graphql.CollectedField, obj *model.ConsoleSession) (ret graphql.Marshaler) {
@@ -4228,7 +4244,7 @@ func (ec *executionContext) _ConsoleSession_url(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext_ConsoleSession_url(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("ConsoleSession", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("ConsoleSession", field, false, false, "String")
 }
 
 func (ec *executionContext) _ConsoleSession_expiresAt(ctx context.Context, field graphql.CollectedField, obj *model.ConsoleSession) (ret graphql.Marshaler) {
@@ -4251,7 +4267,7 @@ func (ec *executionContext) _ConsoleSession_expiresAt(ctx context.Context, field
 	)
 }
 func (ec *executionContext) fieldContext_ConsoleSession_expiresAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("ConsoleSession", field, false, false, errors.New("field of type Time does not have child fields"))
+	return graphql.NewScalarFieldContext("ConsoleSession", field, false, false, "Time")
 }
 
 func (ec *executionContext) _CreateConsoleSessionPayload_consoleSession(ctx context.Context, field graphql.CollectedField, obj *model.CreateConsoleSessionPayload) (ret graphql.Marshaler) {
@@ -4434,7 +4450,7 @@ func (ec *executionContext) _DeleteImagePayload_imageId(ctx context.Context, fie
 	)
 }
 func (ec *executionContext) fieldContext_DeleteImagePayload_imageId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("DeleteImagePayload", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("DeleteImagePayload", field, false, false, "ID")
 }
 
 func (ec *executionContext) _DeleteImagePayload_userErrors(ctx context.Context, field graphql.CollectedField, obj *model.DeleteImagePayload) (ret graphql.Marshaler) {
@@ -4553,7 +4569,7 @@ func (ec *executionContext) _Flavor_id(ctx context.Context, field graphql.Collec
 	)
 }
 func (ec *executionContext) fieldContext_Flavor_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Flavor", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Flavor", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Flavor_name(ctx context.Context, field graphql.CollectedField, obj *region.Flavor) (ret graphql.Marshaler) {
@@ -4576,7 +4592,7 @@ func (ec *executionContext) _Flavor_name(ctx context.Context, field graphql.Coll
 	)
 }
 func (ec *executionContext) fieldContext_Flavor_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Flavor", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Flavor", field, false, false, "String")
 }
 
 func (ec *executionContext) _Flavor_cpus(ctx context.Context, field graphql.CollectedField, obj *region.Flavor) (ret graphql.Marshaler) {
@@ -4599,7 +4615,7 @@ func (ec *executionContext) _Flavor_cpus(ctx context.Context, field graphql.Coll
 	)
 }
 func (ec *executionContext) fieldContext_Flavor_cpus(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Flavor", field, false, false, errors.New("field of type Int does not have child fields"))
+	return graphql.NewScalarFieldContext("Flavor", field, false, false, "Int")
 }
 
 func (ec *executionContext) _Flavor_memoryGiB(ctx context.Context, field graphql.CollectedField, obj *region.Flavor) (ret graphql.Marshaler) {
@@ -4622,7 +4638,7 @@ func (ec *executionContext) _Flavor_memoryGiB(ctx context.Context, field graphql
 	)
 }
 func (ec *executionContext) fieldContext_Flavor_memoryGiB(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Flavor", field, false, false, errors.New("field of type Int does not have child fields"))
+	return graphql.NewScalarFieldContext("Flavor", field, false, false, "Int")
 }
 
 func (ec *executionContext) _Flavor_diskGB(ctx context.Context, field graphql.CollectedField, obj *region.Flavor) (ret graphql.Marshaler) {
@@ -4645,7 +4661,7 @@ func (ec *executionContext) _Flavor_diskGB(ctx context.Context, field graphql.Co
 	)
 }
 func (ec *executionContext) fieldContext_Flavor_diskGB(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Flavor", field, false, false, errors.New("field of type Int does not have child fields"))
+	return graphql.NewScalarFieldContext("Flavor", field, false, false, "Int")
 }
 
 func (ec *executionContext) _Flavor_architecture(ctx context.Context, field graphql.CollectedField, obj *region.Flavor) (ret graphql.Marshaler) {
@@ -4668,7 +4684,7 @@ func (ec *executionContext) _Flavor_architecture(ctx context.Context, field grap
 	)
 }
 func (ec *executionContext) fieldContext_Flavor_architecture(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Flavor", field, false, false, errors.New("field of type Architecture does not have child fields"))
+	return graphql.NewScalarFieldContext("Flavor", field, false, false, "Architecture")
 }
 
 func (ec *executionContext) _Flavor_baremetal(ctx context.Context, field graphql.CollectedField, obj *region.Flavor) (ret graphql.Marshaler) {
@@ -4691,7 +4707,7 @@ func (ec *executionContext) _Flavor_baremetal(ctx context.Context, field graphql
 	)
 }
 func (ec *executionContext) fieldContext_Flavor_baremetal(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Flavor", field, false, false, errors.New("field of type Boolean does not have child fields"))
+	return graphql.NewScalarFieldContext("Flavor", field, false, false, "Boolean")
 }
 
 func (ec *executionContext) _Flavor_gpu(ctx context.Context, field graphql.CollectedField, obj *region.Flavor) (ret graphql.Marshaler) {
@@ -4746,7 +4762,7 @@ func (ec *executionContext) _Flavor_regions(ctx context.Context, field graphql.C
 	)
 }
 func (ec *executionContext) fieldContext_Flavor_regions(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Flavor", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Flavor", field, false, false, "ID")
 }
 
 func (ec *executionContext) _GPU_vendor(ctx context.Context, field graphql.CollectedField, obj *region.GPU) (ret graphql.Marshaler) {
@@ -4769,7 +4785,7 @@ func (ec *executionContext) _GPU_vendor(ctx context.Context, field graphql.Colle
 	)
 }
 func (ec *executionContext) fieldContext_GPU_vendor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("GPU", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("GPU", field, false, false, "String")
 }
 
 func (ec *executionContext) _GPU_model(ctx context.Context, field graphql.CollectedField, obj *region.GPU) (ret graphql.Marshaler) {
@@ -4792,7 +4808,7 @@ func (ec *executionContext) _GPU_model(ctx context.Context, field graphql.Collec
 	)
 }
 func (ec *executionContext) fieldContext_GPU_model(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("GPU", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("GPU", field, false, false, "String")
 }
 
 func (ec *executionContext) _GPU_memoryGiB(ctx context.Context, field graphql.CollectedField, obj *region.GPU) (ret graphql.Marshaler) {
@@ -4815,7 +4831,7 @@ func (ec *executionContext) _GPU_memoryGiB(ctx context.Context, field graphql.Co
 	)
 }
 func (ec *executionContext) fieldContext_GPU_memoryGiB(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("GPU", field, false, false, errors.New("field of type Int does not have child fields"))
+	return graphql.NewScalarFieldContext("GPU", field, false, false, "Int")
 }
 
 func (ec *executionContext) _GPU_physicalCount(ctx context.Context, field graphql.CollectedField, obj *region.GPU) (ret graphql.Marshaler) {
@@ -4838,7 +4854,7 @@ func (ec *executionContext) _GPU_physicalCount(ctx context.Context, field graphq
 	)
 }
 func (ec *executionContext) fieldContext_GPU_physicalCount(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("GPU", field, false, false, errors.New("field of type Int does not have child fields"))
+	return graphql.NewScalarFieldContext("GPU", field, false, false, "Int")
 }
 
 func (ec *executionContext) _Grant_organizationId(ctx context.Context, field graphql.CollectedField, obj *auth.Grant) (ret graphql.Marshaler) {
@@ -4861,7 +4877,7 @@ func (ec *executionContext) _Grant_organizationId(ctx context.Context, field gra
 	)
 }
 func (ec *executionContext) fieldContext_Grant_organizationId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Grant", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Grant", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Grant_projectId(ctx context.Context, field graphql.CollectedField, obj *auth.Grant) (ret graphql.Marshaler) {
@@ -4884,7 +4900,7 @@ func (ec *executionContext) _Grant_projectId(ctx context.Context, field graphql.
 	)
 }
 func (ec *executionContext) fieldContext_Grant_projectId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Grant", field, true, true, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Grant", field, true, true, "ID")
 }
 
 func (ec *executionContext) _Grant_role(ctx context.Context, field graphql.CollectedField, obj *auth.Grant) (ret graphql.Marshaler) {
@@ -4907,7 +4923,7 @@ func (ec *executionContext) _Grant_role(ctx context.Context, field graphql.Colle
 	)
 }
 func (ec *executionContext) fieldContext_Grant_role(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Grant", field, false, false, errors.New("field of type Role does not have child fields"))
+	return graphql.NewScalarFieldContext("Grant", field, false, false, "Role")
 }
 
 func (ec *executionContext) _Image_id(ctx context.Context, field graphql.CollectedField, obj *region.Image) (ret graphql.Marshaler) {
@@ -4930,7 +4946,7 @@ func (ec *executionContext) _Image_id(ctx context.Context, field graphql.Collect
 	)
 }
 func (ec *executionContext) fieldContext_Image_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Image", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Image", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Image_name(ctx context.Context, field graphql.CollectedField, obj *region.Image) (ret graphql.Marshaler) {
@@ -4953,7 +4969,7 @@ func (ec *executionContext) _Image_name(ctx context.Context, field graphql.Colle
 	)
 }
 func (ec *executionContext) fieldContext_Image_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Image", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Image", field, false, false, "String")
 }
 
 func (ec *executionContext) _Image_architecture(ctx context.Context, field graphql.CollectedField, obj *region.Image) (ret graphql.Marshaler) {
@@ -4976,7 +4992,7 @@ func (ec *executionContext) _Image_architecture(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext_Image_architecture(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Image", field, false, false, errors.New("field of type Architecture does not have child fields"))
+	return graphql.NewScalarFieldContext("Image", field, false, false, "Architecture")
 }
 
 func (ec *executionContext) _Image_sizeGiB(ctx context.Context, field graphql.CollectedField, obj *region.Image) (ret graphql.Marshaler) {
@@ -4999,7 +5015,7 @@ func (ec *executionContext) _Image_sizeGiB(ctx context.Context, field graphql.Co
 	)
 }
 func (ec *executionContext) fieldContext_Image_sizeGiB(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Image", field, false, false, errors.New("field of type Int does not have child fields"))
+	return graphql.NewScalarFieldContext("Image", field, false, false, "Int")
 }
 
 func (ec *executionContext) _Image_virtualization(ctx context.Context, field graphql.CollectedField, obj *region.Image) (ret graphql.Marshaler) {
@@ -5022,7 +5038,7 @@ func (ec *executionContext) _Image_virtualization(ctx context.Context, field gra
 	)
 }
 func (ec *executionContext) fieldContext_Image_virtualization(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Image", field, false, false, errors.New("field of type Virtualization does not have child fields"))
+	return graphql.NewScalarFieldContext("Image", field, false, false, "Virtualization")
 }
 
 func (ec *executionContext) _Image_state(ctx context.Context, field graphql.CollectedField, obj *region.Image) (ret graphql.Marshaler) {
@@ -5045,7 +5061,7 @@ func (ec *executionContext) _Image_state(ctx context.Context, field graphql.Coll
 	)
 }
 func (ec *executionContext) fieldContext_Image_state(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Image", field, false, false, errors.New("field of type ImageState does not have child fields"))
+	return graphql.NewScalarFieldContext("Image", field, false, false, "ImageState")
 }
 
 func (ec *executionContext) _Image_os(ctx context.Context, field graphql.CollectedField, obj *region.Image) (ret graphql.Marshaler) {
@@ -5100,7 +5116,7 @@ func (ec *executionContext) _Image_regions(ctx context.Context, field graphql.Co
 	)
 }
 func (ec *executionContext) fieldContext_Image_regions(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Image", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Image", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Image_organizationId(ctx context.Context, field graphql.CollectedField, obj *region.Image) (ret graphql.Marshaler) {
@@ -5123,7 +5139,7 @@ func (ec *executionContext) _Image_organizationId(ctx context.Context, field gra
 	)
 }
 func (ec *executionContext) fieldContext_Image_organizationId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Image", field, true, true, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Image", field, true, true, "ID")
 }
 
 func (ec *executionContext) _Image_projectId(ctx context.Context, field graphql.CollectedField, obj *region.Image) (ret graphql.Marshaler) {
@@ -5146,7 +5162,7 @@ func (ec *executionContext) _Image_projectId(ctx context.Context, field graphql.
 	)
 }
 func (ec *executionContext) fieldContext_Image_projectId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Image", field, true, true, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Image", field, true, true, "ID")
 }
 
 func (ec *executionContext) _Image_tags(ctx context.Context, field graphql.CollectedField, obj *region.Image) (ret graphql.Marshaler) {
@@ -5201,7 +5217,7 @@ func (ec *executionContext) _Instance_id(ctx context.Context, field graphql.Coll
 	)
 }
 func (ec *executionContext) fieldContext_Instance_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Instance_name(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5224,7 +5240,7 @@ func (ec *executionContext) _Instance_name(ctx context.Context, field graphql.Co
 	)
 }
 func (ec *executionContext) fieldContext_Instance_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, false, false, "String")
 }
 
 func (ec *executionContext) _Instance_description(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5247,7 +5263,7 @@ func (ec *executionContext) _Instance_description(ctx context.Context, field gra
 	)
 }
 func (ec *executionContext) fieldContext_Instance_description(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, true, true, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, true, true, "String")
 }
 
 func (ec *executionContext) _Instance_tags(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5302,7 +5318,7 @@ func (ec *executionContext) _Instance_organizationId(ctx context.Context, field 
 	)
 }
 func (ec *executionContext) fieldContext_Instance_organizationId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Instance_projectId(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5325,7 +5341,7 @@ func (ec *executionContext) _Instance_projectId(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext_Instance_projectId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Instance_region(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5380,7 +5396,7 @@ func (ec *executionContext) _Instance_networkId(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext_Instance_networkId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Instance_network(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5435,7 +5451,7 @@ func (ec *executionContext) _Instance_flavorId(ctx context.Context, field graphq
 	)
 }
 func (ec *executionContext) fieldContext_Instance_flavorId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Instance_flavor(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5490,7 +5506,7 @@ func (ec *executionContext) _Instance_imageId(ctx context.Context, field graphql
 	)
 }
 func (ec *executionContext) fieldContext_Instance_imageId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Instance_image(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5545,7 +5561,7 @@ func (ec *executionContext) _Instance_sshCertificateAuthorityId(ctx context.Cont
 	)
 }
 func (ec *executionContext) fieldContext_Instance_sshCertificateAuthorityId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, true, true, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, true, true, "ID")
 }
 
 func (ec *executionContext) _Instance_sshCertificateAuthority(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5632,7 +5648,7 @@ func (ec *executionContext) _Instance_userData(ctx context.Context, field graphq
 	)
 }
 func (ec *executionContext) fieldContext_Instance_userData(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, true, true, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, true, true, "String")
 }
 
 func (ec *executionContext) _Instance_sshPublicKeys(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5655,7 +5671,7 @@ func (ec *executionContext) _Instance_sshPublicKeys(ctx context.Context, field g
 	)
 }
 func (ec *executionContext) fieldContext_Instance_sshPublicKeys(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, false, false, "String")
 }
 
 func (ec *executionContext) _Instance_deletionProtection(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5678,7 +5694,7 @@ func (ec *executionContext) _Instance_deletionProtection(ctx context.Context, fi
 	)
 }
 func (ec *executionContext) fieldContext_Instance_deletionProtection(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type Boolean does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, false, false, "Boolean")
 }
 
 func (ec *executionContext) _Instance_expiresAt(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5701,7 +5717,7 @@ func (ec *executionContext) _Instance_expiresAt(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext_Instance_expiresAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type Time does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, false, false, "Time")
 }
 
 func (ec *executionContext) _Instance_expiryAction(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5724,7 +5740,7 @@ func (ec *executionContext) _Instance_expiryAction(ctx context.Context, field gr
 	)
 }
 func (ec *executionContext) fieldContext_Instance_expiryAction(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, true, true, errors.New("field of type ExpiryAction does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, true, true, "ExpiryAction")
 }
 
 func (ec *executionContext) _Instance_desiredPowerState(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5747,7 +5763,7 @@ func (ec *executionContext) _Instance_desiredPowerState(ctx context.Context, fie
 	)
 }
 func (ec *executionContext) fieldContext_Instance_desiredPowerState(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, true, true, errors.New("field of type DesiredPowerState does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, true, true, "DesiredPowerState")
 }
 
 func (ec *executionContext) _Instance_generation(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5770,7 +5786,7 @@ func (ec *executionContext) _Instance_generation(ctx context.Context, field grap
 	)
 }
 func (ec *executionContext) fieldContext_Instance_generation(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type Int does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, false, false, "Int")
 }
 
 func (ec *executionContext) _Instance_observedGeneration(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5793,7 +5809,7 @@ func (ec *executionContext) _Instance_observedGeneration(ctx context.Context, fi
 	)
 }
 func (ec *executionContext) fieldContext_Instance_observedGeneration(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, true, true, errors.New("field of type Int does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, true, true, "Int")
 }
 
 func (ec *executionContext) _Instance_status(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5848,7 +5864,7 @@ func (ec *executionContext) _Instance_createdAt(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext_Instance_createdAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type Time does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, false, false, "Time")
 }
 
 func (ec *executionContext) _Instance_createdBy(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5871,7 +5887,7 @@ func (ec *executionContext) _Instance_createdBy(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext_Instance_createdBy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, false, false, "String")
 }
 
 func (ec *executionContext) _Instance_updatedAt(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5894,7 +5910,7 @@ func (ec *executionContext) _Instance_updatedAt(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext_Instance_updatedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type Time does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, false, false, "Time")
 }
 
 func (ec *executionContext) _Instance_updatedBy(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5917,7 +5933,7 @@ func (ec *executionContext) _Instance_updatedBy(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext_Instance_updatedBy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, false, false, "String")
 }
 
 func (ec *executionContext) _Instance_deletedAt(ctx context.Context, field graphql.CollectedField, obj *instance.Instance) (ret graphql.Marshaler) {
@@ -5940,7 +5956,7 @@ func (ec *executionContext) _Instance_deletedAt(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext_Instance_deletedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Instance", field, false, false, errors.New("field of type Time does not have child fields"))
+	return graphql.NewScalarFieldContext("Instance", field, false, false, "Time")
 }
 
 func (ec *executionContext) _InstanceConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.InstanceConnection) (ret graphql.Marshaler) {
@@ -6027,7 +6043,7 @@ func (ec *executionContext) _InstanceConnection_totalCount(ctx context.Context, 
 	)
 }
 func (ec *executionContext) fieldContext_InstanceConnection_totalCount(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("InstanceConnection", field, false, false, errors.New("field of type Int does not have child fields"))
+	return graphql.NewScalarFieldContext("InstanceConnection", field, false, false, "Int")
 }
 
 func (ec *executionContext) _InstanceEdge_cursor(ctx context.Context, field graphql.CollectedField, obj *model.InstanceEdge) (ret graphql.Marshaler) {
@@ -6050,7 +6066,7 @@ func (ec *executionContext) _InstanceEdge_cursor(ctx context.Context, field grap
 	)
 }
 func (ec *executionContext) fieldContext_InstanceEdge_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("InstanceEdge", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("InstanceEdge", field, false, false, "String")
 }
 
 func (ec *executionContext) _InstanceEdge_node(ctx context.Context, field graphql.CollectedField, obj *model.InstanceEdge) (ret graphql.Marshaler) {
@@ -6105,7 +6121,7 @@ func (ec *executionContext) _InstanceEvent_cursor(ctx context.Context, field gra
 	)
 }
 func (ec *executionContext) fieldContext_InstanceEvent_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, "String")
 }
 
 func (ec *executionContext) _InstanceEvent_kind(ctx context.Context, field graphql.CollectedField, obj *model.InstanceEvent) (ret graphql.Marshaler) {
@@ -6128,7 +6144,7 @@ func (ec *executionContext) _InstanceEvent_kind(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext_InstanceEvent_kind(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, errors.New("field of type InstanceEventKind does not have child fields"))
+	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, "InstanceEventKind")
 }
 
 func (ec *executionContext) _InstanceEvent_instance(ctx context.Context, field graphql.CollectedField, obj *model.InstanceEvent) (ret graphql.Marshaler) {
@@ -6183,7 +6199,7 @@ func (ec *executionContext) _InstanceEvent_changedFields(ctx context.Context, fi
 	)
 }
 func (ec *executionContext) fieldContext_InstanceEvent_changedFields(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, "String")
 }
 
 func (ec *executionContext) _InstanceEvent_occurredAt(ctx context.Context, field graphql.CollectedField, obj *model.InstanceEvent) (ret graphql.Marshaler) {
@@ -6206,7 +6222,7 @@ func (ec *executionContext) _InstanceEvent_occurredAt(ctx context.Context, field
 	)
 }
 func (ec *executionContext) fieldContext_InstanceEvent_occurredAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, errors.New("field of type Time does not have child fields"))
+	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, "Time")
 }
 
 func (ec *executionContext) _InstanceEvent_message(ctx context.Context, field graphql.CollectedField, obj *model.InstanceEvent) (ret graphql.Marshaler) {
@@ -6229,7 +6245,7 @@ func (ec *executionContext) _InstanceEvent_message(ctx context.Context, field gr
 	)
 }
 func (ec *executionContext) fieldContext_InstanceEvent_message(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, "String")
 }
 
 func (ec *executionContext) _InstanceEvent_actor(ctx context.Context, field graphql.CollectedField, obj *model.InstanceEvent) (ret graphql.Marshaler) {
@@ -6252,7 +6268,7 @@ func (ec *executionContext) _InstanceEvent_actor(ctx context.Context, field grap
 	)
 }
 func (ec *executionContext) fieldContext_InstanceEvent_actor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, "String")
 }
 
 func (ec *executionContext) _InstanceEvent_action(ctx context.Context, field graphql.CollectedField, obj *model.InstanceEvent) (ret graphql.Marshaler) {
@@ -6275,7 +6291,7 @@ func (ec *executionContext) _InstanceEvent_action(ctx context.Context, field gra
 	)
 }
 func (ec *executionContext) fieldContext_InstanceEvent_action(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, errors.New("field of type InstanceAction does not have child fields"))
+	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, "InstanceAction")
 }
 
 func (ec *executionContext) _InstanceEvent_outcome(ctx context.Context, field graphql.CollectedField, obj *model.InstanceEvent) (ret graphql.Marshaler) {
@@ -6298,7 +6314,7 @@ func (ec *executionContext) _InstanceEvent_outcome(ctx context.Context, field gr
 	)
 }
 func (ec *executionContext) fieldContext_InstanceEvent_outcome(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, errors.New("field of type ErrorCode does not have child fields"))
+	return graphql.NewScalarFieldContext("InstanceEvent", field, false, false, "ErrorCode")
 }
 
 func (ec *executionContext) _InstanceEventConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.InstanceEventConnection) (ret graphql.Marshaler) {
@@ -6385,7 +6401,7 @@ func (ec *executionContext) _InstanceEventEdge_cursor(ctx context.Context, field
 	)
 }
 func (ec *executionContext) fieldContext_InstanceEventEdge_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("InstanceEventEdge", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("InstanceEventEdge", field, false, false, "String")
 }
 
 func (ec *executionContext) _InstanceEventEdge_node(ctx context.Context, field graphql.CollectedField, obj *model.InstanceEventEdge) (ret graphql.Marshaler) {
@@ -6504,7 +6520,7 @@ func (ec *executionContext) _InstanceStatus_provisioningStatus(ctx context.Conte
 	)
 }
 func (ec *executionContext) fieldContext_InstanceStatus_provisioningStatus(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("InstanceStatus", field, false, false, errors.New("field of type ProvisioningStatus does not have child fields"))
+	return graphql.NewScalarFieldContext("InstanceStatus", field, false, false, "ProvisioningStatus")
 }
 
 func (ec *executionContext) _InstanceStatus_healthStatus(ctx context.Context, field graphql.CollectedField, obj *instance.Status) (ret graphql.Marshaler) {
@@ -6527,7 +6543,7 @@ func (ec *executionContext) _InstanceStatus_healthStatus(ctx context.Context, fi
 	)
 }
 func (ec *executionContext) fieldContext_InstanceStatus_healthStatus(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("InstanceStatus", field, false, false, errors.New("field of type HealthStatus does not have child fields"))
+	return graphql.NewScalarFieldContext("InstanceStatus", field, false, false, "HealthStatus")
 }
 
 func (ec *executionContext) _InstanceStatus_powerState(ctx context.Context, field graphql.CollectedField, obj *instance.Status) (ret graphql.Marshaler) {
@@ -6550,7 +6566,7 @@ func (ec *executionContext) _InstanceStatus_powerState(ctx context.Context, fiel
 	)
 }
 func (ec *executionContext) fieldContext_InstanceStatus_powerState(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("InstanceStatus", field, false, false, errors.New("field of type PowerState does not have child fields"))
+	return graphql.NewScalarFieldContext("InstanceStatus", field, false, false, "PowerState")
 }
 
 func (ec *executionContext) _InstanceStatus_privateIP(ctx context.Context, field graphql.CollectedField, obj *instance.Status) (ret graphql.Marshaler) {
@@ -6573,7 +6589,7 @@ func (ec *executionContext) _InstanceStatus_privateIP(ctx context.Context, field
 	)
 }
 func (ec *executionContext) fieldContext_InstanceStatus_privateIP(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("InstanceStatus", field, true, true, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("InstanceStatus", field, true, true, "String")
 }
 
 func (ec *executionContext) _InstanceStatus_publicIP(ctx context.Context, field graphql.CollectedField, obj *instance.Status) (ret graphql.Marshaler) {
@@ -6596,7 +6612,7 @@ func (ec *executionContext) _InstanceStatus_publicIP(ctx context.Context, field 
 	)
 }
 func (ec *executionContext) fieldContext_InstanceStatus_publicIP(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("InstanceStatus", field, true, true, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("InstanceStatus", field, true, true, "String")
 }
 
 func (ec *executionContext) _InstanceStatus_macAddress(ctx context.Context, field graphql.CollectedField, obj *instance.Status) (ret graphql.Marshaler) {
@@ -6619,7 +6635,7 @@ func (ec *executionContext) _InstanceStatus_macAddress(ctx context.Context, fiel
 	)
 }
 func (ec *executionContext) fieldContext_InstanceStatus_macAddress(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("InstanceStatus", field, true, true, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("InstanceStatus", field, true, true, "String")
 }
 
 func (ec *executionContext) _InstanceStatus_conditions(ctx context.Context, field graphql.CollectedField, obj *instance.Status) (ret graphql.Marshaler) {
@@ -7190,7 +7206,7 @@ func (ec *executionContext) _Network_id(ctx context.Context, field graphql.Colle
 	)
 }
 func (ec *executionContext) fieldContext_Network_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Network", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Network", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Network_name(ctx context.Context, field graphql.CollectedField, obj *region.Network) (ret graphql.Marshaler) {
@@ -7213,7 +7229,7 @@ func (ec *executionContext) _Network_name(ctx context.Context, field graphql.Col
 	)
 }
 func (ec *executionContext) fieldContext_Network_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Network", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Network", field, false, false, "String")
 }
 
 func (ec *executionContext) _Network_organizationId(ctx context.Context, field graphql.CollectedField, obj *region.Network) (ret graphql.Marshaler) {
@@ -7236,7 +7252,7 @@ func (ec *executionContext) _Network_organizationId(ctx context.Context, field g
 	)
 }
 func (ec *executionContext) fieldContext_Network_organizationId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Network", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Network", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Network_projectId(ctx context.Context, field graphql.CollectedField, obj *region.Network) (ret graphql.Marshaler) {
@@ -7259,7 +7275,7 @@ func (ec *executionContext) _Network_projectId(ctx context.Context, field graphq
 	)
 }
 func (ec *executionContext) fieldContext_Network_projectId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Network", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Network", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Network_region(ctx context.Context, field graphql.CollectedField, obj *region.Network) (ret graphql.Marshaler) {
@@ -7282,7 +7298,7 @@ func (ec *executionContext) _Network_region(ctx context.Context, field graphql.C
 	)
 }
 func (ec *executionContext) fieldContext_Network_region(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Network", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Network", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Network_prefix(ctx context.Context, field graphql.CollectedField, obj *region.Network) (ret graphql.Marshaler) {
@@ -7305,7 +7321,7 @@ func (ec *executionContext) _Network_prefix(ctx context.Context, field graphql.C
 	)
 }
 func (ec *executionContext) fieldContext_Network_prefix(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Network", field, true, true, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Network", field, true, true, "String")
 }
 
 func (ec *executionContext) _Networking_securityGroupIds(ctx context.Context, field graphql.CollectedField, obj *instance.Networking) (ret graphql.Marshaler) {
@@ -7328,7 +7344,7 @@ func (ec *executionContext) _Networking_securityGroupIds(ctx context.Context, fi
 	)
 }
 func (ec *executionContext) fieldContext_Networking_securityGroupIds(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Networking", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Networking", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Networking_securityGroups(ctx context.Context, field graphql.CollectedField, obj *instance.Networking) (ret graphql.Marshaler) {
@@ -7383,7 +7399,7 @@ func (ec *executionContext) _Networking_publicIP(ctx context.Context, field grap
 	)
 }
 func (ec *executionContext) fieldContext_Networking_publicIP(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Networking", field, false, false, errors.New("field of type Boolean does not have child fields"))
+	return graphql.NewScalarFieldContext("Networking", field, false, false, "Boolean")
 }
 
 func (ec *executionContext) _Networking_allowedSourceAddresses(ctx context.Context, field graphql.CollectedField, obj *instance.Networking) (ret graphql.Marshaler) {
@@ -7406,7 +7422,7 @@ func (ec *executionContext) _Networking_allowedSourceAddresses(ctx context.Conte
 	)
 }
 func (ec *executionContext) fieldContext_Networking_allowedSourceAddresses(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Networking", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Networking", field, false, false, "String")
 }
 
 func (ec *executionContext) _OperatingSystem_family(ctx context.Context, field graphql.CollectedField, obj *region.OperatingSystem) (ret graphql.Marshaler) {
@@ -7429,7 +7445,7 @@ func (ec *executionContext) _OperatingSystem_family(ctx context.Context, field g
 	)
 }
 func (ec *executionContext) fieldContext_OperatingSystem_family(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("OperatingSystem", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("OperatingSystem", field, false, false, "String")
 }
 
 func (ec *executionContext) _OperatingSystem_distro(ctx context.Context, field graphql.CollectedField, obj *region.OperatingSystem) (ret graphql.Marshaler) {
@@ -7452,7 +7468,7 @@ func (ec *executionContext) _OperatingSystem_distro(ctx context.Context, field g
 	)
 }
 func (ec *executionContext) fieldContext_OperatingSystem_distro(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("OperatingSystem", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("OperatingSystem", field, false, false, "String")
 }
 
 func (ec *executionContext) _OperatingSystem_version(ctx context.Context, field graphql.CollectedField, obj *region.OperatingSystem) (ret graphql.Marshaler) {
@@ -7475,7 +7491,7 @@ func (ec *executionContext) _OperatingSystem_version(ctx context.Context, field 
 	)
 }
 func (ec *executionContext) fieldContext_OperatingSystem_version(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("OperatingSystem", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("OperatingSystem", field, false, false, "String")
 }
 
 func (ec *executionContext) _PageInfo_hasNextPage(ctx context.Context, field graphql.CollectedField, obj *model.PageInfo) (ret graphql.Marshaler) {
@@ -7498,7 +7514,7 @@ func (ec *executionContext) _PageInfo_hasNextPage(ctx context.Context, field gra
 	)
 }
 func (ec *executionContext) fieldContext_PageInfo_hasNextPage(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("PageInfo", field, false, false, errors.New("field of type Boolean does not have child fields"))
+	return graphql.NewScalarFieldContext("PageInfo", field, false, false, "Boolean")
 }
 
 func (ec *executionContext) _PageInfo_hasPreviousPage(ctx context.Context, field graphql.CollectedField, obj *model.PageInfo) (ret graphql.Marshaler) {
@@ -7521,7 +7537,7 @@ func (ec *executionContext) _PageInfo_hasPreviousPage(ctx context.Context, field
 	)
 }
 func (ec *executionContext) fieldContext_PageInfo_hasPreviousPage(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("PageInfo", field, false, false, errors.New("field of type Boolean does not have child fields"))
+	return graphql.NewScalarFieldContext("PageInfo", field, false, false, "Boolean")
 }
 
 func (ec *executionContext) _PageInfo_startCursor(ctx context.Context, field graphql.CollectedField, obj *model.PageInfo) (ret graphql.Marshaler) {
@@ -7544,7 +7560,7 @@ func (ec *executionContext) _PageInfo_startCursor(ctx context.Context, field gra
 	)
 }
 func (ec *executionContext) fieldContext_PageInfo_startCursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("PageInfo", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("PageInfo", field, false, false, "String")
 }
 
 func (ec *executionContext) _PageInfo_endCursor(ctx context.Context, field graphql.CollectedField, obj *model.PageInfo) (ret graphql.Marshaler) {
@@ -7567,7 +7583,7 @@ func (ec *executionContext) _PageInfo_endCursor(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext_PageInfo_endCursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("PageInfo", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("PageInfo", field, false, false, "String")
 }
 
 func (ec *executionContext) _Principal_subject(ctx context.Context, field graphql.CollectedField, obj *auth.Principal) (ret graphql.Marshaler) {
@@ -7590,7 +7606,7 @@ func (ec *executionContext) _Principal_subject(ctx context.Context, field graphq
 	)
 }
 func (ec *executionContext) fieldContext_Principal_subject(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Principal", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Principal", field, false, false, "String")
 }
 
 func (ec *executionContext) _Principal_grants(ctx context.Context, field graphql.CollectedField, obj *auth.Principal) (ret graphql.Marshaler) {
@@ -8274,10 +8290,10 @@ func (ec *executionContext) _Query___schema(ctx context.Context, field graphql.C
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *introspection.Schema) graphql.Marshaler {
-			return ec.marshalO__Schema2ᚖgithubᚗcomᚋ99designsᚋgqlgenᚋgraphqlᚋintrospectionᚐSchema(ctx, selections, v)
+			return ec.marshalN__Schema2ᚖgithubᚗcomᚋ99designsᚋgqlgenᚋgraphqlᚋintrospectionᚐSchema(ctx, selections, v)
 		},
 		true,
-		false,
+		true,
 	)
 }
 func (ec *executionContext) fieldContext_Query___schema(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -8313,7 +8329,7 @@ func (ec *executionContext) _Quota_organizationId(ctx context.Context, field gra
 	)
 }
 func (ec *executionContext) fieldContext_Quota_organizationId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Quota", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Quota", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Quota_limits(ctx context.Context, field graphql.CollectedField, obj *instance.Quota) (ret graphql.Marshaler) {
@@ -8368,7 +8384,7 @@ func (ec *executionContext) _QuotaChange_kind(ctx context.Context, field graphql
 	)
 }
 func (ec *executionContext) fieldContext_QuotaChange_kind(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("QuotaChange", field, true, true, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("QuotaChange", field, true, true, "String")
 }
 
 func (ec *executionContext) _QuotaChange_delta(ctx context.Context, field graphql.CollectedField, obj *instance.QuotaChange) (ret graphql.Marshaler) {
@@ -8391,7 +8407,7 @@ func (ec *executionContext) _QuotaChange_delta(ctx context.Context, field graphq
 	)
 }
 func (ec *executionContext) fieldContext_QuotaChange_delta(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("QuotaChange", field, false, false, errors.New("field of type Int does not have child fields"))
+	return graphql.NewScalarFieldContext("QuotaChange", field, false, false, "Int")
 }
 
 func (ec *executionContext) _QuotaLimit_kind(ctx context.Context, field graphql.CollectedField, obj *instance.QuotaLimit) (ret graphql.Marshaler) {
@@ -8414,7 +8430,7 @@ func (ec *executionContext) _QuotaLimit_kind(ctx context.Context, field graphql.
 	)
 }
 func (ec *executionContext) fieldContext_QuotaLimit_kind(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("QuotaLimit", field, true, true, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("QuotaLimit", field, true, true, "String")
 }
 
 func (ec *executionContext) _QuotaLimit_limit(ctx context.Context, field graphql.CollectedField, obj *instance.QuotaLimit) (ret graphql.Marshaler) {
@@ -8437,7 +8453,7 @@ func (ec *executionContext) _QuotaLimit_limit(ctx context.Context, field graphql
 	)
 }
 func (ec *executionContext) fieldContext_QuotaLimit_limit(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("QuotaLimit", field, false, false, errors.New("field of type Int does not have child fields"))
+	return graphql.NewScalarFieldContext("QuotaLimit", field, false, false, "Int")
 }
 
 func (ec *executionContext) _QuotaLimit_used(ctx context.Context, field graphql.CollectedField, obj *instance.QuotaLimit) (ret graphql.Marshaler) {
@@ -8460,7 +8476,7 @@ func (ec *executionContext) _QuotaLimit_used(ctx context.Context, field graphql.
 	)
 }
 func (ec *executionContext) fieldContext_QuotaLimit_used(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("QuotaLimit", field, false, false, errors.New("field of type Int does not have child fields"))
+	return graphql.NewScalarFieldContext("QuotaLimit", field, false, false, "Int")
 }
 
 func (ec *executionContext) _Region_id(ctx context.Context, field graphql.CollectedField, obj *region.Region) (ret graphql.Marshaler) {
@@ -8483,7 +8499,7 @@ func (ec *executionContext) _Region_id(ctx context.Context, field graphql.Collec
 	)
 }
 func (ec *executionContext) fieldContext_Region_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Region", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("Region", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Region_name(ctx context.Context, field graphql.CollectedField, obj *region.Region) (ret graphql.Marshaler) {
@@ -8506,7 +8522,7 @@ func (ec *executionContext) _Region_name(ctx context.Context, field graphql.Coll
 	)
 }
 func (ec *executionContext) fieldContext_Region_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Region", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Region", field, false, false, "String")
 }
 
 func (ec *executionContext) _ResizeInstancePayload_instance(ctx context.Context, field graphql.CollectedField, obj *model.ResizeInstancePayload) (ret graphql.Marshaler) {
@@ -8625,7 +8641,7 @@ func (ec *executionContext) _SSHCertificateAuthority_id(ctx context.Context, fie
 	)
 }
 func (ec *executionContext) fieldContext_SSHCertificateAuthority_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("SSHCertificateAuthority", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("SSHCertificateAuthority", field, false, false, "ID")
 }
 
 func (ec *executionContext) _SSHCertificateAuthority_name(ctx context.Context, field graphql.CollectedField, obj *region.SSHCertificateAuthority) (ret graphql.Marshaler) {
@@ -8648,7 +8664,7 @@ func (ec *executionContext) _SSHCertificateAuthority_name(ctx context.Context, f
 	)
 }
 func (ec *executionContext) fieldContext_SSHCertificateAuthority_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("SSHCertificateAuthority", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("SSHCertificateAuthority", field, false, false, "String")
 }
 
 func (ec *executionContext) _SSHCertificateAuthority_organizationId(ctx context.Context, field graphql.CollectedField, obj *region.SSHCertificateAuthority) (ret graphql.Marshaler) {
@@ -8671,7 +8687,7 @@ func (ec *executionContext) _SSHCertificateAuthority_organizationId(ctx context.
 	)
 }
 func (ec *executionContext) fieldContext_SSHCertificateAuthority_organizationId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("SSHCertificateAuthority", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("SSHCertificateAuthority", field, false, false, "ID")
 }
 
 func (ec *executionContext) _SSHCertificateAuthority_projectId(ctx context.Context, field graphql.CollectedField, obj *region.SSHCertificateAuthority) (ret graphql.Marshaler) {
@@ -8694,7 +8710,7 @@ func (ec *executionContext) _SSHCertificateAuthority_projectId(ctx context.Conte
 	)
 }
 func (ec *executionContext) fieldContext_SSHCertificateAuthority_projectId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("SSHCertificateAuthority", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("SSHCertificateAuthority", field, false, false, "ID")
 }
 
 func (ec *executionContext) _SSHKey_privateKey(ctx context.Context, field graphql.CollectedField, obj *model.SSHKey) (ret graphql.Marshaler) {
@@ -8717,7 +8733,7 @@ func (ec *executionContext) _SSHKey_privateKey(ctx context.Context, field graphq
 	)
 }
 func (ec *executionContext) fieldContext_SSHKey_privateKey(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("SSHKey", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("SSHKey", field, false, false, "String")
 }
 
 func (ec *executionContext) _SecurityGroup_id(ctx context.Context, field graphql.CollectedField, obj *region.SecurityGroup) (ret graphql.Marshaler) {
@@ -8740,7 +8756,7 @@ func (ec *executionContext) _SecurityGroup_id(ctx context.Context, field graphql
 	)
 }
 func (ec *executionContext) fieldContext_SecurityGroup_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("SecurityGroup", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("SecurityGroup", field, false, false, "ID")
 }
 
 func (ec *executionContext) _SecurityGroup_name(ctx context.Context, field graphql.CollectedField, obj *region.SecurityGroup) (ret graphql.Marshaler) {
@@ -8763,7 +8779,7 @@ func (ec *executionContext) _SecurityGroup_name(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext_SecurityGroup_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("SecurityGroup", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("SecurityGroup", field, false, false, "String")
 }
 
 func (ec *executionContext) _SecurityGroup_networkId(ctx context.Context, field graphql.CollectedField, obj *region.SecurityGroup) (ret graphql.Marshaler) {
@@ -8786,7 +8802,7 @@ func (ec *executionContext) _SecurityGroup_networkId(ctx context.Context, field 
 	)
 }
 func (ec *executionContext) fieldContext_SecurityGroup_networkId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("SecurityGroup", field, false, false, errors.New("field of type ID does not have child fields"))
+	return graphql.NewScalarFieldContext("SecurityGroup", field, false, false, "ID")
 }
 
 func (ec *executionContext) _SecurityGroup_rules(ctx context.Context, field graphql.CollectedField, obj *region.SecurityGroup) (ret graphql.Marshaler) {
@@ -8841,7 +8857,7 @@ func (ec *executionContext) _SecurityGroupRule_direction(ctx context.Context, fi
 	)
 }
 func (ec *executionContext) fieldContext_SecurityGroupRule_direction(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("SecurityGroupRule", field, false, false, errors.New("field of type RuleDirection does not have child fields"))
+	return graphql.NewScalarFieldContext("SecurityGroupRule", field, false, false, "RuleDirection")
 }
 
 func (ec *executionContext) _SecurityGroupRule_protocol(ctx context.Context, field graphql.CollectedField, obj *region.SecurityGroupRule) (ret graphql.Marshaler) {
@@ -8864,7 +8880,7 @@ func (ec *executionContext) _SecurityGroupRule_protocol(ctx context.Context, fie
 	)
 }
 func (ec *executionContext) fieldContext_SecurityGroupRule_protocol(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("SecurityGroupRule", field, false, false, errors.New("field of type RuleProtocol does not have child fields"))
+	return graphql.NewScalarFieldContext("SecurityGroupRule", field, false, false, "RuleProtocol")
 }
 
 func (ec *executionContext) _SecurityGroupRule_portMin(ctx context.Context, field graphql.CollectedField, obj *region.SecurityGroupRule) (ret graphql.Marshaler) {
@@ -8887,7 +8903,7 @@ func (ec *executionContext) _SecurityGroupRule_portMin(ctx context.Context, fiel
 	)
 }
 func (ec *executionContext) fieldContext_SecurityGroupRule_portMin(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("SecurityGroupRule", field, false, false, errors.New("field of type Int does not have child fields"))
+	return graphql.NewScalarFieldContext("SecurityGroupRule", field, false, false, "Int")
 }
 
 func (ec *executionContext) _SecurityGroupRule_portMax(ctx context.Context, field graphql.CollectedField, obj *region.SecurityGroupRule) (ret graphql.Marshaler) {
@@ -8910,7 +8926,7 @@ func (ec *executionContext) _SecurityGroupRule_portMax(ctx context.Context, fiel
 	)
 }
 func (ec *executionContext) fieldContext_SecurityGroupRule_portMax(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("SecurityGroupRule", field, false, false, errors.New("field of type Int does not have child fields"))
+	return graphql.NewScalarFieldContext("SecurityGroupRule", field, false, false, "Int")
 }
 
 func (ec *executionContext) _SecurityGroupRule_remotePrefix(ctx context.Context, field graphql.CollectedField, obj *region.SecurityGroupRule) (ret graphql.Marshaler) {
@@ -8933,7 +8949,7 @@ func (ec *executionContext) _SecurityGroupRule_remotePrefix(ctx context.Context,
 	)
 }
 func (ec *executionContext) fieldContext_SecurityGroupRule_remotePrefix(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("SecurityGroupRule", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("SecurityGroupRule", field, false, false, "String")
 }
 
 func (ec *executionContext) _SetQuotaPayload_quota(ctx context.Context, field graphql.CollectedField, obj *model.SetQuotaPayload) (ret graphql.Marshaler) {
@@ -9084,7 +9100,7 @@ func (ec *executionContext) _StreamTicket_ticket(ctx context.Context, field grap
 	)
 }
 func (ec *executionContext) fieldContext_StreamTicket_ticket(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("StreamTicket", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("StreamTicket", field, false, false, "String")
 }
 
 func (ec *executionContext) _StreamTicket_expiresAt(ctx context.Context, field graphql.CollectedField, obj *instance.StreamTicket) (ret graphql.Marshaler) {
@@ -9107,7 +9123,7 @@ func (ec *executionContext) _StreamTicket_expiresAt(ctx context.Context, field g
 	)
 }
 func (ec *executionContext) fieldContext_StreamTicket_expiresAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("StreamTicket", field, false, false, errors.New("field of type Time does not have child fields"))
+	return graphql.NewScalarFieldContext("StreamTicket", field, false, false, "Time")
 }
 
 func (ec *executionContext) _Subscription_instanceEvents(ctx context.Context, field graphql.CollectedField) (ret func(ctx context.Context) graphql.Marshaler) {
@@ -9174,7 +9190,7 @@ func (ec *executionContext) _Tag_name(ctx context.Context, field graphql.Collect
 	)
 }
 func (ec *executionContext) fieldContext_Tag_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Tag", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Tag", field, false, false, "String")
 }
 
 func (ec *executionContext) _Tag_value(ctx context.Context, field graphql.CollectedField, obj *instance.Tag) (ret graphql.Marshaler) {
@@ -9197,7 +9213,7 @@ func (ec *executionContext) _Tag_value(ctx context.Context, field graphql.Collec
 	)
 }
 func (ec *executionContext) fieldContext_Tag_value(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Tag", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("Tag", field, false, false, "String")
 }
 
 func (ec *executionContext) _UpdateInstancePayload_instance(ctx context.Context, field graphql.CollectedField, obj *model.UpdateInstancePayload) (ret graphql.Marshaler) {
@@ -9316,7 +9332,7 @@ func (ec *executionContext) _UserError_field(ctx context.Context, field graphql.
 	)
 }
 func (ec *executionContext) fieldContext_UserError_field(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("UserError", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("UserError", field, false, false, "String")
 }
 
 func (ec *executionContext) _UserError_code(ctx context.Context, field graphql.CollectedField, obj *instance.FieldError) (ret graphql.Marshaler) {
@@ -9339,7 +9355,7 @@ func (ec *executionContext) _UserError_code(ctx context.Context, field graphql.C
 	)
 }
 func (ec *executionContext) fieldContext_UserError_code(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("UserError", field, false, false, errors.New("field of type ErrorCode does not have child fields"))
+	return graphql.NewScalarFieldContext("UserError", field, false, false, "ErrorCode")
 }
 
 func (ec *executionContext) _UserError_message(ctx context.Context, field graphql.CollectedField, obj *instance.FieldError) (ret graphql.Marshaler) {
@@ -9362,7 +9378,7 @@ func (ec *executionContext) _UserError_message(ctx context.Context, field graphq
 	)
 }
 func (ec *executionContext) fieldContext_UserError_message(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("UserError", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("UserError", field, false, false, "String")
 }
 
 func (ec *executionContext) ___Directive_name(ctx context.Context, field graphql.CollectedField, obj *introspection.Directive) (ret graphql.Marshaler) {
@@ -9385,7 +9401,7 @@ func (ec *executionContext) ___Directive_name(ctx context.Context, field graphql
 	)
 }
 func (ec *executionContext) fieldContext___Directive_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__Directive", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("__Directive", field, false, false, "String")
 }
 
 func (ec *executionContext) ___Directive_description(ctx context.Context, field graphql.CollectedField, obj *introspection.Directive) (ret graphql.Marshaler) {
@@ -9408,7 +9424,7 @@ func (ec *executionContext) ___Directive_description(ctx context.Context, field 
 	)
 }
 func (ec *executionContext) fieldContext___Directive_description(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__Directive", field, true, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("__Directive", field, true, false, "String")
 }
 
 func (ec *executionContext) ___Directive_isRepeatable(ctx context.Context, field graphql.CollectedField, obj *introspection.Directive) (ret graphql.Marshaler) {
@@ -9431,7 +9447,7 @@ func (ec *executionContext) ___Directive_isRepeatable(ctx context.Context, field
 	)
 }
 func (ec *executionContext) fieldContext___Directive_isRepeatable(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__Directive", field, false, false, errors.New("field of type Boolean does not have child fields"))
+	return graphql.NewScalarFieldContext("__Directive", field, false, false, "Boolean")
 }
 
 func (ec *executionContext) ___Directive_locations(ctx context.Context, field graphql.CollectedField, obj *introspection.Directive) (ret graphql.Marshaler) {
@@ -9454,7 +9470,7 @@ func (ec *executionContext) ___Directive_locations(ctx context.Context, field gr
 	)
 }
 func (ec *executionContext) fieldContext___Directive_locations(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__Directive", field, false, false, errors.New("field of type __DirectiveLocation does not have child fields"))
+	return graphql.NewScalarFieldContext("__Directive", field, false, false, "__DirectiveLocation")
 }
 
 func (ec *executionContext) ___Directive_args(ctx context.Context, field graphql.CollectedField, obj *introspection.Directive) (ret graphql.Marshaler) {
@@ -9466,7 +9482,8 @@ func (ec *executionContext) ___Directive_args(ctx context.Context, field graphql
 			return ec.fieldContext___Directive_args(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.Args, nil
+			fc := graphql.GetFieldContext(ctx)
+			return obj.VisibleArgs(fc.Args["includeDeprecated"].(bool)), nil
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v []introspection.InputValue) graphql.Marshaler {
@@ -9480,7 +9497,7 @@ func (ec *executionContext) fieldContext___Directive_args(ctx context.Context, f
 	fc = &graphql.FieldContext{
 		Object:     "__Directive",
 		Field:      field,
-		IsMethod:   false,
+		IsMethod:   true,
 		IsResolver: false,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 			return ec.childFields___InputValue(ctx, field)
@@ -9520,7 +9537,7 @@ func (ec *executionContext) ___EnumValue_name(ctx context.Context, field graphql
 	)
 }
 func (ec *executionContext) fieldContext___EnumValue_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__EnumValue", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("__EnumValue", field, false, false, "String")
 }
 
 func (ec *executionContext) ___EnumValue_description(ctx context.Context, field graphql.CollectedField, obj *introspection.EnumValue) (ret graphql.Marshaler) {
@@ -9543,7 +9560,7 @@ func (ec *executionContext) ___EnumValue_description(ctx context.Context, field 
 	)
 }
 func (ec *executionContext) fieldContext___EnumValue_description(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__EnumValue", field, true, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("__EnumValue", field, true, false, "String")
 }
 
 func (ec *executionContext) ___EnumValue_isDeprecated(ctx context.Context, field graphql.CollectedField, obj *introspection.EnumValue) (ret graphql.Marshaler) {
@@ -9566,7 +9583,7 @@ func (ec *executionContext) ___EnumValue_isDeprecated(ctx context.Context, field
 	)
 }
 func (ec *executionContext) fieldContext___EnumValue_isDeprecated(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__EnumValue", field, true, false, errors.New("field of type Boolean does not have child fields"))
+	return graphql.NewScalarFieldContext("__EnumValue", field, true, false, "Boolean")
 }
 
 func (ec *executionContext) ___EnumValue_deprecationReason(ctx context.Context, field graphql.CollectedField, obj *introspection.EnumValue) (ret graphql.Marshaler) {
@@ -9589,7 +9606,7 @@ func (ec *executionContext) ___EnumValue_deprecationReason(ctx context.Context, 
 	)
 }
 func (ec *executionContext) fieldContext___EnumValue_deprecationReason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__EnumValue", field, true, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("__EnumValue", field, true, false, "String")
 }
 
 func (ec *executionContext) ___Field_name(ctx context.Context, field graphql.CollectedField, obj *introspection.Field) (ret graphql.Marshaler) {
@@ -9612,7 +9629,7 @@ func (ec *executionContext) ___Field_name(ctx context.Context, field graphql.Col
 	)
 }
 func (ec *executionContext) fieldContext___Field_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__Field", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("__Field", field, false, false, "String")
 }
 
 func (ec *executionContext) ___Field_description(ctx context.Context, field graphql.CollectedField, obj *introspection.Field) (ret graphql.Marshaler) {
@@ -9635,7 +9652,7 @@ func (ec *executionContext) ___Field_description(ctx context.Context, field grap
 	)
 }
 func (ec *executionContext) fieldContext___Field_description(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__Field", field, true, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("__Field", field, true, false, "String")
 }
 
 func (ec *executionContext) ___Field_args(ctx context.Context, field graphql.CollectedField, obj *introspection.Field) (ret graphql.Marshaler) {
@@ -9647,7 +9664,8 @@ func (ec *executionContext) ___Field_args(ctx context.Context, field graphql.Col
 			return ec.fieldContext___Field_args(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.Args, nil
+			fc := graphql.GetFieldContext(ctx)
+			return obj.VisibleArgs(fc.Args["includeDeprecated"].(bool)), nil
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v []introspection.InputValue) graphql.Marshaler {
@@ -9661,7 +9679,7 @@ func (ec *executionContext) fieldContext___Field_args(ctx context.Context, field
 	fc = &graphql.FieldContext{
 		Object:     "__Field",
 		Field:      field,
-		IsMethod:   false,
+		IsMethod:   true,
 		IsResolver: false,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 			return ec.childFields___InputValue(ctx, field)
@@ -9733,7 +9751,7 @@ func (ec *executionContext) ___Field_isDeprecated(ctx context.Context, field gra
 	)
 }
 func (ec *executionContext) fieldContext___Field_isDeprecated(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__Field", field, true, false, errors.New("field of type Boolean does not have child fields"))
+	return graphql.NewScalarFieldContext("__Field", field, true, false, "Boolean")
 }
 
 func (ec *executionContext) ___Field_deprecationReason(ctx context.Context, field graphql.CollectedField, obj *introspection.Field) (ret graphql.Marshaler) {
@@ -9756,7 +9774,7 @@ func (ec *executionContext) ___Field_deprecationReason(ctx context.Context, fiel
 	)
 }
 func (ec *executionContext) fieldContext___Field_deprecationReason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__Field", field, true, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("__Field", field, true, false, "String")
 }
 
 func (ec *executionContext) ___InputValue_name(ctx context.Context, field graphql.CollectedField, obj *introspection.InputValue) (ret graphql.Marshaler) {
@@ -9779,7 +9797,7 @@ func (ec *executionContext) ___InputValue_name(ctx context.Context, field graphq
 	)
 }
 func (ec *executionContext) fieldContext___InputValue_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__InputValue", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("__InputValue", field, false, false, "String")
 }
 
 func (ec *executionContext) ___InputValue_description(ctx context.Context, field graphql.CollectedField, obj *introspection.InputValue) (ret graphql.Marshaler) {
@@ -9802,7 +9820,7 @@ func (ec *executionContext) ___InputValue_description(ctx context.Context, field
 	)
 }
 func (ec *executionContext) fieldContext___InputValue_description(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__InputValue", field, true, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("__InputValue", field, true, false, "String")
 }
 
 func (ec *executionContext) ___InputValue_type(ctx context.Context, field graphql.CollectedField, obj *introspection.InputValue) (ret graphql.Marshaler) {
@@ -9857,7 +9875,7 @@ func (ec *executionContext) ___InputValue_defaultValue(ctx context.Context, fiel
 	)
 }
 func (ec *executionContext) fieldContext___InputValue_defaultValue(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__InputValue", field, false, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("__InputValue", field, false, false, "String")
 }
 
 func (ec *executionContext) ___InputValue_isDeprecated(ctx context.Context, field graphql.CollectedField, obj *introspection.InputValue) (ret graphql.Marshaler) {
@@ -9880,7 +9898,7 @@ func (ec *executionContext) ___InputValue_isDeprecated(ctx context.Context, fiel
 	)
 }
 func (ec *executionContext) fieldContext___InputValue_isDeprecated(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__InputValue", field, true, false, errors.New("field of type Boolean does not have child fields"))
+	return graphql.NewScalarFieldContext("__InputValue", field, true, false, "Boolean")
 }
 
 func (ec *executionContext) ___InputValue_deprecationReason(ctx context.Context, field graphql.CollectedField, obj *introspection.InputValue) (ret graphql.Marshaler) {
@@ -9903,7 +9921,7 @@ func (ec *executionContext) ___InputValue_deprecationReason(ctx context.Context,
 	)
 }
 func (ec *executionContext) fieldContext___InputValue_deprecationReason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__InputValue", field, true, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("__InputValue", field, true, false, "String")
 }
 
 func (ec *executionContext) ___Schema_description(ctx context.Context, field graphql.CollectedField, obj *introspection.Schema) (ret graphql.Marshaler) {
@@ -9926,7 +9944,7 @@ func (ec *executionContext) ___Schema_description(ctx context.Context, field gra
 	)
 }
 func (ec *executionContext) fieldContext___Schema_description(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__Schema", field, true, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("__Schema", field, true, false, "String")
 }
 
 func (ec *executionContext) ___Schema_types(ctx context.Context, field graphql.CollectedField, obj *introspection.Schema) (ret graphql.Marshaler) {
@@ -10109,7 +10127,7 @@ func (ec *executionContext) ___Type_kind(ctx context.Context, field graphql.Coll
 	)
 }
 func (ec *executionContext) fieldContext___Type_kind(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__Type", field, true, false, errors.New("field of type __TypeKind does not have child fields"))
+	return graphql.NewScalarFieldContext("__Type", field, true, false, "__TypeKind")
 }
 
 func (ec *executionContext) ___Type_name(ctx context.Context, field graphql.CollectedField, obj *introspection.Type) (ret graphql.Marshaler) {
@@ -10132,7 +10150,7 @@ func (ec *executionContext) ___Type_name(ctx context.Context, field graphql.Coll
 	)
 }
 func (ec *executionContext) fieldContext___Type_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__Type", field, true, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("__Type", field, true, false, "String")
 }
 
 func (ec *executionContext) ___Type_description(ctx context.Context, field graphql.CollectedField, obj *introspection.Type) (ret graphql.Marshaler) {
@@ -10155,7 +10173,7 @@ func (ec *executionContext) ___Type_description(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext___Type_description(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__Type", field, true, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("__Type", field, true, false, "String")
 }
 
 func (ec *executionContext) ___Type_specifiedByURL(ctx context.Context, field graphql.CollectedField, obj *introspection.Type) (ret graphql.Marshaler) {
@@ -10178,7 +10196,7 @@ func (ec *executionContext) ___Type_specifiedByURL(ctx context.Context, field gr
 	)
 }
 func (ec *executionContext) fieldContext___Type_specifiedByURL(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__Type", field, true, false, errors.New("field of type String does not have child fields"))
+	return graphql.NewScalarFieldContext("__Type", field, true, false, "String")
 }
 
 func (ec *executionContext) ___Type_fields(ctx context.Context, field graphql.CollectedField, obj *introspection.Type) (ret graphql.Marshaler) {
@@ -10342,7 +10360,8 @@ func (ec *executionContext) ___Type_inputFields(ctx context.Context, field graph
 			return ec.fieldContext___Type_inputFields(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.InputFields(), nil
+			fc := graphql.GetFieldContext(ctx)
+			return obj.VisibleInputFields(fc.Args["includeDeprecated"].(bool)), nil
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v []introspection.InputValue) graphql.Marshaler {
@@ -10352,7 +10371,7 @@ func (ec *executionContext) ___Type_inputFields(ctx context.Context, field graph
 		false,
 	)
 }
-func (ec *executionContext) fieldContext___Type_inputFields(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+func (ec *executionContext) fieldContext___Type_inputFields(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	fc = &graphql.FieldContext{
 		Object:     "__Type",
 		Field:      field,
@@ -10361,6 +10380,17 @@ func (ec *executionContext) fieldContext___Type_inputFields(_ context.Context, f
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 			return ec.childFields___InputValue(ctx, field)
 		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field___Type_inputFields_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
 	}
 	return fc, nil
 }
@@ -10417,7 +10447,7 @@ func (ec *executionContext) ___Type_isOneOf(ctx context.Context, field graphql.C
 	)
 }
 func (ec *executionContext) fieldContext___Type_isOneOf(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("__Type", field, true, false, errors.New("field of type Boolean does not have child fields"))
+	return graphql.NewScalarFieldContext("__Type", field, true, false, "Boolean")
 }
 
 // endregion **************************** field.gotpl *****************************
@@ -10459,6 +10489,18 @@ func (ec *executionContext) unmarshalInputCreateConsoleSessionInput(ctx context.
 		}
 	}
 	return it, nil
+}
+
+// UnmarshalCreateConsoleSessionInput unmarshals raw into the CreateConsoleSessionInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalCreateConsoleSessionInput(ctx context.Context, raw any) (model.CreateConsoleSessionInput, error) {
+	var out model.CreateConsoleSessionInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "CreateConsoleSessionInput", raw, &out)
+	return out, err
 }
 
 func (ec *executionContext) unmarshalInputCreateInstanceInput(ctx context.Context, obj any) (instance.CreateRequest, error) {
@@ -10603,6 +10645,18 @@ func (ec *executionContext) unmarshalInputCreateInstanceInput(ctx context.Contex
 	return it, nil
 }
 
+// UnmarshalCreateInstanceInput unmarshals raw into the CreateInstanceInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalCreateInstanceInput(ctx context.Context, raw any) (instance.CreateRequest, error) {
+	var out instance.CreateRequest
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "CreateInstanceInput", raw, &out)
+	return out, err
+}
+
 func (ec *executionContext) unmarshalInputDeleteImageInput(ctx context.Context, obj any) (model.DeleteImageInput, error) {
 	var it model.DeleteImageInput
 	if obj == nil {
@@ -10640,6 +10694,18 @@ func (ec *executionContext) unmarshalInputDeleteImageInput(ctx context.Context, 
 	return it, nil
 }
 
+// UnmarshalDeleteImageInput unmarshals raw into the DeleteImageInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalDeleteImageInput(ctx context.Context, raw any) (model.DeleteImageInput, error) {
+	var out model.DeleteImageInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "DeleteImageInput", raw, &out)
+	return out, err
+}
+
 func (ec *executionContext) unmarshalInputDeleteInstanceInput(ctx context.Context, obj any) (model.DeleteInstanceInput, error) {
 	var it model.DeleteInstanceInput
 	if obj == nil {
@@ -10675,6 +10741,18 @@ func (ec *executionContext) unmarshalInputDeleteInstanceInput(ctx context.Contex
 		}
 	}
 	return it, nil
+}
+
+// UnmarshalDeleteInstanceInput unmarshals raw into the DeleteInstanceInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalDeleteInstanceInput(ctx context.Context, raw any) (model.DeleteInstanceInput, error) {
+	var out model.DeleteInstanceInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "DeleteInstanceInput", raw, &out)
+	return out, err
 }
 
 func (ec *executionContext) unmarshalInputInstanceFilter(ctx context.Context, obj any) (instance.Filter, error) {
@@ -10756,6 +10834,18 @@ func (ec *executionContext) unmarshalInputInstanceFilter(ctx context.Context, ob
 	return it, nil
 }
 
+// UnmarshalInstanceFilter unmarshals raw into the InstanceFilter input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalInstanceFilter(ctx context.Context, raw any) (instance.Filter, error) {
+	var out instance.Filter
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "InstanceFilter", raw, &out)
+	return out, err
+}
+
 func (ec *executionContext) unmarshalInputNetworkingInput(ctx context.Context, obj any) (instance.NetworkingRequest, error) {
 	var it instance.NetworkingRequest
 	if obj == nil {
@@ -10800,6 +10890,18 @@ func (ec *executionContext) unmarshalInputNetworkingInput(ctx context.Context, o
 	return it, nil
 }
 
+// UnmarshalNetworkingInput unmarshals raw into the NetworkingInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalNetworkingInput(ctx context.Context, raw any) (instance.NetworkingRequest, error) {
+	var out instance.NetworkingRequest
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "NetworkingInput", raw, &out)
+	return out, err
+}
+
 func (ec *executionContext) unmarshalInputQuotaLimitInput(ctx context.Context, obj any) (instance.LimitRequest, error) {
 	var it instance.LimitRequest
 	if obj == nil {
@@ -10835,6 +10937,18 @@ func (ec *executionContext) unmarshalInputQuotaLimitInput(ctx context.Context, o
 		}
 	}
 	return it, nil
+}
+
+// UnmarshalQuotaLimitInput unmarshals raw into the QuotaLimitInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalQuotaLimitInput(ctx context.Context, raw any) (instance.LimitRequest, error) {
+	var out instance.LimitRequest
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "QuotaLimitInput", raw, &out)
+	return out, err
 }
 
 func (ec *executionContext) unmarshalInputRebootInstanceInput(ctx context.Context, obj any) (model.RebootInstanceInput, error) {
@@ -10879,6 +10993,18 @@ func (ec *executionContext) unmarshalInputRebootInstanceInput(ctx context.Contex
 		}
 	}
 	return it, nil
+}
+
+// UnmarshalRebootInstanceInput unmarshals raw into the RebootInstanceInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalRebootInstanceInput(ctx context.Context, raw any) (model.RebootInstanceInput, error) {
+	var out model.RebootInstanceInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "RebootInstanceInput", raw, &out)
+	return out, err
 }
 
 func (ec *executionContext) unmarshalInputResizeInstanceInput(ctx context.Context, obj any) (model.ResizeInstanceInput, error) {
@@ -10939,6 +11065,18 @@ func (ec *executionContext) unmarshalInputResizeInstanceInput(ctx context.Contex
 	return it, nil
 }
 
+// UnmarshalResizeInstanceInput unmarshals raw into the ResizeInstanceInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalResizeInstanceInput(ctx context.Context, raw any) (model.ResizeInstanceInput, error) {
+	var out model.ResizeInstanceInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "ResizeInstanceInput", raw, &out)
+	return out, err
+}
+
 func (ec *executionContext) unmarshalInputSetQuotaInput(ctx context.Context, obj any) (model.SetQuotaInput, error) {
 	var it model.SetQuotaInput
 	if obj == nil {
@@ -10981,6 +11119,18 @@ func (ec *executionContext) unmarshalInputSetQuotaInput(ctx context.Context, obj
 		}
 	}
 	return it, nil
+}
+
+// UnmarshalSetQuotaInput unmarshals raw into the SetQuotaInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalSetQuotaInput(ctx context.Context, raw any) (model.SetQuotaInput, error) {
+	var out model.SetQuotaInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "SetQuotaInput", raw, &out)
+	return out, err
 }
 
 func (ec *executionContext) unmarshalInputSnapshotInstanceInput(ctx context.Context, obj any) (model.SnapshotInstanceInput, error) {
@@ -11034,6 +11184,18 @@ func (ec *executionContext) unmarshalInputSnapshotInstanceInput(ctx context.Cont
 	return it, nil
 }
 
+// UnmarshalSnapshotInstanceInput unmarshals raw into the SnapshotInstanceInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalSnapshotInstanceInput(ctx context.Context, raw any) (model.SnapshotInstanceInput, error) {
+	var out model.SnapshotInstanceInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "SnapshotInstanceInput", raw, &out)
+	return out, err
+}
+
 func (ec *executionContext) unmarshalInputStartInstanceInput(ctx context.Context, obj any) (model.StartInstanceInput, error) {
 	var it model.StartInstanceInput
 	if obj == nil {
@@ -11069,6 +11231,18 @@ func (ec *executionContext) unmarshalInputStartInstanceInput(ctx context.Context
 		}
 	}
 	return it, nil
+}
+
+// UnmarshalStartInstanceInput unmarshals raw into the StartInstanceInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalStartInstanceInput(ctx context.Context, raw any) (model.StartInstanceInput, error) {
+	var out model.StartInstanceInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "StartInstanceInput", raw, &out)
+	return out, err
 }
 
 func (ec *executionContext) unmarshalInputStopInstanceInput(ctx context.Context, obj any) (model.StopInstanceInput, error) {
@@ -11108,6 +11282,18 @@ func (ec *executionContext) unmarshalInputStopInstanceInput(ctx context.Context,
 	return it, nil
 }
 
+// UnmarshalStopInstanceInput unmarshals raw into the StopInstanceInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalStopInstanceInput(ctx context.Context, raw any) (model.StopInstanceInput, error) {
+	var out model.StopInstanceInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "StopInstanceInput", raw, &out)
+	return out, err
+}
+
 func (ec *executionContext) unmarshalInputTagInput(ctx context.Context, obj any) (instance.Tag, error) {
 	var it instance.Tag
 	if obj == nil {
@@ -11143,6 +11329,18 @@ func (ec *executionContext) unmarshalInputTagInput(ctx context.Context, obj any)
 		}
 	}
 	return it, nil
+}
+
+// UnmarshalTagInput unmarshals raw into the TagInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalTagInput(ctx context.Context, raw any) (instance.Tag, error) {
+	var out instance.Tag
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "TagInput", raw, &out)
+	return out, err
 }
 
 func (ec *executionContext) unmarshalInputUpdateInstanceInput(ctx context.Context, obj any) (model.UpdateInstanceInput, error) {
@@ -11287,6 +11485,18 @@ func (ec *executionContext) unmarshalInputUpdateInstanceInput(ctx context.Contex
 	return it, nil
 }
 
+// UnmarshalUpdateInstanceInput unmarshals raw into the UpdateInstanceInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalUpdateInstanceInput(ctx context.Context, raw any) (model.UpdateInstanceInput, error) {
+	var out model.UpdateInstanceInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "UpdateInstanceInput", raw, &out)
+	return out, err
+}
+
 // endregion **************************** input.gotpl *****************************
 
 // region    ************************** interface.gotpl ***************************
@@ -11321,8 +11531,7 @@ func (ec *executionContext) _ChangePlan(ctx context.Context, sel ast.SelectionSe
 	fields := graphql.CollectFields(ec.OperationContext, sel, changePlanImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -11356,14 +11565,10 @@ func (ec *executionContext) _ChangePlan(ctx context.Context, sel ast.SelectionSe
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -11374,8 +11579,7 @@ func (ec *executionContext) _Condition(ctx context.Context, sel ast.SelectionSet
 	fields := graphql.CollectFields(ec.OperationContext, sel, conditionImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -11414,14 +11618,10 @@ func (ec *executionContext) _Condition(ctx context.Context, sel ast.SelectionSet
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -11432,8 +11632,7 @@ func (ec *executionContext) _ConsoleOutput(ctx context.Context, sel ast.Selectio
 	fields := graphql.CollectFields(ec.OperationContext, sel, consoleOutputImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -11462,14 +11661,10 @@ func (ec *executionContext) _ConsoleOutput(ctx context.Context, sel ast.Selectio
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -11480,8 +11675,7 @@ func (ec *executionContext) _ConsoleSession(ctx context.Context, sel ast.Selecti
 	fields := graphql.CollectFields(ec.OperationContext, sel, consoleSessionImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -11505,14 +11699,10 @@ func (ec *executionContext) _ConsoleSession(ctx context.Context, sel ast.Selecti
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -11523,8 +11713,7 @@ func (ec *executionContext) _CreateConsoleSessionPayload(ctx context.Context, se
 	fields := graphql.CollectFields(ec.OperationContext, sel, createConsoleSessionPayloadImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -11548,14 +11737,10 @@ func (ec *executionContext) _CreateConsoleSessionPayload(ctx context.Context, se
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -11566,8 +11751,7 @@ func (ec *executionContext) _CreateInstancePayload(ctx context.Context, sel ast.
 	fields := graphql.CollectFields(ec.OperationContext, sel, createInstancePayloadImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -11596,14 +11780,10 @@ func (ec *executionContext) _CreateInstancePayload(ctx context.Context, sel ast.
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -11614,8 +11794,7 @@ func (ec *executionContext) _DeleteImagePayload(ctx context.Context, sel ast.Sel
 	fields := graphql.CollectFields(ec.OperationContext, sel, deleteImagePayloadImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -11639,14 +11818,10 @@ func (ec *executionContext) _DeleteImagePayload(ctx context.Context, sel ast.Sel
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -11657,8 +11832,7 @@ func (ec *executionContext) _DeleteInstancePayload(ctx context.Context, sel ast.
 	fields := graphql.CollectFields(ec.OperationContext, sel, deleteInstancePayloadImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -11682,14 +11856,10 @@ func (ec *executionContext) _DeleteInstancePayload(ctx context.Context, sel ast.
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -11700,8 +11870,7 @@ func (ec *executionContext) _Flavor(ctx context.Context, sel ast.SelectionSet, o
 	fields := graphql.CollectFields(ec.OperationContext, sel, flavorImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -11760,14 +11929,10 @@ func (ec *executionContext) _Flavor(ctx context.Context, sel ast.SelectionSet, o
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -11778,8 +11943,7 @@ func (ec *executionContext) _GPU(ctx context.Context, sel ast.SelectionSet, obj 
 	fields := graphql.CollectFields(ec.OperationContext, sel, gPUImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -11813,14 +11977,10 @@ func (ec *executionContext) _GPU(ctx context.Context, sel ast.SelectionSet, obj 
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -11831,8 +11991,7 @@ func (ec *executionContext) _Grant(ctx context.Context, sel ast.SelectionSet, ob
 	fields := graphql.CollectFields(ec.OperationContext, sel, grantImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -11843,43 +12002,11 @@ func (ec *executionContext) _Grant(ctx context.Context, sel ast.SelectionSet, ob
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "projectId":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Grant_projectId(ctx, field, obj)
-				if res == graphql.RequiredNull {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Grant_projectId(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "role":
 			out.Values[i] = ec._Grant_role(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
@@ -11894,14 +12021,10 @@ func (ec *executionContext) _Grant(ctx context.Context, sel ast.SelectionSet, ob
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -11912,8 +12035,7 @@ func (ec *executionContext) _Image(ctx context.Context, sel ast.SelectionSet, ob
 	fields := graphql.CollectFields(ec.OperationContext, sel, imageImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -11959,119 +12081,23 @@ func (ec *executionContext) _Image(ctx context.Context, sel ast.SelectionSet, ob
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "organizationId":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Image_organizationId(ctx, field, obj)
-				if res == graphql.RequiredNull {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Image_organizationId(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "projectId":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Image_projectId(ctx, field, obj)
-				if res == graphql.RequiredNull {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Image_projectId(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "tags":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Image_tags(ctx, field, obj)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Image_tags(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -12081,14 +12107,10 @@ func (ec *executionContext) _Image(ctx context.Context, sel ast.SelectionSet, ob
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -12099,8 +12121,7 @@ func (ec *executionContext) _Instance(ctx context.Context, sel ast.SelectionSet,
 	fields := graphql.CollectFields(ec.OperationContext, sel, instanceImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -12116,81 +12137,17 @@ func (ec *executionContext) _Instance(ctx context.Context, sel ast.SelectionSet,
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "description":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Instance_description(ctx, field, obj)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Instance_description(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "tags":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Instance_tags(ctx, field, obj)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Instance_tags(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "organizationId":
 			out.Values[i] = ec._Instance_organizationId(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
@@ -12202,291 +12159,67 @@ func (ec *executionContext) _Instance(ctx context.Context, sel ast.SelectionSet,
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "region":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Instance_region(ctx, field, obj)
-				if res == graphql.RequiredNull {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Instance_region(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "networkId":
 			out.Values[i] = ec._Instance_networkId(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "network":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Instance_network(ctx, field, obj)
-				if res == graphql.RequiredNull {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Instance_network(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "flavorId":
 			out.Values[i] = ec._Instance_flavorId(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "flavor":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Instance_flavor(ctx, field, obj)
-				if res == graphql.RequiredNull {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Instance_flavor(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "imageId":
 			out.Values[i] = ec._Instance_imageId(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "image":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Instance_image(ctx, field, obj)
-				if res == graphql.RequiredNull {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Instance_image(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "sshCertificateAuthorityId":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Instance_sshCertificateAuthorityId(ctx, field, obj)
-				if res == graphql.RequiredNull {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Instance_sshCertificateAuthorityId(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "sshCertificateAuthority":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Instance_sshCertificateAuthority(ctx, field, obj)
-				if res == graphql.RequiredNull {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Instance_sshCertificateAuthority(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "networking":
 			out.Values[i] = ec._Instance_networking(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "userData":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Instance_userData(ctx, field, obj)
-				if res == graphql.RequiredNull {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Instance_userData(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "sshPublicKeys":
 			out.Values[i] = ec._Instance_sshPublicKeys(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
@@ -12503,124 +12236,28 @@ func (ec *executionContext) _Instance(ctx context.Context, sel ast.SelectionSet,
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "expiryAction":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Instance_expiryAction(ctx, field, obj)
-				if res == graphql.RequiredNull {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Instance_expiryAction(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "desiredPowerState":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Instance_desiredPowerState(ctx, field, obj)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Instance_desiredPowerState(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "generation":
 			out.Values[i] = ec._Instance_generation(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "observedGeneration":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Instance_observedGeneration(ctx, field, obj)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Instance_observedGeneration(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "status":
 			out.Values[i] = ec._Instance_status(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
@@ -12660,14 +12297,10 @@ func (ec *executionContext) _Instance(ctx context.Context, sel ast.SelectionSet,
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -12678,8 +12311,7 @@ func (ec *executionContext) _InstanceConnection(ctx context.Context, sel ast.Sel
 	fields := graphql.CollectFields(ec.OperationContext, sel, instanceConnectionImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -12708,14 +12340,10 @@ func (ec *executionContext) _InstanceConnection(ctx context.Context, sel ast.Sel
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -12726,8 +12354,7 @@ func (ec *executionContext) _InstanceEdge(ctx context.Context, sel ast.Selection
 	fields := graphql.CollectFields(ec.OperationContext, sel, instanceEdgeImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -12751,14 +12378,10 @@ func (ec *executionContext) _InstanceEdge(ctx context.Context, sel ast.Selection
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -12769,8 +12392,7 @@ func (ec *executionContext) _InstanceEvent(ctx context.Context, sel ast.Selectio
 	fields := graphql.CollectFields(ec.OperationContext, sel, instanceEventImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -12829,14 +12451,10 @@ func (ec *executionContext) _InstanceEvent(ctx context.Context, sel ast.Selectio
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -12847,8 +12465,7 @@ func (ec *executionContext) _InstanceEventConnection(ctx context.Context, sel as
 	fields := graphql.CollectFields(ec.OperationContext, sel, instanceEventConnectionImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -12872,14 +12489,10 @@ func (ec *executionContext) _InstanceEventConnection(ctx context.Context, sel as
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -12890,8 +12503,7 @@ func (ec *executionContext) _InstanceEventEdge(ctx context.Context, sel ast.Sele
 	fields := graphql.CollectFields(ec.OperationContext, sel, instanceEventEdgeImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -12915,14 +12527,10 @@ func (ec *executionContext) _InstanceEventEdge(ctx context.Context, sel ast.Sele
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -12933,8 +12541,7 @@ func (ec *executionContext) _InstancePowerPayload(ctx context.Context, sel ast.S
 	fields := graphql.CollectFields(ec.OperationContext, sel, instancePowerPayloadImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -12958,14 +12565,10 @@ func (ec *executionContext) _InstancePowerPayload(ctx context.Context, sel ast.S
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -12976,8 +12579,7 @@ func (ec *executionContext) _InstanceStatus(ctx context.Context, sel ast.Selecti
 	fields := graphql.CollectFields(ec.OperationContext, sel, instanceStatusImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -12998,119 +12600,23 @@ func (ec *executionContext) _InstanceStatus(ctx context.Context, sel ast.Selecti
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "privateIP":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._InstanceStatus_privateIP(ctx, field, obj)
-				if res == graphql.RequiredNull {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._InstanceStatus_privateIP(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "publicIP":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._InstanceStatus_publicIP(ctx, field, obj)
-				if res == graphql.RequiredNull {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._InstanceStatus_publicIP(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "macAddress":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._InstanceStatus_macAddress(ctx, field, obj)
-				if res == graphql.RequiredNull {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._InstanceStatus_macAddress(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "conditions":
 			out.Values[i] = ec._InstanceStatus_conditions(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
@@ -13125,14 +12631,10 @@ func (ec *executionContext) _InstanceStatus(ctx context.Context, sel ast.Selecti
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -13146,8 +12648,7 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 	})
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		innerCtx := graphql.WithRootFieldContext(ctx, &graphql.RootFieldContext{
 			Object: field.Name,
@@ -13250,14 +12751,10 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -13268,8 +12765,7 @@ func (ec *executionContext) _Network(ctx context.Context, sel ast.SelectionSet, 
 	fields := graphql.CollectFields(ec.OperationContext, sel, networkImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -13300,43 +12796,11 @@ func (ec *executionContext) _Network(ctx context.Context, sel ast.SelectionSet, 
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "prefix":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Network_prefix(ctx, field, obj)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Network_prefix(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -13346,14 +12810,10 @@ func (ec *executionContext) _Network(ctx context.Context, sel ast.SelectionSet, 
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -13364,8 +12824,7 @@ func (ec *executionContext) _Networking(ctx context.Context, sel ast.SelectionSe
 	fields := graphql.CollectFields(ec.OperationContext, sel, networkingImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -13376,43 +12835,11 @@ func (ec *executionContext) _Networking(ctx context.Context, sel ast.SelectionSe
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "securityGroups":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Networking_securityGroups(ctx, field, obj)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Networking_securityGroups(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "publicIP":
 			out.Values[i] = ec._Networking_publicIP(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
@@ -13432,14 +12859,10 @@ func (ec *executionContext) _Networking(ctx context.Context, sel ast.SelectionSe
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -13450,8 +12873,7 @@ func (ec *executionContext) _OperatingSystem(ctx context.Context, sel ast.Select
 	fields := graphql.CollectFields(ec.OperationContext, sel, operatingSystemImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -13480,14 +12902,10 @@ func (ec *executionContext) _OperatingSystem(ctx context.Context, sel ast.Select
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -13498,8 +12916,7 @@ func (ec *executionContext) _PageInfo(ctx context.Context, sel ast.SelectionSet,
 	fields := graphql.CollectFields(ec.OperationContext, sel, pageInfoImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -13533,14 +12950,10 @@ func (ec *executionContext) _PageInfo(ctx context.Context, sel ast.SelectionSet,
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -13551,8 +12964,7 @@ func (ec *executionContext) _Principal(ctx context.Context, sel ast.SelectionSet
 	fields := graphql.CollectFields(ec.OperationContext, sel, principalImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -13576,14 +12988,10 @@ func (ec *executionContext) _Principal(ctx context.Context, sel ast.SelectionSet
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -13597,8 +13005,7 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 	})
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		innerCtx := graphql.WithRootFieldContext(ctx, &graphql.RootFieldContext{
 			Object: field.Name,
@@ -13609,313 +13016,89 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 		case "__typename":
 			out.Values[i] = graphql.MarshalString("Query")
 		case "me":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Query_me(ctx, field)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			rrm := func(ctx context.Context) graphql.Marshaler {
-				return ec.OperationContext.RootResolverMiddleware(ctx,
-					func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return rrm(innerCtx) })
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_me(ctx, field)
+				})
 		case "regions":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Query_regions(ctx, field)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			rrm := func(ctx context.Context) graphql.Marshaler {
-				return ec.OperationContext.RootResolverMiddleware(ctx,
-					func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return rrm(innerCtx) })
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_regions(ctx, field)
+				})
 		case "networks":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Query_networks(ctx, field)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			rrm := func(ctx context.Context) graphql.Marshaler {
-				return ec.OperationContext.RootResolverMiddleware(ctx,
-					func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return rrm(innerCtx) })
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_networks(ctx, field)
+				})
 		case "flavors":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Query_flavors(ctx, field)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			rrm := func(ctx context.Context) graphql.Marshaler {
-				return ec.OperationContext.RootResolverMiddleware(ctx,
-					func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return rrm(innerCtx) })
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_flavors(ctx, field)
+				})
 		case "images":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Query_images(ctx, field)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			rrm := func(ctx context.Context) graphql.Marshaler {
-				return ec.OperationContext.RootResolverMiddleware(ctx,
-					func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return rrm(innerCtx) })
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_images(ctx, field)
+				})
 		case "securityGroups":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Query_securityGroups(ctx, field)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			rrm := func(ctx context.Context) graphql.Marshaler {
-				return ec.OperationContext.RootResolverMiddleware(ctx,
-					func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return rrm(innerCtx) })
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_securityGroups(ctx, field)
+				})
 		case "sshCertificateAuthorities":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Query_sshCertificateAuthorities(ctx, field)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			rrm := func(ctx context.Context) graphql.Marshaler {
-				return ec.OperationContext.RootResolverMiddleware(ctx,
-					func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return rrm(innerCtx) })
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_sshCertificateAuthorities(ctx, field)
+				})
 		case "instance":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Query_instance(ctx, field)
-				if res == graphql.RequiredNull {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			rrm := func(ctx context.Context) graphql.Marshaler {
-				return ec.OperationContext.RootResolverMiddleware(ctx,
-					func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return rrm(innerCtx) })
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_instance(ctx, field)
+				})
 		case "node":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Query_node(ctx, field)
-				if res == graphql.RequiredNull {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			rrm := func(ctx context.Context) graphql.Marshaler {
-				return ec.OperationContext.RootResolverMiddleware(ctx,
-					func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return rrm(innerCtx) })
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_node(ctx, field)
+				})
 		case "instances":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Query_instances(ctx, field)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			rrm := func(ctx context.Context) graphql.Marshaler {
-				return ec.OperationContext.RootResolverMiddleware(ctx,
-					func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return rrm(innerCtx) })
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_instances(ctx, field)
+				})
 		case "quota":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Query_quota(ctx, field)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			rrm := func(ctx context.Context) graphql.Marshaler {
-				return ec.OperationContext.RootResolverMiddleware(ctx,
-					func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return rrm(innerCtx) })
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_quota(ctx, field)
+				})
 		case "instanceSSHKey":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Query_instanceSSHKey(ctx, field)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			rrm := func(ctx context.Context) graphql.Marshaler {
-				return ec.OperationContext.RootResolverMiddleware(ctx,
-					func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return rrm(innerCtx) })
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_instanceSSHKey(ctx, field)
+				})
 		case "instanceConsoleOutput":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Query_instanceConsoleOutput(ctx, field)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			rrm := func(ctx context.Context) graphql.Marshaler {
-				return ec.OperationContext.RootResolverMiddleware(ctx,
-					func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return rrm(innerCtx) })
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_instanceConsoleOutput(ctx, field)
+				})
 		case "instanceEvents":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._Query_instanceEvents(ctx, field)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			rrm := func(ctx context.Context) graphql.Marshaler {
-				return ec.OperationContext.RootResolverMiddleware(ctx,
-					func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return rrm(innerCtx) })
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_instanceEvents(ctx, field)
+				})
 		case "__type":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Query___type(ctx, field)
@@ -13927,7 +13110,7 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Query___schema(ctx, field)
 			})
-			if out.Values[i] == graphql.RequiredNull {
+			if out.Values[i] == graphql.Null {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		default:
@@ -13939,14 +13122,10 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -13957,8 +13136,7 @@ func (ec *executionContext) _Quota(ctx context.Context, sel ast.SelectionSet, ob
 	fields := graphql.CollectFields(ec.OperationContext, sel, quotaImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -13982,14 +13160,10 @@ func (ec *executionContext) _Quota(ctx context.Context, sel ast.SelectionSet, ob
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14000,50 +13174,17 @@ func (ec *executionContext) _QuotaChange(ctx context.Context, sel ast.SelectionS
 	fields := graphql.CollectFields(ec.OperationContext, sel, quotaChangeImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
 			out.Values[i] = graphql.MarshalString("QuotaChange")
 		case "kind":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._QuotaChange_kind(ctx, field, obj)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._QuotaChange_kind(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "delta":
 			out.Values[i] = ec._QuotaChange_delta(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
@@ -14058,14 +13199,10 @@ func (ec *executionContext) _QuotaChange(ctx context.Context, sel ast.SelectionS
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14076,50 +13213,17 @@ func (ec *executionContext) _QuotaLimit(ctx context.Context, sel ast.SelectionSe
 	fields := graphql.CollectFields(ec.OperationContext, sel, quotaLimitImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
 			out.Values[i] = graphql.MarshalString("QuotaLimit")
 		case "kind":
-			field := field
-
-			innerFunc := func(ctx context.Context, fs *graphql.FieldSet) (res graphql.Marshaler) {
-				defer func() {
-					if r := recover(); r != nil {
-						ec.Error(ctx, ec.Recover(ctx, r))
-					}
-				}()
-				res = ec._QuotaLimit_kind(ctx, field, obj)
-				if res == graphql.Null {
-					atomic.AddUint32(&fs.Invalids, 1)
-				}
-				return res
-			}
-
-			if field.IsDeferred() {
-				deferredFieldSet.AddField(field)
-				fieldIndex := len(deferredFieldSet.Values) - 1
-				deferredFieldSet.Concurrently(fieldIndex, func(ctx context.Context) graphql.Marshaler {
-					return innerFunc(ctx, deferredFieldSet)
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._QuotaLimit_kind(ctx, field, obj)
 				})
-
-				for _, deferrable := range field.Deferrables {
-					view, ok := deferLabelToView[deferrable.Label]
-					if !ok {
-						view = deferredFieldSet.NewView()
-						deferLabelToView[deferrable.Label] = view
-					}
-					view.AddIndices(fieldIndex)
-				}
-
-				// don't run the out.Concurrently() call below
-				out.Values[i] = graphql.Null
-				continue
-			}
-
-			out.Concurrently(i, func(ctx context.Context) graphql.Marshaler { return innerFunc(ctx, out) })
 		case "limit":
 			out.Values[i] = ec._QuotaLimit_limit(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
@@ -14139,14 +13243,10 @@ func (ec *executionContext) _QuotaLimit(ctx context.Context, sel ast.SelectionSe
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14157,8 +13257,7 @@ func (ec *executionContext) _Region(ctx context.Context, sel ast.SelectionSet, o
 	fields := graphql.CollectFields(ec.OperationContext, sel, regionImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -14182,14 +13281,10 @@ func (ec *executionContext) _Region(ctx context.Context, sel ast.SelectionSet, o
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14200,8 +13295,7 @@ func (ec *executionContext) _ResizeInstancePayload(ctx context.Context, sel ast.
 	fields := graphql.CollectFields(ec.OperationContext, sel, resizeInstancePayloadImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -14230,14 +13324,10 @@ func (ec *executionContext) _ResizeInstancePayload(ctx context.Context, sel ast.
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14248,8 +13338,7 @@ func (ec *executionContext) _SSHCertificateAuthority(ctx context.Context, sel as
 	fields := graphql.CollectFields(ec.OperationContext, sel, sSHCertificateAuthorityImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -14283,14 +13372,10 @@ func (ec *executionContext) _SSHCertificateAuthority(ctx context.Context, sel as
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14301,8 +13386,7 @@ func (ec *executionContext) _SSHKey(ctx context.Context, sel ast.SelectionSet, o
 	fields := graphql.CollectFields(ec.OperationContext, sel, sSHKeyImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -14321,14 +13405,10 @@ func (ec *executionContext) _SSHKey(ctx context.Context, sel ast.SelectionSet, o
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14339,8 +13419,7 @@ func (ec *executionContext) _SecurityGroup(ctx context.Context, sel ast.Selectio
 	fields := graphql.CollectFields(ec.OperationContext, sel, securityGroupImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -14374,14 +13453,10 @@ func (ec *executionContext) _SecurityGroup(ctx context.Context, sel ast.Selectio
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14392,8 +13467,7 @@ func (ec *executionContext) _SecurityGroupRule(ctx context.Context, sel ast.Sele
 	fields := graphql.CollectFields(ec.OperationContext, sel, securityGroupRuleImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -14432,14 +13506,10 @@ func (ec *executionContext) _SecurityGroupRule(ctx context.Context, sel ast.Sele
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14450,8 +13520,7 @@ func (ec *executionContext) _SetQuotaPayload(ctx context.Context, sel ast.Select
 	fields := graphql.CollectFields(ec.OperationContext, sel, setQuotaPayloadImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -14475,14 +13544,10 @@ func (ec *executionContext) _SetQuotaPayload(ctx context.Context, sel ast.Select
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14493,8 +13558,7 @@ func (ec *executionContext) _SnapshotInstancePayload(ctx context.Context, sel as
 	fields := graphql.CollectFields(ec.OperationContext, sel, snapshotInstancePayloadImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -14518,14 +13582,10 @@ func (ec *executionContext) _SnapshotInstancePayload(ctx context.Context, sel as
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14536,8 +13596,7 @@ func (ec *executionContext) _StreamTicket(ctx context.Context, sel ast.Selection
 	fields := graphql.CollectFields(ec.OperationContext, sel, streamTicketImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -14561,14 +13620,10 @@ func (ec *executionContext) _StreamTicket(ctx context.Context, sel ast.Selection
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14599,8 +13654,7 @@ func (ec *executionContext) _Tag(ctx context.Context, sel ast.SelectionSet, obj 
 	fields := graphql.CollectFields(ec.OperationContext, sel, tagImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -14624,14 +13678,10 @@ func (ec *executionContext) _Tag(ctx context.Context, sel ast.SelectionSet, obj 
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14642,8 +13692,7 @@ func (ec *executionContext) _UpdateInstancePayload(ctx context.Context, sel ast.
 	fields := graphql.CollectFields(ec.OperationContext, sel, updateInstancePayloadImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -14672,14 +13721,10 @@ func (ec *executionContext) _UpdateInstancePayload(ctx context.Context, sel ast.
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14690,8 +13735,7 @@ func (ec *executionContext) _UserError(ctx context.Context, sel ast.SelectionSet
 	fields := graphql.CollectFields(ec.OperationContext, sel, userErrorImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -14720,14 +13764,10 @@ func (ec *executionContext) _UserError(ctx context.Context, sel ast.SelectionSet
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14738,8 +13778,7 @@ func (ec *executionContext) ___Directive(ctx context.Context, sel ast.SelectionS
 	fields := graphql.CollectFields(ec.OperationContext, sel, __DirectiveImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -14778,14 +13817,10 @@ func (ec *executionContext) ___Directive(ctx context.Context, sel ast.SelectionS
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14796,8 +13831,7 @@ func (ec *executionContext) ___EnumValue(ctx context.Context, sel ast.SelectionS
 	fields := graphql.CollectFields(ec.OperationContext, sel, __EnumValueImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -14831,14 +13865,10 @@ func (ec *executionContext) ___EnumValue(ctx context.Context, sel ast.SelectionS
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14849,8 +13879,7 @@ func (ec *executionContext) ___Field(ctx context.Context, sel ast.SelectionSet, 
 	fields := graphql.CollectFields(ec.OperationContext, sel, __FieldImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -14894,14 +13923,10 @@ func (ec *executionContext) ___Field(ctx context.Context, sel ast.SelectionSet, 
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14912,8 +13937,7 @@ func (ec *executionContext) ___InputValue(ctx context.Context, sel ast.Selection
 	fields := graphql.CollectFields(ec.OperationContext, sel, __InputValueImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -14957,14 +13981,10 @@ func (ec *executionContext) ___InputValue(ctx context.Context, sel ast.Selection
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -14975,8 +13995,7 @@ func (ec *executionContext) ___Schema(ctx context.Context, sel ast.SelectionSet,
 	fields := graphql.CollectFields(ec.OperationContext, sel, __SchemaImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -15020,14 +14039,10 @@ func (ec *executionContext) ___Schema(ctx context.Context, sel ast.SelectionSet,
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -15038,8 +14053,7 @@ func (ec *executionContext) ___Type(ctx context.Context, sel ast.SelectionSet, o
 	fields := graphql.CollectFields(ec.OperationContext, sel, __TypeImplementors)
 
 	out := graphql.NewFieldSet(fields)
-	deferredFieldSet := graphql.NewFieldSet(nil)
-	deferLabelToView := make(map[string]*graphql.FieldSetView)
+	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
@@ -15108,14 +14122,10 @@ func (ec *executionContext) ___Type(ctx context.Context, sel ast.SelectionSet, o
 		return graphql.Null
 	}
 
-	atomic.AddInt32(&ec.Deferred, int32(min(len(deferLabelToView), math.MaxInt32)))
-
-	ec.ProcessDeferredGroup(graphql.DeferredGroup{
-		Defers:   deferLabelToView,
-		Path:     graphql.GetPath(ctx),
-		FieldSet: deferredFieldSet,
-		Context:  ctx,
-	})
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
 
 	return out
 }
@@ -15134,9 +14144,7 @@ func (ec *executionContext) marshalNArchitecture2githubᚗcomᚋcomputeqlᚋcomp
 	_ = sel
 	res := graphql.MarshalString(marshalNArchitecture2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐArchitecture[v])
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "Architecture!")
 	}
 	return res
 }
@@ -15161,9 +14169,7 @@ func (ec *executionContext) marshalNBoolean2bool(ctx context.Context, sel ast.Se
 	_ = sel
 	res := graphql.MarshalBoolean(v)
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "Boolean!")
 	}
 	return res
 }
@@ -15198,9 +14204,7 @@ func (ec *executionContext) marshalNConditionStatus2githubᚗcomᚋcomputeqlᚋc
 	_ = sel
 	res := graphql.MarshalString(marshalNConditionStatus2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐConditionStatus[v])
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "ConditionStatus!")
 	}
 	return res
 }
@@ -15220,9 +14224,7 @@ var (
 
 func (ec *executionContext) marshalNConsoleOutput2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐConsoleOutput(ctx context.Context, sel ast.SelectionSet, v *region.ConsoleOutput) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "ConsoleOutput!")
 		return graphql.Null
 	}
 	return ec._ConsoleOutput(ctx, sel, v)
@@ -15235,9 +14237,7 @@ func (ec *executionContext) unmarshalNCreateConsoleSessionInput2githubᚗcomᚋc
 
 func (ec *executionContext) marshalNCreateConsoleSessionPayload2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐCreateConsoleSessionPayload(ctx context.Context, sel ast.SelectionSet, v *model.CreateConsoleSessionPayload) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "CreateConsoleSessionPayload!")
 		return graphql.Null
 	}
 	return ec._CreateConsoleSessionPayload(ctx, sel, v)
@@ -15250,9 +14250,7 @@ func (ec *executionContext) unmarshalNCreateInstanceInput2githubᚗcomᚋcompute
 
 func (ec *executionContext) marshalNCreateInstancePayload2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐCreateInstancePayload(ctx context.Context, sel ast.SelectionSet, v *model.CreateInstancePayload) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "CreateInstancePayload!")
 		return graphql.Null
 	}
 	return ec._CreateInstancePayload(ctx, sel, v)
@@ -15265,9 +14263,7 @@ func (ec *executionContext) unmarshalNDeleteImageInput2githubᚗcomᚋcomputeql�
 
 func (ec *executionContext) marshalNDeleteImagePayload2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐDeleteImagePayload(ctx context.Context, sel ast.SelectionSet, v *model.DeleteImagePayload) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "DeleteImagePayload!")
 		return graphql.Null
 	}
 	return ec._DeleteImagePayload(ctx, sel, v)
@@ -15280,9 +14276,7 @@ func (ec *executionContext) unmarshalNDeleteInstanceInput2githubᚗcomᚋcompute
 
 func (ec *executionContext) marshalNDeleteInstancePayload2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐDeleteInstancePayload(ctx context.Context, sel ast.SelectionSet, v *model.DeleteInstancePayload) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "DeleteInstancePayload!")
 		return graphql.Null
 	}
 	return ec._DeleteInstancePayload(ctx, sel, v)
@@ -15298,9 +14292,7 @@ func (ec *executionContext) marshalNDesiredPowerState2githubᚗcomᚋcomputeql�
 	_ = sel
 	res := graphql.MarshalString(marshalNDesiredPowerState2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐPowerIntent[v])
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "DesiredPowerState!")
 	}
 	return res
 }
@@ -15326,9 +14318,7 @@ func (ec *executionContext) marshalNErrorCode2githubᚗcomᚋcomputeqlᚋcompute
 	_ = sel
 	res := graphql.MarshalString(marshalNErrorCode2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐCode[v])
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "ErrorCode!")
 	}
 	return res
 }
@@ -15414,9 +14404,7 @@ func (ec *executionContext) marshalNHealthStatus2githubᚗcomᚋcomputeqlᚋcomp
 	_ = sel
 	res := graphql.MarshalString(marshalNHealthStatus2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐHealthStatus[v])
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "HealthStatus!")
 	}
 	return res
 }
@@ -15445,9 +14433,7 @@ func (ec *executionContext) marshalNID2string(ctx context.Context, sel ast.Selec
 	_ = sel
 	res := graphql.MarshalID(v)
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "ID!")
 	}
 	return res
 }
@@ -15511,9 +14497,7 @@ func (ec *executionContext) marshalNImageState2githubᚗcomᚋcomputeqlᚋcomput
 	_ = sel
 	res := graphql.MarshalString(marshalNImageState2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐImageState[v])
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "ImageState!")
 	}
 	return res
 }
@@ -15535,9 +14519,7 @@ var (
 
 func (ec *executionContext) marshalNInstance2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐInstance(ctx context.Context, sel ast.SelectionSet, v *instance.Instance) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "Instance!")
 		return graphql.Null
 	}
 	return ec._Instance(ctx, sel, v)
@@ -15545,9 +14527,7 @@ func (ec *executionContext) marshalNInstance2ᚖgithubᚗcomᚋcomputeqlᚋcompu
 
 func (ec *executionContext) marshalNInstanceConnection2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐInstanceConnection(ctx context.Context, sel ast.SelectionSet, v *model.InstanceConnection) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "InstanceConnection!")
 		return graphql.Null
 	}
 	return ec._InstanceConnection(ctx, sel, v)
@@ -15575,9 +14555,7 @@ func (ec *executionContext) marshalNInstanceEdge2ᚕgithubᚗcomᚋcomputeqlᚋc
 
 func (ec *executionContext) marshalNInstanceEvent2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐInstanceEvent(ctx context.Context, sel ast.SelectionSet, v *model.InstanceEvent) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "InstanceEvent!")
 		return graphql.Null
 	}
 	return ec._InstanceEvent(ctx, sel, v)
@@ -15585,9 +14563,7 @@ func (ec *executionContext) marshalNInstanceEvent2ᚖgithubᚗcomᚋcomputeqlᚋ
 
 func (ec *executionContext) marshalNInstanceEventConnection2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐInstanceEventConnection(ctx context.Context, sel ast.SelectionSet, v *model.InstanceEventConnection) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "InstanceEventConnection!")
 		return graphql.Null
 	}
 	return ec._InstanceEventConnection(ctx, sel, v)
@@ -15623,9 +14599,7 @@ func (ec *executionContext) marshalNInstanceEventKind2githubᚗcomᚋcomputeql�
 	_ = sel
 	res := graphql.MarshalString(marshalNInstanceEventKind2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐEventKind[v])
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "InstanceEventKind!")
 	}
 	return res
 }
@@ -15659,9 +14633,7 @@ var (
 
 func (ec *executionContext) marshalNInstancePowerPayload2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐInstancePowerPayload(ctx context.Context, sel ast.SelectionSet, v *model.InstancePowerPayload) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "InstancePowerPayload!")
 		return graphql.Null
 	}
 	return ec._InstancePowerPayload(ctx, sel, v)
@@ -15680,9 +14652,7 @@ func (ec *executionContext) marshalNInt2int(ctx context.Context, sel ast.Selecti
 	_ = sel
 	res := graphql.MarshalInt(v)
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "Int!")
 	}
 	return res
 }
@@ -15696,9 +14666,7 @@ func (ec *executionContext) marshalNInt2int64(ctx context.Context, sel ast.Selec
 	_ = sel
 	res := graphql.MarshalInt64(v)
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "Int!")
 	}
 	return res
 }
@@ -15729,9 +14697,7 @@ func (ec *executionContext) marshalNNetworking2githubᚗcomᚋcomputeqlᚋcomput
 
 func (ec *executionContext) marshalNPageInfo2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐPageInfo(ctx context.Context, sel ast.SelectionSet, v *model.PageInfo) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "PageInfo!")
 		return graphql.Null
 	}
 	return ec._PageInfo(ctx, sel, v)
@@ -15747,9 +14713,7 @@ func (ec *executionContext) marshalNPowerState2githubᚗcomᚋcomputeqlᚋcomput
 	_ = sel
 	res := graphql.MarshalString(marshalNPowerState2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐPowerState[v])
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "PowerState!")
 	}
 	return res
 }
@@ -15777,9 +14741,7 @@ var (
 
 func (ec *executionContext) marshalNPrincipal2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋauthᚐPrincipal(ctx context.Context, sel ast.SelectionSet, v *auth.Principal) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "Principal!")
 		return graphql.Null
 	}
 	return ec._Principal(ctx, sel, v)
@@ -15795,9 +14757,7 @@ func (ec *executionContext) marshalNProvisioningStatus2githubᚗcomᚋcomputeql�
 	_ = sel
 	res := graphql.MarshalString(marshalNProvisioningStatus2githubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐProvisioningStatus[v])
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "ProvisioningStatus!")
 	}
 	return res
 }
@@ -15821,9 +14781,7 @@ var (
 
 func (ec *executionContext) marshalNQuota2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐQuota(ctx context.Context, sel ast.SelectionSet, v *instance.Quota) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "Quota!")
 		return graphql.Null
 	}
 	return ec._Quota(ctx, sel, v)
@@ -15920,9 +14878,7 @@ func (ec *executionContext) unmarshalNResizeInstanceInput2githubᚗcomᚋcompute
 
 func (ec *executionContext) marshalNResizeInstancePayload2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐResizeInstancePayload(ctx context.Context, sel ast.SelectionSet, v *model.ResizeInstancePayload) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "ResizeInstancePayload!")
 		return graphql.Null
 	}
 	return ec._ResizeInstancePayload(ctx, sel, v)
@@ -15938,9 +14894,7 @@ func (ec *executionContext) marshalNRole2githubᚗcomᚋcomputeqlᚋcomputeqlᚋ
 	_ = sel
 	res := graphql.MarshalString(marshalNRole2githubᚗcomᚋcomputeqlᚋcomputeqlᚋauthᚐRole[v])
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "Role!")
 	}
 	return res
 }
@@ -15970,9 +14924,7 @@ func (ec *executionContext) marshalNRuleDirection2githubᚗcomᚋcomputeqlᚋcom
 	_ = sel
 	res := graphql.MarshalString(marshalNRuleDirection2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐRuleDirection[v])
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "RuleDirection!")
 	}
 	return res
 }
@@ -15998,9 +14950,7 @@ func (ec *executionContext) marshalNRuleProtocol2githubᚗcomᚋcomputeqlᚋcomp
 	_ = sel
 	res := graphql.MarshalString(marshalNRuleProtocol2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐRuleProtocol[v])
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "RuleProtocol!")
 	}
 	return res
 }
@@ -16042,9 +14992,7 @@ func (ec *executionContext) marshalNSSHCertificateAuthority2ᚕgithubᚗcomᚋco
 
 func (ec *executionContext) marshalNSSHKey2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐSSHKey(ctx context.Context, sel ast.SelectionSet, v *model.SSHKey) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "SSHKey!")
 		return graphql.Null
 	}
 	return ec._SSHKey(ctx, sel, v)
@@ -16097,9 +15045,7 @@ func (ec *executionContext) unmarshalNSetQuotaInput2githubᚗcomᚋcomputeqlᚋc
 
 func (ec *executionContext) marshalNSetQuotaPayload2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐSetQuotaPayload(ctx context.Context, sel ast.SelectionSet, v *model.SetQuotaPayload) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "SetQuotaPayload!")
 		return graphql.Null
 	}
 	return ec._SetQuotaPayload(ctx, sel, v)
@@ -16112,9 +15058,7 @@ func (ec *executionContext) unmarshalNSnapshotInstanceInput2githubᚗcomᚋcompu
 
 func (ec *executionContext) marshalNSnapshotInstancePayload2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐSnapshotInstancePayload(ctx context.Context, sel ast.SelectionSet, v *model.SnapshotInstancePayload) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "SnapshotInstancePayload!")
 		return graphql.Null
 	}
 	return ec._SnapshotInstancePayload(ctx, sel, v)
@@ -16132,9 +15076,7 @@ func (ec *executionContext) unmarshalNStopInstanceInput2githubᚗcomᚋcomputeql
 
 func (ec *executionContext) marshalNStreamTicket2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋinstanceᚐStreamTicket(ctx context.Context, sel ast.SelectionSet, v *instance.StreamTicket) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "StreamTicket!")
 		return graphql.Null
 	}
 	return ec._StreamTicket(ctx, sel, v)
@@ -16149,9 +15091,7 @@ func (ec *executionContext) marshalNString2string(ctx context.Context, sel ast.S
 	_ = sel
 	res := graphql.MarshalString(v)
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "String!")
 	}
 	return res
 }
@@ -16219,9 +15159,7 @@ func (ec *executionContext) marshalNTime2timeᚐTime(ctx context.Context, sel as
 	_ = sel
 	res := graphql.MarshalTime(v)
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "Time!")
 	}
 	return res
 }
@@ -16233,9 +15171,7 @@ func (ec *executionContext) unmarshalNUpdateInstanceInput2githubᚗcomᚋcompute
 
 func (ec *executionContext) marshalNUpdateInstancePayload2ᚖgithubᚗcomᚋcomputeqlᚋcomputeqlᚋgraphᚋmodelᚐUpdateInstancePayload(ctx context.Context, sel ast.SelectionSet, v *model.UpdateInstancePayload) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "UpdateInstancePayload!")
 		return graphql.Null
 	}
 	return ec._UpdateInstancePayload(ctx, sel, v)
@@ -16271,9 +15207,7 @@ func (ec *executionContext) marshalNVirtualization2githubᚗcomᚋcomputeqlᚋco
 	_ = sel
 	res := graphql.MarshalString(marshalNVirtualization2githubᚗcomᚋcomputeqlᚋcomputeqlᚋregionᚐVirtualization[v])
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "Virtualization!")
 	}
 	return res
 }
@@ -16320,9 +15254,7 @@ func (ec *executionContext) marshalN__DirectiveLocation2string(ctx context.Conte
 	_ = sel
 	res := graphql.MarshalString(v)
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "__DirectiveLocation!")
 	}
 	return res
 }
@@ -16385,6 +15317,14 @@ func (ec *executionContext) marshalN__InputValue2ᚕgithubᚗcomᚋ99designsᚋg
 	return ret
 }
 
+func (ec *executionContext) marshalN__Schema2ᚖgithubᚗcomᚋ99designsᚋgqlgenᚋgraphqlᚋintrospectionᚐSchema(ctx context.Context, sel ast.SelectionSet, v *introspection.Schema) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "__Schema!")
+		return graphql.Null
+	}
+	return ec.___Schema(ctx, sel, v)
+}
+
 func (ec *executionContext) marshalN__Type2githubᚗcomᚋ99designsᚋgqlgenᚋgraphqlᚋintrospectionᚐType(ctx context.Context, sel ast.SelectionSet, v introspection.Type) graphql.Marshaler {
 	return ec.___Type(ctx, sel, &v)
 }
@@ -16407,9 +15347,7 @@ func (ec *executionContext) marshalN__Type2ᚕgithubᚗcomᚋ99designsᚋgqlgen�
 
 func (ec *executionContext) marshalN__Type2ᚖgithubᚗcomᚋ99designsᚋgqlgenᚋgraphqlᚋintrospectionᚐType(ctx context.Context, sel ast.SelectionSet, v *introspection.Type) graphql.Marshaler {
 	if v == nil {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullError(ctx, "__Type!")
 		return graphql.Null
 	}
 	return ec.___Type(ctx, sel, v)
@@ -16424,9 +15362,7 @@ func (ec *executionContext) marshalN__TypeKind2string(ctx context.Context, sel a
 	_ = sel
 	res := graphql.MarshalString(v)
 	if res == graphql.Null {
-		if !graphql.HasFieldError(ctx, graphql.GetFieldContext(ctx)) {
-			graphql.AddErrorf(ctx, "the requested element is null which the schema does not allow")
-		}
+		graphql.AddInvalidNullFromMarshaler(ctx, "__TypeKind!")
 	}
 	return res
 }
@@ -16971,13 +15907,6 @@ func (ec *executionContext) marshalO__InputValue2ᚕgithubᚗcomᚋ99designsᚋg
 	}
 
 	return ret
-}
-
-func (ec *executionContext) marshalO__Schema2ᚖgithubᚗcomᚋ99designsᚋgqlgenᚋgraphqlᚋintrospectionᚐSchema(ctx context.Context, sel ast.SelectionSet, v *introspection.Schema) graphql.Marshaler {
-	if v == nil {
-		return graphql.Null
-	}
-	return ec.___Schema(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalO__Type2ᚕgithubᚗcomᚋ99designsᚋgqlgenᚋgraphqlᚋintrospectionᚐTypeᚄ(ctx context.Context, sel ast.SelectionSet, v []introspection.Type) graphql.Marshaler {

@@ -210,7 +210,7 @@ func TestComplexityLimit(t *testing.T) {
 				}
 				return
 			}
-			// gqlgen v0.17.95 does not register its complexity code as a protocol error, so
+			// gqlgen (v0.17.98) does not register its complexity code as a protocol error, so
 			// the refusal is a 200 with no data.
 			wantError(t, res, http.StatusOK, "COMPLEXITY_LIMIT_EXCEEDED")
 			if res.Data != nil {
