@@ -323,9 +323,10 @@ func (r *runner) create(ctx context.Context) error {
 			bare()
 		}
 		rd := rounds[i]
-		r.say("create: round %d: bare %s (p99 %s), create %s (p50 / p99 %s): %s of the bare handler's throughput, p99 %s",
-			i+1, perSecond(rd.Bare.Throughput.PerSecond), msOne(rd.Bare.Latency.P99), perSecond(rd.Create.Throughput.PerSecond),
-			msPair(rd.Create.Latency.P50, rd.Create.Latency.P99), rd.share(), rd.p99Multiple())
+		// Each round's CPU split too: a trend over the rounds shows which process it is in.
+		r.say("create: round %d: bare %s (p99 %s, CPU %s), create %s (p50 / p99 %s, CPU %s): %s of the bare handler's throughput, p99 %s",
+			i+1, perSecond(rd.Bare.Throughput.PerSecond), msOne(rd.Bare.Latency.P99), cpuValue(rd.Bare.CPU), perSecond(rd.Create.Throughput.PerSecond),
+			msPair(rd.Create.Latency.P50, rd.Create.Latency.P99), cpuValue(rd.Create.CPU), rd.share(), rd.p99Multiple())
 		r.failedRequests("bare gqlgen handler", rd.Bare)
 		r.failedRequests("create", rd.Create)
 	}
