@@ -303,7 +303,7 @@ func TestResizeRules(t *testing.T) {
 		}
 		// The refusal is recorded as an ACTION; nothing else changes.
 		for k, v := range redistest.State(t, a.rdb) {
-			if before[k] != v && !strings.Contains(k, ":events") && !strings.HasSuffix(k, ":h") {
+			if before[k] != v && !strings.Contains(k, ":events") && !strings.HasSuffix(k, ":hi") {
 				t.Errorf("a refused start changed %s beyond the ACTION it records", k)
 			}
 		}

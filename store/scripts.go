@@ -79,10 +79,10 @@ end
 // bytes) below it, in one XRANGE and one exact XTRIM: the next appends find room and trim
 // nothing. Trimming one entry per append cost Redis a seventh of a create's work, as XDEL
 // scans its node from the start for each entry. Every append still does bounded work: it
-// reads at most eventsTrimRead entries. The instance's history index gets an entry with the
-// event's id, so that one instance's history is read without reading the organization's (it
-// keeps about historyKept).
-var eventLua = `
+// reads at most eventsTrimRead entries. The instance's history index gets the event's id, so
+// that one instance's history is read without reading the organization's (it keeps between
+// historyKept and historyKept+historyTrimmed).
+var eventLua = historyLua + `
 local function trimEvents(eventsKey, bytesKey, size)
   local total = redis.call('INCRBY', bytesKey, size)
   local len = redis.call('XLEN', eventsKey)
@@ -115,8 +115,8 @@ local function trimEvents(eventsKey, bytesKey, size)
 end
 
 -- appendEntry appends the event of the instance whose stored fields are f: spec, status, gen,
--- sv, proj and v, as appendEvent reads them.
-local function appendEntry(eventsKey, bytesKey, histKey, f, id, kind, changed, at, msg, actor, action, outcome)
+-- sv, proj and v, as appendEvent reads them, and returns its id.
+local function appendEntry(eventsKey, bytesKey, f, id, kind, changed, at, msg, actor, action, outcome)
   local entry = {'kind', kind, 'id', id, 'proj', f[5], 'spec', f[1], 'status', f[2], 'gen', f[3], 'sv', f[4],
     'changed', changed, 'at', at, 'msg', msg, 'v', f[6] or '1'}
   if action and action ~= '' then
@@ -133,13 +133,46 @@ local function appendEntry(eventsKey, bytesKey, histKey, f, id, kind, changed, a
   table.insert(entry, 'n')
   table.insert(entry, n)
   local eid = redis.call('XADD', eventsKey, '*', unpack(entry))
-  redis.call('XADD', histKey, 'MAXLEN', '~', '` + strconv.Itoa(historyKept) + `', eid, 'k', kind)
   trimEvents(eventsKey, bytesKey, n)
+  return eid
+end
+
+-- indexHistory adds the event to the history index of an instance that has one, keeping
+-- between historyKept and historyKept+historyTrimmed. An index that this adds the first
+-- member to belongs to an instance made before the index was a sorted set: its stream, the
+-- key without its last byte, is moved in, once.
+local function indexHistory(histKey, eid)
+  redis.call('ZADD', histKey, '0', historyMember(eid))
+  local n = redis.call('ZCARD', histKey)
+  if n == 1 then
+    local legacy = string.sub(histKey, 1, -2)
+    for _, e in ipairs(redis.call('XRANGE', legacy, '-', '+')) do
+      redis.call('ZADD', histKey, '0', historyMember(e[1]))
+    end
+    redis.call('DEL', legacy)
+  elseif n > ` + strconv.Itoa(historyKept+historyTrimmed) + ` then
+    redis.call('ZREMRANGEBYRANK', histKey, '0', tostring(n - ` + strconv.Itoa(historyKept) + ` - 1))
+  end
 end
 
 local function appendEvent(eventsKey, bytesKey, histKey, instKey, id, kind, changed, at, msg, actor, action, outcome)
   local f = redis.call('HMGET', instKey, 'spec', 'status', 'gen', 'sv', 'proj', 'v')
-  appendEntry(eventsKey, bytesKey, histKey, f, id, kind, changed, at, msg, actor, action, outcome)
+  indexHistory(histKey, appendEntry(eventsKey, bytesKey, f, id, kind, changed, at, msg, actor, action, outcome))
+end
+`
+
+// historyLua writes an event id as a member of an instance's history index (historyKey): its
+// two numbers right-aligned in 20 bytes each (a uint64's digits), so that members, all of
+// score 0, sort bytewise as the ids do, and a page after an id is one ZRANGEBYLEX.
+// historyID reads the id back.
+const historyLua = `
+local function historyMember(eid)
+  local p = string.find(eid, '-', 1, true)
+  return string.format('%20s-%20s', string.sub(eid, 1, p - 1), string.sub(eid, p + 1))
+end
+
+local function historyID(member)
+  return (string.gsub(member, ' ', ''))
 end
 `
 
@@ -208,7 +241,7 @@ redis.call('HSET', KEYS[2], 'spec', f[1], 'status', f[2], 'gen', f[3], 'sv', f[4
 redis.call('ZADD', KEYS[3], '0', ARGV[1])
 redis.call('ZADD', KEYS[4], '0', ARGV[1])
 applyCharge(KEYS[5], usage)
-appendEntry(KEYS[6], KEYS[7], KEYS[8], f, ARGV[1], 'CREATED', '', ARGV[5], '')
+redis.call('ZADD', KEYS[8], '0', historyMember(appendEntry(KEYS[6], KEYS[7], f, ARGV[1], 'CREATED', '', ARGV[5], '')))
 recordIdem(KEYS[9], ARGV[9], ARGV[10])
 if KEYS[12] and not pcall(enqueue, KEYS[10], KEYS[11], KEYS[12], unpack(ARGV, 12 + 3 * tonumber(ARGV[11]))) then
   return {'unqueued'}
@@ -320,14 +353,14 @@ redis.call('ZADD', KEYS[10], ARGV[3], ARGV[2])
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[3], ARGV[2])
 redis.call('ZREM', KEYS[4], ARGV[2])
--- The history index of an instance is its key with ':h' appended; the oldest deleted ones'
--- are in the same slot (the organization's hash tag).
+-- The history index of an instance is its key with ':hi' appended (':h' before it was a
+-- sorted set); the oldest deleted ones' are in the same slot (the organization's hash tag).
 local prefix = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[2])
 local excess = redis.call('ZCARD', KEYS[10]) - ` + strconv.Itoa(deletedKept) + `
 if excess > 0 then
   local popped = redis.call('ZPOPMIN', KEYS[10], excess)
   for i = 1, #popped, 2 do
-    redis.call('DEL', prefix .. popped[i] .. ':h')
+    redis.call('DEL', prefix .. popped[i] .. ':hi', prefix .. popped[i] .. ':h')
     redis.call('HDEL', KEYS[9], popped[i])
   end
 end
@@ -391,14 +424,16 @@ return {'ok'}
 
 // historyScript reads a page of one instance's history: its index from the position after
 // which to start (or from the oldest event the log still keeps), then each event by its id.
-// Its work is the page's, however long the organization's log is.
+// Its work is the page's, however long the organization's log is. An instance made before
+// the index was a sorted set may still have its stream (the key without its last byte, until
+// its next event moves it): its entries are read too.
 //
 // KEYS[1] events, KEYS[2] history index
 // ARGV[1] the position to start after ("" for the oldest kept), ARGV[2] the page size
 // Returns {"expired"} when the log no longer reaches back to ARGV[1], else {more (0 or 1),
 // the events as XRANGE gives them...}. An event trimmed since its index entry was read is
 // left out.
-var historyScript = redis.NewScript(`
+var historyScript = redis.NewScript(historyLua + `
 local function before(a, b)
   local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
   local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
@@ -409,21 +444,32 @@ local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
 if #first == 0 then
   return {0}
 end
-local start = first[1][1]
+local from, streamFrom = '[' .. historyMember(first[1][1]), first[1][1]
 if ARGV[1] ~= '' then
-  if before(ARGV[1], start) then
+  if before(ARGV[1], first[1][1]) then
     return {'expired'}
   end
-  start = '(' .. ARGV[1]
+  from, streamFrom = '(' .. historyMember(ARGV[1]), '(' .. ARGV[1]
 end
 local limit = tonumber(ARGV[2])
+local ids = {}
+for i, m in ipairs(redis.call('ZRANGEBYLEX', KEYS[2], from, '+', 'LIMIT', '0', tostring(limit + 1))) do
+  ids[i] = historyID(m)
+end
+local legacy = redis.call('XRANGE', string.sub(KEYS[2], 1, -2), streamFrom, '+', 'COUNT', tostring(limit + 1))
+if #legacy > 0 then
+  for _, e in ipairs(legacy) do
+    ids[#ids + 1] = e[1]
+  end
+  table.sort(ids, before)
+end
 local out = {0}
-for i, e in ipairs(redis.call('XRANGE', KEYS[2], start, '+', 'COUNT', limit + 1)) do
+for i, id in ipairs(ids) do
   if i > limit then
     out[1] = 1
     break
   end
-  local ev = redis.call('XRANGE', KEYS[1], e[1], e[1])
+  local ev = redis.call('XRANGE', KEYS[1], id, id)
   if #ev == 1 then
     table.insert(out, ev[1])
   end

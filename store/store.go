@@ -110,7 +110,10 @@ const (
 	// eventOverhead is what Redis spends on an entry beyond its fields' bytes, counted with
 	// them so that the bytes bound holds for many small events too.
 	eventOverhead = 64
-	historyKept   = 1_000
+	// historyKept is how many events an instance's history index keeps; it is trimmed back to
+	// that when historyTrimmed more have come, a batch at a time like the log.
+	historyKept    = 1_000
+	historyTrimmed = 64
 	// deletedKept is how many deleted instances per organization keep their history.
 	deletedKept = 1_000
 )
