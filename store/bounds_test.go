@@ -256,14 +256,20 @@ func TestDeletedInstancesKeepTheirHistoryUpToABound(t *testing.T) {
 	if page, _, err := s.History(ctx, "acme", first.ID, "", 10); err != nil || len(page) != 2 {
 		t.Fatalf("history of a deleted instance: %d events, %v", len(page), err)
 	}
+	// As an instance deleted before the index was a sorted set would have it: its index as a
+	// stream too, which goes with it.
+	legacy := legacyHistoryKey("acme", first.ID)
+	if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: legacy, ID: "1-1", Values: []any{"k", "CREATED"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
 	for i := range deletedKept {
 		forget(fmt.Sprintf("later-%d", i), eventTime.Add(time.Duration(i+1)*time.Millisecond))
 	}
 	if _, _, err := s.Deleted(ctx, []string{"acme"}, first.ID); !errors.Is(err, instance.ErrNotFound) {
 		t.Errorf("the oldest deleted instance after %d more: %v, want ErrNotFound", deletedKept, err)
 	}
-	if n, _ := rdb.Exists(ctx, historyKey("acme", first.ID)).Result(); n != 0 {
-		t.Error("its history index is left behind")
+	if n, _ := rdb.Exists(ctx, historyKey("acme", first.ID), legacy).Result(); n != 0 {
+		t.Errorf("%d of its history indexes are left behind", n)
 	}
 	if n, _ := rdb.HLen(ctx, deletedKey("acme")).Result(); n != deletedKept {
 		t.Errorf("%d deleted instances kept, want %d", n, deletedKept)

@@ -3,6 +3,7 @@ package store
 import (
 	"cmp"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -108,9 +109,24 @@ func TestHistoryIndexKeepsItsBound(t *testing.T) {
 		t.Fatalf("index after one more holds %d, want %d", n, historyKept)
 	}
 	all := events(t, rdb, "acme")
-	ids, more := historyIDs(t, s, inst.ID, "", historyKept+1)
-	if more || len(ids) != historyKept || ids[0] != all[len(all)-historyKept].ID || ids[len(ids)-1] != all[len(all)-1].ID {
-		t.Errorf("history: %d events (more %v) from %s to %s, want the newest %d", len(ids), more, ids[0], ids[len(ids)-1], historyKept)
+	want := make([]string, historyKept)
+	for i, m := range all[len(all)-historyKept:] {
+		want[i] = m.ID
+	}
+	if ids, more := historyIDs(t, s, inst.ID, "", historyKept+1); more || !slices.Equal(ids, want) {
+		t.Errorf("history: %d events (more %v), want the newest %d", len(ids), more, historyKept)
+	}
+
+	// A stream index the earlier version trimmed only about as far (MAXLEN ~) is trimmed
+	// once moved.
+	old := create(t, s, newInstance("acme", "web", "old"))
+	rdb.Del(ctx, historyKey("acme", old.ID))
+	for i := range historyKept + historyTrimmed + 35 {
+		rdb.XAdd(ctx, &redis.XAddArgs{Stream: legacyHistoryKey("acme", old.ID), ID: "1-" + strconv.Itoa(i+1), Values: []any{"k", "WARNING"}})
+	}
+	warn(t, s, old, 1)
+	if n := rdb.ZCard(ctx, historyKey("acme", old.ID)).Val(); n != historyKept {
+		t.Errorf("index moved from a stream of %d holds %d, want %d", historyKept+historyTrimmed+35, n, historyKept)
 	}
 }
 
@@ -159,13 +175,17 @@ func TestHistoryOfAnIndexWrittenAsAStream(t *testing.T) {
 		t.Fatalf("history in pages of 4: %v, want %v", paged, want)
 	}
 
-	// A stream alone (no event since the upgrade) is read as well.
+	// A stream alone (no event since the upgrade) is read as well, and a page of it says
+	// whether more follow.
 	rdb.Del(ctx, historyKey("acme", inst.ID))
 	for _, m := range all[4:] {
 		rdb.XAdd(ctx, &redis.XAddArgs{Stream: legacy, ID: m.ID, Values: []any{"k", m.Values["kind"]}})
 	}
-	if ids, _ := historyIDs(t, s, inst.ID, "", 10); !slices.Equal(ids, want) {
-		t.Fatalf("history of the stream alone: %v, want %v", ids, want)
+	if ids, more := historyIDs(t, s, inst.ID, "", 10); more || !slices.Equal(ids, want) {
+		t.Fatalf("history of the stream alone: %v (more %v), want %v", ids, more, want)
+	}
+	if ids, more := historyIDs(t, s, inst.ID, "", len(want)-1); !more || !slices.Equal(ids, want[:len(want)-1]) {
+		t.Fatalf("a page one short of the stream alone: %v (more %v), want %v and more", ids, more, want[:len(want)-1])
 	}
 	// The next event moves it.
 	warn(t, s, inst, 1)
@@ -179,6 +199,32 @@ func TestHistoryOfAnIndexWrittenAsAStream(t *testing.T) {
 	}
 	if ids, _ := historyIDs(t, s, inst.ID, "", 10); !slices.Equal(ids, want) {
 		t.Errorf("history after the move: %v, want %v", ids, want)
+	}
+
+	// During an upgrade a process of the earlier version may index an event in a stream
+	// after the sorted set exists, between events this version indexes: reads keep the order.
+	warn(t, s, inst, 1)
+	all = events(t, rdb, "acme")
+	older := all[len(all)-1]
+	rdb.ZRem(ctx, historyKey("acme", inst.ID), historyMemberOf(t, rdb, older.ID))
+	rdb.XAdd(ctx, &redis.XAddArgs{Stream: legacy, ID: older.ID, Values: []any{"k", older.Values["kind"]}})
+	warn(t, s, inst, 1)
+	all = events(t, rdb, "acme")
+	want = append(want, older.ID, all[len(all)-1].ID)
+	for _, limit := range []int{1, 2, 3, 10} {
+		var paged []string
+		after := ""
+		for {
+			ids, more := historyIDs(t, s, inst.ID, after, limit)
+			paged = append(paged, ids...)
+			if !more || len(ids) == 0 {
+				break
+			}
+			after = ids[len(ids)-1]
+		}
+		if !slices.Equal(paged, want) {
+			t.Errorf("history of interleaved indexes in pages of %d: %v, want %v", limit, paged, want)
+		}
 	}
 }
 

@@ -38,13 +38,14 @@ func eventBytesKey(org string) string { return prefix + orgTag(org) + ":events:b
 
 // historyKey is a sorted set indexing one instance's events in its organization's event
 // stream: each member is the id of an event it stands for, written so that members sort as
-// the ids do (historyMember in eventLua), all with score 0, so that a page of one instance's
+// the ids do (historyMember in historyLua), all with score 0, so that a page of one instance's
 // history reads that page, however long the organization's log is.
 //
 // It was a stream (legacyHistoryKey) until a stream's first node was found to take 4 KiB
 // however few entries it holds: two thirds of the memory of an instance with a short history.
-// Reads take the old index's entries too, and the next event of an instance moves them
-// (eventLua), so that records of a version before the change lose nothing.
+// Reads take the old index's entries too, and an instance's next event moves them when it
+// finds no sorted set (eventLua), so that instances of a version before the change lose
+// nothing.
 func historyKey(org, id string) string { return instanceKey(org, id) + ":hi" }
 
 // legacyHistoryKey is the stream an instance's history index was before historyKey: the same

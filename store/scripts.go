@@ -140,7 +140,9 @@ end
 -- indexHistory adds the event to the history index of an instance that has one, keeping
 -- between historyKept and historyKept+historyTrimmed. An index that this adds the first
 -- member to belongs to an instance made before the index was a sorted set: its stream, the
--- key without its last byte, is moved in, once.
+-- key without its last byte, is moved in. (That key is not declared; it is touched only when
+-- the declared sorted set was missing, and a Redis Cluster whose slot migrates redirects such
+-- a call before it runs.)
 local function indexHistory(histKey, eid)
   redis.call('ZADD', histKey, '0', historyMember(eid))
   local n = redis.call('ZCARD', histKey)
@@ -150,7 +152,9 @@ local function indexHistory(histKey, eid)
       redis.call('ZADD', histKey, '0', historyMember(e[1]))
     end
     redis.call('DEL', legacy)
-  elseif n > ` + strconv.Itoa(historyKept+historyTrimmed) + ` then
+    n = redis.call('ZCARD', histKey)
+  end
+  if n > ` + strconv.Itoa(historyKept+historyTrimmed) + ` then
     redis.call('ZREMRANGEBYRANK', histKey, '0', tostring(n - ` + strconv.Itoa(historyKept) + ` - 1))
   end
 end
@@ -425,10 +429,11 @@ return {'ok'}
 // historyScript reads a page of one instance's history: its index from the position after
 // which to start (or from the oldest event the log still keeps), then each event by its id.
 // Its work is the page's, however long the organization's log is. An instance made before
-// the index was a sorted set may still have its stream (the key without its last byte, until
-// its next event moves it): its entries are read too.
+// the index was a sorted set may still have its stream: its entries are read too.
 //
-// KEYS[1] events, KEYS[2] history index
+// KEYS[1] events, KEYS[2] history index, KEYS[3] the history index as a stream (declared,
+// though it rarely exists, so that a Redis Cluster whose slot migrates redirects the read
+// rather than failing it)
 // ARGV[1] the position to start after ("" for the oldest kept), ARGV[2] the page size
 // Returns {"expired"} when the log no longer reaches back to ARGV[1], else {more (0 or 1),
 // the events as XRANGE gives them...}. An event trimmed since its index entry was read is
@@ -456,7 +461,7 @@ local ids = {}
 for i, m in ipairs(redis.call('ZRANGEBYLEX', KEYS[2], from, '+', 'LIMIT', '0', tostring(limit + 1))) do
   ids[i] = historyID(m)
 end
-local legacy = redis.call('XRANGE', string.sub(KEYS[2], 1, -2), streamFrom, '+', 'COUNT', tostring(limit + 1))
+local legacy = redis.call('XRANGE', KEYS[3], streamFrom, '+', 'COUNT', tostring(limit + 1))
 if #legacy > 0 then
   for _, e in ipairs(legacy) do
     ids[#ids + 1] = e[1]

@@ -445,7 +445,7 @@ const readBatch = 500
 // History implements instance.Store from the instance's history index with historyScript:
 // one round trip, whose work is the page's whatever the length of the organization's log.
 func (s *Store) History(ctx context.Context, org, id, after string, limit int) ([]instance.Record, bool, error) {
-	reply, err := historyScript.Run(ctx, s.rdb, []string{eventsKey(org), historyKey(org, id)}, after, limit).Slice()
+	reply, err := historyScript.Run(ctx, s.rdb, []string{eventsKey(org), historyKey(org, id), legacyHistoryKey(org, id)}, after, limit).Slice()
 	if err != nil {
 		return nil, false, failed("history", err)
 	}
