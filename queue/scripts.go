@@ -142,7 +142,10 @@ local begun = {}
 local function begin(stream, state, attempts, dead, lastErr, msgs)
   local group, consumer, max = ARGV[1], ARGV[2], tonumber(ARGV[3])
   local verdicts = {}
-  for i, m in ipairs(msgs) do
+  -- Numeric loops here and below, not ipairs: each step of ipairs is a call into Lua's C
+  -- library, once per message.
+  for i = 1, #msgs do
+    local m = msgs[i]
     local id, key = m[1], m[2]
     local st = redis.call('HGET', state, key)
     local count, fresh
@@ -186,7 +189,8 @@ local function fenceBegun(fence)
     return
   end
   local first = redis.call('INCRBY', fence, #begun) - #begun
-  for j, b in ipairs(begun) do
+  for j = 1, #begun do
+    local b = begun[j]
     b[3][2] = first + j
     redis.call('HSET', b[1], b[2], 'a' .. (first + j))
   end
@@ -211,8 +215,9 @@ for k = 0, #KEYS - 1, 6 do
     a = a + 3
   end
   a = a + 1
-  for _, v in ipairs(begin(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 5], KEYS[k + 6], msgs)) do
-    out[#out + 1] = v
+  local verdicts = begin(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 5], KEYS[k + 6], msgs)
+  for i = 1, #verdicts do
+    out[#out + 1] = verdicts[i]
   end
 end
 fenceBegun(KEYS[4])
@@ -237,32 +242,27 @@ local shards = #KEYS / 7
 local finished = {}
 local a = 8
 for g = 0, shards - 1 do
-  local k = g * 7
-  local batch = {}
-  for i = 1, tonumber(ARGV[a]) do
-    batch[i] = {unpack(ARGV, a + 8 * i - 7, a + 8 * i)}
+  local k, n = g * 7, tonumber(ARGV[a])
+  if n > 0 then
+    finish(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 7], KEYS[k + 6], ARGV[1], a + 1, n, finished)
   end
-  a = a + 8 * #batch + 1
-  if #batch > 0 then
-    for _, v in ipairs(finish(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 7], KEYS[k + 6], ARGV[1], batch)) do
-      finished[#finished + 1] = v
-    end
-  end
+  a = a + 8 * n + 1
 end
 local want = tonumber(ARGV[6])
 local taken = {}
 local function take(g, entries)
   local k = g * 7
   local msgs = {}
-  for i, e in ipairs(entries) do
-    local key = ''
+  for i = 1, #entries do
+    local e, key = entries[i], ''
     for f = 1, #e[2], 2 do
       if e[2][f] == 'k' then key = e[2][f + 1] end
     end
     msgs[i] = {e[1], key}
   end
   local verdicts = begin(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 5], KEYS[k + 6], msgs)
-  for i, e in ipairs(entries) do
+  for i = 1, #entries do
+    local e = entries[i]
     taken[#taken + 1] = {g, e[1], e[2], verdicts[i]}
   end
   want = want - #entries
@@ -309,19 +309,22 @@ return {finished, taken}
 // stream holds only entries still waiting or pending), records each outcome, and adds each key
 // again if it was added while being handled, or schedules it (its state then says so:
 // EnqueueLua). A run whose fence no longer holds its key (a later run took it over) changes
-// nothing. batch holds the runs: {message id, key, fence, "ok" (attempts reset) or "failed"
-// (attempt and error kept), earlier failed deliveries (when 0 there is nothing to reset),
-// attempt, error message, when to run again (Unix ms; 0 for not at all)}, all strings.
+// nothing. The runs are n of ARGV's from position a on, eight fields each: message id, key,
+// fence, "ok" (attempts reset) or "failed" (attempt and error kept), earlier failed deliveries
+// (when 0 there is nothing to reset), attempt, error message, when to run again (Unix ms; 0 for
+// not at all). They are read where they are: a table of each, and unpacking it, cost Lua more
+// than the run's own commands.
 //
-// Returns per run, in order: "ok", or "lost" when another run has the key now.
+// Appends to out per run, in order: "ok", or "lost" when another run has the key now.
 const finishLua = runsLua + `
-local function finish(stream, state, attempts, delayed, lastErr, group, batch)
-  local verdicts, acked, idle = {}, {}, {}
-  for i, r in ipairs(batch) do
-    local id, key, fence, status, earlier, attempt, err, at = unpack(r)
+local function finish(stream, state, attempts, delayed, lastErr, group, a, n, out)
+  local acked, idle = {}, {}
+  for r = a, a + 8 * (n - 1), 8 do
+    local id, key, fence, status, earlier, attempt, err, at =
+      ARGV[r], ARGV[r + 1], ARGV[r + 2], ARGV[r + 3], ARGV[r + 4], ARGV[r + 5], ARGV[r + 6], ARGV[r + 7]
     local st = redis.call('HGET', state, key)
     if not runs(st, fence) then
-      verdicts[i] = 'lost'
+      out[#out + 1] = 'lost'
     else
       acked[#acked + 1] = id
       if status == 'ok' then
@@ -342,7 +345,7 @@ local function finish(stream, state, attempts, delayed, lastErr, group, batch)
       else
         idle[#idle + 1] = key
       end
-      verdicts[i] = 'ok'
+      out[#out + 1] = 'ok'
     end
   end
   if #acked > 0 then
@@ -352,7 +355,6 @@ local function finish(stream, state, attempts, delayed, lastErr, group, batch)
   if #idle > 0 then
     redis.call('HDEL', state, unpack(idle))
   end
-  return verdicts
 end
 `
 
@@ -365,14 +367,9 @@ var finishScript = redis.NewScript(finishLua + `
 local out = {}
 local a = 2
 for k = 0, #KEYS - 1, 5 do
-  local batch = {}
-  for i = 1, tonumber(ARGV[a]) do
-    batch[i] = {unpack(ARGV, a + 8 * i - 7, a + 8 * i)}
-  end
-  a = a + 8 * #batch + 1
-  for _, v in ipairs(finish(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], ARGV[1], batch)) do
-    out[#out + 1] = v
-  end
+  local n = tonumber(ARGV[a])
+  finish(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], ARGV[1], a + 1, n, out)
+  a = a + 8 * n + 1
 end
 return out
 `)
