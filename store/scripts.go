@@ -24,13 +24,14 @@ const quotaLua = `
 local function readCharge(quotaKey, first)
   -- Stored by index, not with table.insert: every create runs this, and a call of one of
   -- Lua's C functions costs more than the store it makes.
-  local refusals, usage, kinds, amounts, defaults, fields = {}, {}, {}, {}, {}, {}
+  -- at holds where each charged kind's triple starts in ARGV.
+  local refusals, usage, at, amounts, fields = {}, {}, {}, {}, {}
   local n, nf = 0, 0
   for a = first + 1, first + 3 * tonumber(ARGV[first]), 3 do
     local amount = tonumber(ARGV[a + 1])
     if amount ~= 0 then
       n = n + 1
-      kinds[n], amounts[n], defaults[n] = ARGV[a], amount, ARGV[a + 2]
+      at[n], amounts[n] = a, amount
       nf = nf + 1
       fields[nf] = 'used:' .. ARGV[a]
       if amount > 0 then
@@ -44,17 +45,17 @@ local function readCharge(quotaKey, first)
   end
   local got, g, r = redis.call('HMGET', quotaKey, unpack(fields)), 1, 0
   for c = 1, n do
-    local used = tonumber(got[g] or '0') + amounts[c]
+    local kind, used = ARGV[at[c]], tonumber(got[g] or '0') + amounts[c]
     g = g + 1
     if amounts[c] > 0 then
-      local limit = tonumber(got[g] or defaults[c])
+      local limit = tonumber(got[g] or ARGV[at[c] + 2])
       g = g + 1
       if used > limit then
-        refusals[r + 1], refusals[r + 2], refusals[r + 3], refusals[r + 4] = 'quota', kinds[c], tostring(used), tostring(limit)
+        refusals[r + 1], refusals[r + 2], refusals[r + 3], refusals[r + 4] = 'quota', kind, tostring(used), tostring(limit)
         r = r + 4
       end
     end
-    usage[2 * c - 1], usage[2 * c] = 'used:' .. kinds[c], string.format('%d', used)
+    usage[2 * c - 1], usage[2 * c] = 'used:' .. kind, string.format('%d', used)
   end
   return refusals, usage
 end
@@ -245,6 +246,7 @@ redis.call('HSET', KEYS[2], 'spec', f[1], 'status', f[2], 'gen', f[3], 'sv', f[4
 redis.call('ZADD', KEYS[3], '0', ARGV[1])
 redis.call('ZADD', KEYS[4], '0', ARGV[1])
 applyCharge(KEYS[5], usage)
+-- A new instance's index is new: indexHistory's count, trim and move have nothing to do.
 redis.call('ZADD', KEYS[8], '0', historyMember(appendEntry(KEYS[6], KEYS[7], f, ARGV[1], 'CREATED', '', ARGV[5], '')))
 recordIdem(KEYS[9], ARGV[9], ARGV[10])
 if KEYS[12] and not pcall(enqueue, KEYS[10], KEYS[11], KEYS[12], unpack(ARGV, 12 + 3 * tonumber(ARGV[11]))) then
