@@ -142,8 +142,8 @@ local begun = {}
 local function begin(stream, state, attempts, dead, lastErr, msgs)
   local group, consumer, max = ARGV[1], ARGV[2], tonumber(ARGV[3])
   local verdicts = {}
-  -- Numeric loops here and below, not ipairs: each step of ipairs is a call into Lua's C
-  -- library, once per message.
+  -- Numeric loops over messages and runs, here and in the scripts, not ipairs: each step of
+  -- ipairs is a call into Lua's C library.
   for i = 1, #msgs do
     local m = msgs[i]
     local id, key = m[1], m[2]
@@ -309,11 +309,11 @@ return {finished, taken}
 // stream holds only entries still waiting or pending), records each outcome, and adds each key
 // again if it was added while being handled, or schedules it (its state then says so:
 // EnqueueLua). A run whose fence no longer holds its key (a later run took it over) changes
-// nothing. The runs are n of ARGV's from position a on, eight fields each: message id, key,
-// fence, "ok" (attempts reset) or "failed" (attempt and error kept), earlier failed deliveries
-// (when 0 there is nothing to reset), attempt, error message, when to run again (Unix ms; 0 for
-// not at all). They are read where they are: a table of each, and unpacking it, cost Lua more
-// than the run's own commands.
+// nothing. Its n runs are in ARGV from position a (the first field after their count), eight
+// fields each: message id, key, fence, "ok" (attempts reset) or "failed" (attempt and error
+// kept), earlier failed deliveries (when 0 there is nothing to reset), attempt, error message,
+// when to run again (Unix ms; 0 for not at all). They are read where they are: a table of each,
+// and unpacking it, cost Lua more than the run's own commands.
 //
 // Appends to out per run, in order: "ok", or "lost" when another run has the key now.
 const finishLua = runsLua + `
