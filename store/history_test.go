@@ -42,30 +42,13 @@ func TestHistoryMembersSortAsTheirIDs(t *testing.T) {
 	rdb := redisServer.Client(t)
 	ids := []string{"0-0", "0-1", "5-9", "5-10", "5-11", "10-0", "99-100", "100-2", "1764300000000-0",
 		"1764300000000-9", "1764300000000-10", "18446744073709551615-18446744073709551615"}
-	script := redis.NewScript(historyLua + `
-local out = {}
-for i, id in ipairs(ARGV) do
-  out[i] = {historyMember(id), historyID(historyMember(id))}
-end
-return out
-`)
-	args := make([]any, len(ids))
-	shuffled := slices.Clone(ids)
-	slices.Reverse(shuffled)
-	for i, id := range shuffled {
-		args[i] = id
-	}
-	reply, err := script.Run(ctx, rdb, nil, args...).Slice()
-	if err != nil {
-		t.Fatal(err)
-	}
 	type pair struct{ member, id string }
-	pairs := make([]pair, len(reply))
-	for i, r := range reply {
-		p := r.([]any)
-		pairs[i] = pair{p[0].(string), p[1].(string)}
-		if pairs[i].id != shuffled[i] {
-			t.Errorf("historyID(historyMember(%q)) = %q", shuffled[i], pairs[i].id)
+	pairs := make([]pair, len(ids))
+	for i, id := range ids {
+		member, back := historyCodec(t, rdb, id)
+		pairs[i] = pair{member, back}
+		if back != id {
+			t.Errorf("historyID(historyMember(%q)) = %q", id, back)
 		}
 	}
 	slices.SortFunc(pairs, func(a, b pair) int { return cmp.Compare(a.member, b.member) })
@@ -228,12 +211,25 @@ func TestHistoryOfAnIndexWrittenAsAStream(t *testing.T) {
 	}
 }
 
+// historyCodecScript gives an event id's index member, as the scripts write it, and the id
+// historyID reads back from it.
+var historyCodecScript = redis.NewScript(historyLua + `
+local m = historyMember(ARGV[1])
+return {m, historyID(m)}
+`)
+
+func historyCodec(t *testing.T, rdb *redis.Client, id string) (member, back string) {
+	t.Helper()
+	got, err := historyCodecScript.Run(ctx, rdb, nil, id).StringSlice()
+	if err != nil || len(got) != 2 {
+		t.Fatalf("history codec of %q: %v, %v", id, got, err)
+	}
+	return got[0], got[1]
+}
+
 // historyMemberOf is the index member of an event id, as the scripts write it.
 func historyMemberOf(t *testing.T, rdb *redis.Client, id string) string {
 	t.Helper()
-	m, err := redis.NewScript(historyLua+`return historyMember(ARGV[1])`).Run(ctx, rdb, nil, id).Text()
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, _ := historyCodec(t, rdb, id)
 	return m
 }
